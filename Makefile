@@ -1,0 +1,36 @@
+# make demo · make test · make lint · make bench
+# Everything runs from .venv, created on first use.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint bench services venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/gateway demo
+
+# Installs the servers the tests need (redis-server, prometheus) when missing, then runs the suite.
+test: $(STAMP) services
+	$(VENV)/bin/pytest
+
+services:
+	scripts/ensure-services.sh
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+bench: $(STAMP) services
+	$(PY) -m bench $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
