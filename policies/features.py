@@ -1,0 +1,260 @@
+"""Routing features of one OpenAI request, computed without tokenizing.
+
+Rendering. The request is rendered into one canonical byte string, in the order an engine's chat
+template puts it into the prompt: the tool schemas first, then every message in order, then (only for
+chat) `response_format` last. Each part is compact JSON with sorted keys (orjson), so key order, spacing
+and `content` given as a string or as a list of text parts do not change the bytes; a message's bytes
+do not depend on later messages, so a conversation that grows turn by turn keeps its rendered prefix.
+`response_format` goes last because engines do not put it into the prompt: it must not move the
+prefix, yet it still differs between JSON-mode and plain requests in the final blocks.
+
+Token estimate. `prompt_tokens = ceil(len(rendered_bytes) / bytes_per_token)` (default 4 bytes per
+token; English text and JSON come out within roughly ±30 %, CJK text is underestimated). Token-id
+prompts of `/v1/completions` are counted exactly. No per-token Python objects are created.
+
+Block hashes. The rendered bytes are cut into blocks of `block_tokens * bytes_per_token` bytes (only
+full blocks; at most `max_blocks`, so the cost is bounded). `block_hashes[i]` is a 64-bit value: the
+high 32 bits are `i + 1` (the prefix length in blocks), the low 32 bits the CRC-32 of the whole prefix
+up to the end of block `i`, computed as a chain `crc_i = crc32(block_i, crc_{i-1})`. CRC-32 is
+standardised (zlib), so every gateway replica computes the same values; two different prefixes collide
+only if they have the same length and the same CRC (about 2^-32 per pair), which for an approximate
+routing index costs at most one misrouted request.
+
+Anchor. `anchor_hash` identifies the opening of a conversation: the tool schemas, the system and
+developer messages and the first message after them (normally the first user message). Every later
+turn of the same conversation repeats these bytes unchanged, so the anchor is identical across turns,
+while conversations that share a system prompt but start with different user messages get different
+anchors. Openings longer than `anchor_max_bytes` are hashed as their head plus their last
+`anchor_tail_bytes` bytes plus their length, so the cost stays bounded.
+"""
+
+from __future__ import annotations
+
+import zlib
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from policies.hashing import mix64
+from policies.types import RequestFeatures, ToolChoice
+
+_SORT = orjson.OPT_SORT_KEYS
+_PREAMBLE_ROLES = frozenset(("system", "developer"))
+_STRUCTURED_TYPES = frozenset(("json_object", "json_schema", "structural_tag", "regex", "ebnf"))
+# Engine-specific request fields that constrain the output (vLLM, SGLang extras).
+_STRUCTURED_FIELDS = (
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "regex",
+    "ebnf",
+    "json_schema",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureConfig:
+    """How requests are rendered and hashed. Every gateway replica must use the same values."""
+
+    block_tokens: int = 32
+    bytes_per_token: int = 4
+    max_blocks: int = 128
+    anchor_max_bytes: int = 65536
+    anchor_tail_bytes: int = 256
+
+    def __post_init__(self) -> None:
+        if min(self.block_tokens, self.bytes_per_token, self.max_blocks) < 1:
+            raise ValueError("block_tokens, bytes_per_token and max_blocks must be >= 1")
+        if self.anchor_tail_bytes < 0 or self.anchor_max_bytes < 1:
+            raise ValueError("anchor_max_bytes must be >= 1 and anchor_tail_bytes >= 0")
+
+    @property
+    def block_bytes(self) -> int:
+        return self.block_tokens * self.bytes_per_token
+
+
+DEFAULT_FEATURE_CONFIG = FeatureConfig()
+
+
+def extract_features(
+    body: Mapping[str, Any],
+    config: FeatureConfig = DEFAULT_FEATURE_CONFIG,
+    *,
+    session_key: str | None = None,
+) -> RequestFeatures:
+    """Features of a parsed, validated chat-completions or completions request body.
+
+    `session_key` is the caller's fallback tie-breaker (e.g. the authenticated user); the body's
+    `prompt_cache_key`, then its `user`, take precedence.
+    """
+    exact_tokens: int | None = None
+    if "messages" in body:
+        rendered, preamble_end, anchor_end = render_chat(body)
+    else:
+        rendered, exact_tokens = render_prompt(body.get("prompt"))
+        preamble_end, anchor_end = 0, len(rendered)
+    prompt_tokens = exact_tokens if exact_tokens is not None else -(-len(rendered) // config.bytes_per_token)
+    tools = body.get("tools")
+    return RequestFeatures(
+        model=str(body.get("model", "")),
+        prompt_tokens=prompt_tokens,
+        block_hashes=block_hashes(rendered, config.block_bytes, config.max_blocks),
+        anchor_hash=anchor_hash(rendered, anchor_end, config),
+        preamble_blocks=min(preamble_end // config.block_bytes, config.max_blocks),
+        has_tools=bool(tools),
+        tool_choice=_tool_choice(body.get("tool_choice"), bool(tools)),
+        structured_output=_structured_output(body),
+        session_key=_session_key(body, session_key),
+        max_tokens=_max_tokens(body),
+    )
+
+
+def render_chat(body: Mapping[str, Any]) -> tuple[bytes, int, int]:
+    """The canonical bytes of a chat request and the byte offsets where its preamble (tool schemas,
+    system and developer messages) and its anchor (preamble + first other message) end."""
+    parts: list[bytes] = []
+    size = 0
+    tools = body.get("tools")
+    if tools:
+        part = b"T" + orjson.dumps(tools, option=_SORT)
+        parts.append(part)
+        size += len(part)
+    preamble_end = anchor_end = -1
+    for message in body.get("messages") or ():
+        part = b"\n" + _render_message(message)
+        if anchor_end < 0 and message.get("role") not in _PREAMBLE_ROLES:
+            preamble_end = size
+            anchor_end = size + len(part)
+        parts.append(part)
+        size += len(part)
+    response_format = body.get("response_format")
+    if response_format:
+        parts.append(b"\nR" + orjson.dumps(response_format, option=_SORT))
+    rendered = b"".join(parts)
+    if anchor_end < 0:
+        return rendered, size, size
+    return rendered, preamble_end, anchor_end
+
+
+def _render_message(message: Mapping[str, Any]) -> bytes:
+    content = message.get("content")
+    if isinstance(content, list):
+        content = _flatten_text_parts(content)
+    return orjson.dumps(
+        (
+            message.get("role"),
+            message.get("name"),
+            content,
+            message.get("tool_calls") or None,
+            message.get("tool_call_id"),
+        ),
+        option=_SORT,
+    )
+
+
+def _flatten_text_parts(content: list[Any]) -> str | list[Any]:
+    """`[{"type": "text", "text": a}, ...]` -> `a\\n...`, so string and part forms render alike."""
+    texts: list[str] = []
+    for item in content:
+        if not (isinstance(item, dict) and item.get("type") == "text" and isinstance(item.get("text"), str)):
+            return content
+        texts.append(item["text"])
+    return "\n".join(texts)
+
+
+def render_prompt(prompt: Any) -> tuple[bytes, int | None]:
+    """Bytes of a `/v1/completions` prompt and its exact token count when given as token ids.
+
+    A batch (list of strings or list of token lists) is routed by its first prompt.
+    """
+    if isinstance(prompt, str):
+        return prompt.encode(), None
+    if isinstance(prompt, list) and prompt:
+        first = prompt[0]
+        if isinstance(first, int):
+            return array("I", prompt).tobytes(), len(prompt)
+        if isinstance(first, str):
+            return first.encode(), None
+        if isinstance(first, list):
+            return array("I", first).tobytes(), len(first)
+    return b"", None
+
+
+def block_hashes(rendered: bytes, block_bytes: int, max_blocks: int) -> tuple[int, ...]:
+    """Chained hashes of the full blocks of `rendered` (see the module docstring), at most `max_blocks`."""
+    count = min(len(rendered) // block_bytes, max_blocks)
+    out: list[int] = []
+    append = out.append
+    crc32 = zlib.crc32
+    view = memoryview(rendered)
+    crc = 0
+    start = 0
+    for tag in range(1 << 32, (count + 1) << 32, 1 << 32):
+        end = start + block_bytes
+        crc = crc32(view[start:end], crc)
+        append(tag | crc)
+        start = end
+    return tuple(out)
+
+
+def anchor_hash(rendered: bytes, anchor_end: int, config: FeatureConfig) -> int:
+    """A 64-bit hash of `rendered[:anchor_end]` (head, tail and length when it is long)."""
+    view = memoryview(rendered)
+    head = view[: min(anchor_end, config.anchor_max_bytes)]
+    crc = zlib.crc32(head)
+    adler = zlib.adler32(head)
+    if anchor_end > config.anchor_max_bytes and config.anchor_tail_bytes:
+        tail = view[max(0, anchor_end - config.anchor_tail_bytes) : anchor_end]
+        crc = zlib.crc32(tail, crc)
+        adler = zlib.adler32(tail, adler)
+    return mix64(((crc << 32) | adler) ^ mix64(anchor_end))
+
+
+def _tool_choice(value: Any, has_tools: bool) -> ToolChoice | None:
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return "named"
+    if value in ("none", "auto", "required"):
+        choice: ToolChoice = value
+        return choice
+    return "auto" if has_tools else None
+
+
+def _structured_output(body: Mapping[str, Any]) -> bool:
+    response_format = body.get("response_format")
+    if isinstance(response_format, Mapping) and response_format.get("type") in _STRUCTURED_TYPES:
+        return True
+    return any(body.get(name) is not None for name in _STRUCTURED_FIELDS)
+
+
+def _session_key(body: Mapping[str, Any], fallback: str | None) -> str | None:
+    for name in ("prompt_cache_key", "user"):
+        value = body.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return fallback
+
+
+def _max_tokens(body: Mapping[str, Any]) -> int | None:
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+__all__: Sequence[str] = (
+    "DEFAULT_FEATURE_CONFIG",
+    "FeatureConfig",
+    "anchor_hash",
+    "block_hashes",
+    "extract_features",
+    "render_chat",
+    "render_prompt",
+)

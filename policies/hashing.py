@@ -1,0 +1,44 @@
+"""Stable 64-bit hashing helpers (identical in every process, unlike the built-in `hash`)."""
+
+from __future__ import annotations
+
+import hashlib
+
+MASK64 = (1 << 64) - 1
+_TWO64 = float(1 << 64)
+
+
+def mix64(x: int) -> int:
+    """SplitMix64 finaliser: a bijective, well-avalanching scramble of a 64-bit integer."""
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def str_hash64(s: str) -> int:
+    """A stable 64-bit hash of a string (BLAKE2b, 8-byte digest)."""
+    return int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), "little")
+
+
+def unit_float(x: int) -> float:
+    """Map a 64-bit hash to a float in the open interval (0, 1)."""
+    return ((x & MASK64) + 0.5) / _TWO64
+
+
+class NameHashes:
+    """A memo of `str_hash64` for backend/pool names, bounded by clearing when it grows past `cap`."""
+
+    __slots__ = ("_cap", "_memo")
+
+    def __init__(self, cap: int = 4096) -> None:
+        self._memo: dict[str, int] = {}
+        self._cap = cap
+
+    def __call__(self, name: str) -> int:
+        h = self._memo.get(name)
+        if h is None:
+            if len(self._memo) >= self._cap:
+                self._memo.clear()
+            h = self._memo[name] = str_hash64(name)
+        return h

@@ -1,0 +1,50 @@
+"""How loaded a backend is, in one number, and when it is too loaded to take more.
+
+The score combines what the gateway knows first-hand with what the engine last reported::
+
+    active = max(in_flight, running)        # in_flight: this replica's own, fresh count;
+                                            # running: the engine's count over all replicas, one
+                                            # scrape old (None -> in_flight alone)
+    score  = active + queue_weight * queue_depth + kv_weight * kv_usage
+
+Unknown (None) engine values count as 0, so a fleet without scraped metrics is balanced on in-flight
+counts alone. `kv_weight` turns a full KV cache (1.0) into the equivalent of that many queued requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from policies.types import BackendView
+
+
+@dataclass(frozen=True, slots=True)
+class LoadModel:
+    """Weights of the load score and the thresholds beyond which a backend counts as saturated."""
+
+    queue_weight: float = 1.0
+    kv_weight: float = 4.0
+    queue_high: float | None = 8.0
+    kv_high: float | None = 0.95
+
+    def score(self, backend: BackendView) -> float:
+        active = float(backend.in_flight)
+        if backend.running is not None and backend.running > active:
+            active = backend.running
+        if backend.queue_depth:
+            active += self.queue_weight * backend.queue_depth
+        if backend.kv_usage:
+            active += self.kv_weight * backend.kv_usage
+        return active
+
+    def saturated(self, backend: BackendView) -> bool:
+        """At its configured concurrency, or its engine queue or KV use is over the thresholds."""
+        if backend.max_concurrency is not None and backend.in_flight >= backend.max_concurrency:
+            return True
+        queue = backend.queue_depth
+        if self.queue_high is not None and queue is not None and queue > self.queue_high:
+            return True
+        return self.kv_high is not None and backend.kv_usage is not None and backend.kv_usage > self.kv_high
+
+
+DEFAULT_LOAD_MODEL = LoadModel()

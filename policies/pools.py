@@ -1,0 +1,155 @@
+"""Pool choice: which pool may serve a request (eligibility, rules) and which one does (weights).
+
+Steps, in order:
+1. Pools that list the model. None -> `RoutingError("unknown_model")`.
+2. An admin pin (a pool name) skips the rules and the weights (a pinned pool may have weight 0) but
+   not capability or health: the pool must serve the model, support what the request needs, and have
+   a routable backend. Unknown pin -> `RoutingError("unknown_pool")`.
+3. Capable pools: a request that may call tools (`tools` given, `tool_choice` not `none`) needs
+   `tool_calling`; a structured-output request needs `structured_output`.
+4. Live pools: capable, weight > 0, at least one routable backend. None -> `"unavailable"`.
+5. Rules, first match wins: the candidates become the live pools named in `then_pools`. If none of them
+   is live, a `strict` rule fails the request (`"unavailable"`); otherwise the next matching rule is
+   tried, and finally all live pools.
+6. Among two or more candidates, a weighted choice by the pools' live weights: with a `sticky_key`,
+   weighted rendezvous hashing (score `w / -ln(u(key, pool))`, so a conversation keeps its pool, the
+   split over many conversations follows the weights, and a weight change moves only the share that
+   must move); without one, the cumulative weights against `rand`.
+
+The reason is `pin`, or `rule:<name>` / `default`, followed by `+weights` when weights decided.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from policies.hashing import NameHashes, mix64, unit_float
+from policies.types import FleetSnapshot, PoolView, RequestFeatures, RoutingError, ToolChoice
+
+_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """When every condition that is set holds, narrow the candidates to `then_pools`.
+
+    A rule without conditions matches every request. `tool_choice_in` compares the effective tool
+    choice: an absent `tool_choice` counts as `auto` with tools and `none` without.
+    """
+
+    name: str
+    then_pools: tuple[str, ...]
+    prompt_tokens_gte: int | None = None
+    has_tools: bool | None = None
+    structured_output: bool | None = None
+    tool_choice_in: frozenset[ToolChoice] | None = None
+    strict: bool = False
+
+    def __post_init__(self) -> None:
+        if not _TOKEN.fullmatch(self.name):
+            raise ValueError(f"rule name {self.name!r} must match {_TOKEN.pattern} (it goes in a header)")
+        if not self.then_pools:
+            raise ValueError(f"rule {self.name!r}: then_pools is empty")
+
+    def matches(self, features: RequestFeatures) -> bool:
+        if self.prompt_tokens_gte is not None and features.prompt_tokens < self.prompt_tokens_gte:
+            return False
+        if self.has_tools is not None and features.has_tools != self.has_tools:
+            return False
+        if self.structured_output is not None and features.structured_output != self.structured_output:
+            return False
+        if self.tool_choice_in is not None:
+            choice = features.tool_choice or ("auto" if features.has_tools else "none")
+            if choice not in self.tool_choice_in:
+                return False
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class PoolChoice:
+    pool: PoolView
+    reason: str
+
+
+def capable(pool: PoolView, features: RequestFeatures) -> bool:
+    """The pool's engines support what the request needs (tool parser, structured output)."""
+    if features.needs_tool_parser and not pool.tool_calling:
+        return False
+    return not (features.structured_output and not pool.structured_output)
+
+
+def choose_pool(
+    snapshot: FleetSnapshot,
+    features: RequestFeatures,
+    rules: Sequence[Rule],
+    rand: float,
+    *,
+    pin: str | None = None,
+    sticky_key: int | None = None,
+    name_hash: NameHashes | None = None,
+) -> PoolChoice:
+    """The pool for this request (see the module docstring); raises `RoutingError`."""
+    model = features.model
+    if pin is not None:
+        pinned = snapshot.pool(pin)
+        if pinned is None or model not in pinned.models:
+            raise RoutingError("unknown_pool", "pin:unknown-pool")
+        if not capable(pinned, features):
+            raise RoutingError("unavailable", "pin:not-capable")
+        if not pinned.has_routable_backend():
+            raise RoutingError("unavailable", "pin:no-backend")
+        return PoolChoice(pinned, "pin")
+
+    serving = [p for p in snapshot.pools if model in p.models]
+    if not serving:
+        raise RoutingError("unknown_model", "no-pool-serves-model")
+    live = [p for p in serving if capable(p, features) and p.weight > 0 and p.has_routable_backend()]
+    if not live:
+        if not any(capable(p, features) for p in serving):
+            raise RoutingError("unavailable", "no-capable-pool")
+        raise RoutingError("unavailable", "no-eligible-pool")
+
+    label = "default"
+    candidates = live
+    for rule in rules:
+        if not rule.matches(features):
+            continue
+        narrowed = [p for p in live if p.name in rule.then_pools]
+        if narrowed:
+            label = f"rule:{rule.name}"
+            candidates = narrowed
+            break
+        if rule.strict:
+            raise RoutingError("unavailable", f"rule:{rule.name}:no-eligible-pool")
+
+    if len(candidates) == 1:
+        return PoolChoice(candidates[0], label)
+    if sticky_key is not None:
+        chosen = _rendezvous(candidates, sticky_key, name_hash or NameHashes())
+    else:
+        chosen = _cumulative(candidates, rand)
+    return PoolChoice(chosen, f"{label}+weights")
+
+
+def _cumulative(pools: Sequence[PoolView], rand: float) -> PoolView:
+    total = math.fsum(p.weight for p in pools)
+    target = rand * total
+    acc = 0.0
+    for p in pools:
+        acc += p.weight
+        if target < acc:
+            return p
+    return pools[-1]
+
+
+def _rendezvous(pools: Sequence[PoolView], key: int, name_hash: NameHashes) -> PoolView:
+    best = pools[0]
+    best_score = -1.0
+    for p in pools:
+        score = p.weight / -math.log(unit_float(mix64(key ^ name_hash(p.name))))
+        if score > best_score:
+            best, best_score = p, score
+    return best

@@ -1,0 +1,104 @@
+"""The routing decision for one request: pool choice (`policies.pools`) then backend choice (the
+configured `BackendPolicy`).
+
+`Router.decide` is synchronous, allocation-light and does no I/O; the gateway calls it on every request
+with its current `FleetSnapshot`, the request's `RequestFeatures` and a random float. The router owns the
+policy's routing state (e.g. the prefix index), so keep one `Router` per gateway process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Sequence
+from typing import Literal
+
+from policies.factory import PolicyConfig, make_policy
+from policies.hashing import NameHashes, mix64
+from policies.policy import BackendPolicy
+from policies.pools import Rule, choose_pool
+from policies.prefix_affinity import PrefixAffinityConfig
+from policies.types import Decision, FleetSnapshot, PoolView, RequestFeatures, RoutingError
+
+PoolChoiceMode = Literal["sticky", "random"]
+# Keeps the pool-level rendezvous independent of the backend-level one (same anchor, other salt).
+_POOL_SALT = 0x5F3759DF_2545F491
+DEFAULT_POLICY_CONFIG: PolicyConfig = PrefixAffinityConfig()
+
+
+class Router:
+    """Pool rules + weights + one backend policy.
+
+    `pool_choice="sticky"` (default) makes the weighted pool choice a function of the conversation
+    anchor, so every turn of a conversation stays in the same pool (and so on the same backend), from
+    any replica; over many conversations the split follows the weights. `"random"` draws the pool with
+    `rand` on every request (the split follows the weights even for identical requests, but the turns
+    of one conversation can land in different pools).
+    """
+
+    def __init__(
+        self,
+        rules: Sequence[Rule] = (),
+        policy_config: PolicyConfig = DEFAULT_POLICY_CONFIG,
+        *,
+        pool_choice: PoolChoiceMode = "sticky",
+    ) -> None:
+        self.rules: tuple[Rule, ...] = tuple(rules)
+        self.policy_config = policy_config
+        self.pool_choice: PoolChoiceMode = pool_choice
+        self.policy: BackendPolicy = make_policy(policy_config)
+        self._pool_names = NameHashes()
+
+    def decide(
+        self,
+        snapshot: FleetSnapshot,
+        features: RequestFeatures,
+        rand: float,
+        pin: str | None = None,
+        *,
+        exclude: Collection[str] = (),
+        dry_run: bool = False,
+    ) -> Decision:
+        """Pool and backend for this request, or `RoutingError`.
+
+        `rand` is uniform in [0, 1). `pin` is an admin's pool pin. `exclude` names backends not to use
+        (failover after an upstream error). With `dry_run` no routing state changes (explain endpoint).
+        """
+        if exclude:
+            snapshot = _without(snapshot, exclude)
+        sticky_key = mix64(features.anchor_hash ^ _POOL_SALT) if self.pool_choice == "sticky" else None
+        pool_choice = choose_pool(
+            snapshot,
+            features,
+            self.rules,
+            rand,
+            pin=pin,
+            sticky_key=sticky_key,
+            name_hash=self._pool_names,
+        )
+        pool = pool_choice.pool
+        choice = self.policy.select(pool, features, rand)
+        if not dry_run:
+            self.policy.on_routed(pool, features, choice)
+        return Decision(
+            pool=pool.name,
+            backend=choice.backend,
+            reason=f"{pool_choice.reason}+{choice.reason}",
+            affinity=choice.affinity,
+        )
+
+    def on_complete(self, decision: Decision, features: RequestFeatures, ok: bool) -> None:
+        """Tell the policy the upstream request of `decision` finished."""
+        self.policy.on_complete(decision.pool, decision.backend, features, ok)
+
+
+def _without(snapshot: FleetSnapshot, exclude: Collection[str]) -> FleetSnapshot:
+    pools: list[PoolView] = []
+    for pool in snapshot.pools:
+        if any(b.name in exclude for b in pool.backends):
+            kept = tuple(b for b in pool.backends if b.name not in exclude)
+            pool = dataclasses.replace(pool, backends=kept)
+        pools.append(pool)
+    return FleetSnapshot(tuple(pools))
+
+
+__all__ = ["DEFAULT_POLICY_CONFIG", "PoolChoiceMode", "Router", "RoutingError"]

@@ -1,0 +1,151 @@
+"""Shared value types of the routing policies.
+
+Everything here is an immutable value (frozen, slotted dataclasses): the gateway builds a
+`FleetSnapshot` from its own state (admin weights, health, drain, in-flight counts, scraped engine
+metrics) and a `RequestFeatures` from the request (see `policies.features`), and the policies answer
+with a `Decision`. Nothing here does I/O.
+
+Error tree (one, raised by `policies.pools` and `policies.router`)::
+
+    RoutingError            no pool/backend can take this request; `.kind` says why:
+      kind="unknown_model"  no pool serves the model              -> 404 model_not_found
+      kind="unknown_pool"   an admin pin names no pool for model   -> 404 (or 400)
+      kind="unavailable"    pools exist but none is eligible now   -> 503 (overloaded/unavailable)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+ToolChoice = Literal["none", "auto", "required", "named"]
+Affinity = Literal["hit", "miss", "spill", "none"]
+RoutingErrorKind = Literal["unknown_model", "unknown_pool", "unavailable"]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFeatures:
+    """What routing needs to know about one request; built by `policies.features.extract_features`.
+
+    `block_hashes[i]` identifies the whole rendered prefix up to the end of block `i` (chained), so two
+    requests share `block_hashes[:k]` iff their rendered conversations share the first `k` blocks.
+    `anchor_hash` identifies the conversation's opening (tool schemas, system prompt, first user
+    message): identical for every turn of one conversation, different between conversations.
+    `preamble_blocks` counts the leading blocks that lie wholly inside the preamble (tool schemas and
+    system/developer messages), i.e. the part many conversations share.
+    """
+
+    model: str
+    prompt_tokens: int
+    block_hashes: tuple[int, ...]
+    anchor_hash: int
+    preamble_blocks: int
+    has_tools: bool
+    tool_choice: ToolChoice | None
+    structured_output: bool
+    session_key: str | None = None
+    max_tokens: int | None = None
+
+    @property
+    def needs_tool_parser(self) -> bool:
+        """Tools are offered and may be called, so the engine must run a tool-call parser."""
+        return self.has_tools and self.tool_choice != "none"
+
+
+@dataclass(frozen=True, slots=True)
+class BackendView:
+    """One engine server as the gateway sees it right now.
+
+    `name` is an opaque id, never an address. Engine-reported values (`queue_depth`, `running`,
+    `kv_usage`) are None when unknown or stale; `in_flight` is this gateway replica's own count.
+    """
+
+    name: str
+    healthy: bool = True
+    draining: bool = False
+    circuit_open: bool = False
+    in_flight: int = 0
+    queue_depth: float | None = None
+    running: float | None = None
+    kv_usage: float | None = None
+    max_concurrency: int | None = None
+
+    @property
+    def routable(self) -> bool:
+        """May receive a new request: healthy, not draining, circuit closed."""
+        return self.healthy and not self.draining and not self.circuit_open
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    """A set of interchangeable backends of one dialect with a live routing weight."""
+
+    name: str
+    dialect: str
+    weight: float
+    models: frozenset[str]
+    tool_calling: bool
+    structured_output: bool
+    backends: tuple[BackendView, ...]
+
+    @property
+    def routable_backends(self) -> tuple[BackendView, ...]:
+        return tuple(b for b in self.backends if b.routable)
+
+    def has_routable_backend(self) -> bool:
+        return any(b.routable for b in self.backends)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSnapshot:
+    """The whole fleet at one instant. Pool names are unique; order is significant only for ties."""
+
+    pools: tuple[PoolView, ...]
+    _by_name: dict[str, PoolView] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", {p.name: p for p in self.pools})
+
+    def pool(self, name: str) -> PoolView | None:
+        """The pool called `name`, or None."""
+        return self._by_name.get(name)
+
+    def serves(self, model: str) -> bool:
+        """Some pool (eligible or not) lists `model`."""
+        return any(model in p.models for p in self.pools)
+
+
+@dataclass(frozen=True, slots=True)
+class BackendChoice:
+    """A backend policy's answer inside one pool. `reason` is a header-safe token, e.g. `affinity:hit`."""
+
+    backend: str
+    reason: str
+    affinity: Affinity = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Where to send a request and why.
+
+    `reason` is a header-safe token made of `+`-joined parts, e.g. `rule:long-prompt+weights+affinity:hit`
+    (see docs/routing.md); it never contains an address.
+    """
+
+    pool: str
+    backend: str
+    reason: str
+    affinity: Affinity
+
+
+class RoutingError(Exception):
+    """No eligible pool or backend; `kind` maps to the HTTP status (see the module docstring)."""
+
+    def __init__(self, kind: RoutingErrorKind, reason: str) -> None:
+        super().__init__(f"{kind}: {reason}")
+        self.kind: RoutingErrorKind = kind
+        self.reason = reason
+
+    @property
+    def status(self) -> int:
+        return 503 if self.kind == "unavailable" else 404

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from policies.load import LoadModel
+from policies.types import BackendView
+
+
+def test_score_combines_active_queue_and_kv() -> None:
+    model = LoadModel(queue_weight=2.0, kv_weight=4.0)
+    assert model.score(BackendView("a")) == 0.0
+    assert model.score(BackendView("a", in_flight=3)) == 3.0
+    # running (all replicas) beats this replica's in-flight when larger
+    assert model.score(BackendView("a", in_flight=3, running=5.0)) == 5.0
+    assert model.score(BackendView("a", in_flight=3, running=1.0)) == 3.0
+    assert model.score(BackendView("a", in_flight=1, queue_depth=2.0, kv_usage=0.5)) == 1 + 4 + 2
+
+
+def test_unknown_engine_metrics_count_as_zero() -> None:
+    assert LoadModel().score(BackendView("a", in_flight=2, queue_depth=None, kv_usage=None)) == 2.0
+
+
+def test_saturation_thresholds() -> None:
+    model = LoadModel(queue_high=4.0, kv_high=0.9)
+    assert not model.saturated(BackendView("a", queue_depth=4.0, kv_usage=0.9))
+    assert model.saturated(BackendView("a", queue_depth=4.5))
+    assert model.saturated(BackendView("a", kv_usage=0.91))
+    assert model.saturated(BackendView("a", in_flight=8, max_concurrency=8))
+    assert not model.saturated(BackendView("a", in_flight=7, max_concurrency=8))
+    off = LoadModel(queue_high=None, kv_high=None)
+    assert not off.saturated(BackendView("a", queue_depth=1e9, kv_usage=1.0))

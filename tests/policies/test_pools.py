@@ -1,0 +1,185 @@
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from policies.hashing import mix64
+from policies.pools import Rule, capable, choose_pool
+from policies.types import BackendView, RequestFeatures, RoutingError
+from tests.policies.fleet import backends, fleet, pool
+
+F = RequestFeatures("m", 100, (), 0, 0, has_tools=False, tool_choice=None, structured_output=False)
+TOOLS = dataclasses.replace(F, has_tools=True, tool_choice="auto")
+LONG = dataclasses.replace(F, prompt_tokens=9000)
+
+# chi-square critical values at p = 0.001 for 1, 2, 3 degrees of freedom
+CHI2_CRIT = {1: 10.83, 2: 13.82, 3: 16.27}
+
+
+def _chi2(counts: Counter[str], weights: dict[str, float], n: int) -> float:
+    total = sum(weights.values())
+    return sum((counts[k] - n * w / total) ** 2 / (n * w / total) for k, w in weights.items())
+
+
+@pytest.mark.parametrize("weights", [{"a": 0.5, "b": 0.5}, {"a": 0.7, "b": 0.2, "c": 0.1}, {"a": 3, "b": 1}])
+def test_random_weighted_split_matches_weights(weights: dict[str, float]) -> None:
+    snap = fleet(*(pool(name, weight=w) for name, w in weights.items()))
+    rng = random.Random(42)
+    n = 4000
+    counts = Counter(choose_pool(snap, F, (), rng.random()).pool.name for _ in range(n))
+    assert _chi2(counts, weights, n) < CHI2_CRIT[len(weights) - 1]
+
+
+@pytest.mark.parametrize("weights", [{"a": 0.5, "b": 0.5}, {"a": 0.7, "b": 0.2, "c": 0.1}])
+def test_sticky_weighted_split_matches_weights_over_conversations(weights: dict[str, float]) -> None:
+    snap = fleet(*(pool(name, weight=w) for name, w in weights.items()))
+    n = 4000
+    counts = Counter(choose_pool(snap, F, (), 0.0, sticky_key=mix64(k)).pool.name for k in range(n))
+    assert _chi2(counts, weights, n) < CHI2_CRIT[len(weights) - 1]
+
+
+def test_sticky_weight_change_moves_only_the_needed_share() -> None:
+    before = fleet(pool("a", weight=0.5), pool("b", weight=0.5))
+    after = fleet(pool("a", weight=0.4), pool("b", weight=0.6))
+    keys = [mix64(k) for k in range(4000)]
+    moved = sum(
+        choose_pool(before, F, (), 0.0, sticky_key=k).pool.name
+        != choose_pool(after, F, (), 0.0, sticky_key=k).pool.name
+        for k in keys
+    )
+    assert moved / len(keys) < 0.15  # ideal: 0.10
+
+
+def test_weight_zero_removes_a_pool() -> None:
+    snap = fleet(pool("a", weight=0.0), pool("b", weight=1.0))
+    for i in range(200):
+        assert choose_pool(snap, F, (), i / 200).pool.name == "b"
+        assert choose_pool(snap, F, (), 0.0, sticky_key=mix64(i)).pool.name == "b"
+    assert choose_pool(snap, F, (), 0.3).reason == "default"
+
+
+def test_all_weights_zero_is_unavailable() -> None:
+    with pytest.raises(RoutingError) as err:
+        choose_pool(fleet(pool("a", weight=0.0)), F, (), 0.5)
+    assert err.value.kind == "unavailable"
+
+
+def test_unknown_model_is_404() -> None:
+    with pytest.raises(RoutingError) as err:
+        choose_pool(fleet(pool("a")), dataclasses.replace(F, model="nope"), (), 0.5)
+    assert err.value.kind == "unknown_model" and err.value.status == 404
+
+
+def test_pool_without_routable_backend_is_not_eligible() -> None:
+    dead = pool("a", members=(*backends("a", 3, healthy=False), BackendView("a-9", draining=True)))
+    snap = fleet(dead, pool("b", weight=0.001))
+    for i in range(100):
+        assert choose_pool(snap, F, (), i / 100).pool.name == "b"
+    with pytest.raises(RoutingError):
+        choose_pool(fleet(dead), F, (), 0.5)
+
+
+def test_tools_only_go_to_tool_calling_pools() -> None:
+    snap = fleet(pool("vllm", tool_calling=False, weight=10), pool("sglang", tool_calling=True, weight=0.1))
+    for i in range(100):
+        assert choose_pool(snap, TOOLS, (), i / 100).pool.name == "sglang"
+    # tool_choice none: no parser needed
+    none = dataclasses.replace(TOOLS, tool_choice="none")
+    assert capable(snap.pools[0], none)
+    with pytest.raises(RoutingError) as err:
+        choose_pool(fleet(snap.pools[0]), TOOLS, (), 0.5)
+    assert err.value.reason == "no-capable-pool"
+
+
+def test_structured_output_needs_capable_pool() -> None:
+    snap = fleet(pool("a", structured_output=False), pool("b"))
+    so = dataclasses.replace(F, structured_output=True)
+    for i in range(50):
+        assert choose_pool(snap, so, (), i / 50).pool.name == "b"
+
+
+RULES = (
+    Rule("long-prompt", ("sglang",), prompt_tokens_gte=8000),
+    Rule("tools", ("sglang",), has_tools=True),
+    Rule("general", ("vllm",)),
+)
+
+
+def test_rules_first_match_wins() -> None:
+    snap = fleet(pool("vllm"), pool("sglang"))
+    assert choose_pool(snap, LONG, RULES, 0.1).reason == "rule:long-prompt"
+    assert choose_pool(snap, LONG, RULES, 0.1).pool.name == "sglang"
+    assert choose_pool(snap, TOOLS, RULES, 0.1).reason == "rule:tools"
+    assert choose_pool(snap, F, RULES, 0.9).pool.name == "vllm"
+    assert choose_pool(snap, F, RULES, 0.9).reason == "rule:general"
+
+
+def test_rule_falls_through_when_its_pools_are_not_eligible_unless_strict() -> None:
+    snap = fleet(pool("vllm"), pool("sglang", weight=0.0))
+    choice = choose_pool(snap, LONG, RULES, 0.1)
+    assert (choice.pool.name, choice.reason) == ("vllm", "rule:general")
+    strict = (Rule("long-prompt", ("sglang",), prompt_tokens_gte=8000, strict=True),)
+    with pytest.raises(RoutingError) as err:
+        choose_pool(snap, LONG, strict, 0.1)
+    assert err.value.reason == "rule:long-prompt:no-eligible-pool"
+
+
+def test_rule_narrowing_to_several_pools_uses_weights() -> None:
+    snap = fleet(pool("a"), pool("b"), pool("c"))
+    rule = (Rule("ab", ("a", "b")),)
+    names = {choose_pool(snap, F, rule, i / 100).pool.name for i in range(100)}
+    assert names == {"a", "b"}
+    assert choose_pool(snap, F, rule, 0.5).reason == "rule:ab+weights"
+
+
+def test_tool_choice_rule_uses_effective_choice() -> None:
+    rule = Rule("forced", ("x",), tool_choice_in=frozenset({"required", "named"}))
+    assert rule.matches(dataclasses.replace(TOOLS, tool_choice="named"))
+    assert not rule.matches(TOOLS)
+    auto = Rule("auto", ("x",), tool_choice_in=frozenset({"auto"}))
+    assert auto.matches(dataclasses.replace(TOOLS, tool_choice=None))
+    assert not auto.matches(F)
+    assert Rule("so", ("x",), structured_output=True).matches(dataclasses.replace(F, structured_output=True))
+    assert not Rule("so", ("x",), structured_output=True).matches(F)
+
+
+def test_rule_validation() -> None:
+    with pytest.raises(ValueError):
+        Rule("bad name", ("a",))
+    with pytest.raises(ValueError):
+        Rule("ok", ())
+
+
+def test_pin_bypasses_weights_and_rules_but_not_health() -> None:
+    snap = fleet(pool("vllm"), pool("sglang", weight=0.0))
+    choice = choose_pool(snap, LONG, RULES, 0.1, pin="sglang")
+    assert (choice.pool.name, choice.reason) == ("sglang", "pin")
+    down = fleet(pool("vllm"), pool("sglang", members=backends("s", 2, healthy=False)))
+    with pytest.raises(RoutingError) as err:
+        choose_pool(down, F, (), 0.1, pin="sglang")
+    assert err.value.kind == "unavailable"
+    with pytest.raises(RoutingError) as err:
+        choose_pool(snap, F, (), 0.1, pin="nope")
+    assert err.value.kind == "unknown_pool"
+    with pytest.raises(RoutingError) as err:
+        choose_pool(fleet(pool("vllm", tool_calling=False)), TOOLS, (), 0.1, pin="vllm")
+    assert err.value.reason == "pin:not-capable"
+
+
+@given(
+    st.lists(st.floats(min_value=0.0, max_value=10.0), min_size=1, max_size=5),
+    st.floats(min_value=0.0, max_value=1.0, exclude_max=True),
+)
+def test_chosen_pool_always_has_positive_weight(weights: list[float], rand: float) -> None:
+    snap = fleet(*(pool(f"p{i}", weight=w) for i, w in enumerate(weights)))
+    if all(w == 0 for w in weights):
+        with pytest.raises(RoutingError):
+            choose_pool(snap, F, (), rand)
+        return
+    assert choose_pool(snap, F, (), rand).pool.weight > 0
+    assert choose_pool(snap, F, (), rand, sticky_key=mix64(int(rand * 1e9))).pool.weight > 0

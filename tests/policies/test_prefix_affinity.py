@@ -1,0 +1,234 @@
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections import Counter
+
+import pytest
+
+from policies.load import LoadModel
+from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig
+from policies.types import BackendChoice, BackendView, PoolView, RequestFeatures
+from tests.policies.fleet import backends, conversation, features, grow, pool, text
+
+NO_INDEX = PrefixAffinityConfig(index_entries=0)
+
+
+def _route(policy: PrefixAffinity, p: PoolView, f: RequestFeatures) -> BackendChoice:
+    choice = policy.select(p, f, 0.0)
+    policy.on_routed(p, f, choice)
+    return choice
+
+
+def _with_load(p: PoolView, name: str, **kwargs: object) -> PoolView:
+    members = tuple(dataclasses.replace(b, **kwargs) if b.name == name else b for b in p.backends)  # type: ignore[arg-type]
+    return dataclasses.replace(p, backends=members)
+
+
+def test_two_instances_agree() -> None:
+    rng = random.Random(1)
+    p = pool("a", 8)
+    system = text(rng, 100)
+    a, b = PrefixAffinity(), PrefixAffinity()
+    for _ in range(200):
+        f = features(conversation(rng, system=system))
+        assert _route(a, p, f).backend == _route(b, p, f).backend
+
+
+def test_backend_order_in_snapshot_does_not_matter() -> None:
+    rng = random.Random(2)
+    p = pool("a", 8)
+    shuffled = dataclasses.replace(p, backends=tuple(reversed(p.backends)))
+    policy = PrefixAffinity(NO_INDEX)
+    for _ in range(100):
+        f = features(conversation(rng, system="sys"))
+        assert policy.select(p, f, 0.0).backend == policy.select(shuffled, f, 0.0).backend
+
+
+def test_turns_of_a_conversation_stay_on_one_backend() -> None:
+    rng = random.Random(3)
+    p = pool("a", 8)
+    system = text(rng, 150)
+    for _ in range(30):
+        replicas = [PrefixAffinity() for _ in range(3)]
+        messages = conversation(rng, system=system)
+        homes = set()
+        for turn in range(8):
+            # each turn arrives at a different gateway replica
+            homes.add(_route(replicas[turn % 3], p, features(messages)).backend)
+            messages = grow(rng, messages)
+        assert len(homes) == 1
+
+
+def test_uniform_traffic_is_spread_within_20_percent_of_fair_share() -> None:
+    rng = random.Random(4)
+    n_backends, n_conversations = 8, 8000
+    p = pool("a", n_backends)
+    policy = PrefixAffinity()
+    system = text(rng, 200)  # all share one system prompt: the classic hot-spot trap
+    counts = Counter(
+        _route(policy, p, features(conversation(rng, system=system, words=10))).backend
+        for _ in range(n_conversations)
+    )
+    fair = n_conversations / n_backends
+    assert len(counts) == n_backends
+    assert max(counts.values()) <= 1.2 * fair, counts
+
+
+def test_hrw_alone_spreads_without_any_load_signal() -> None:
+    p = pool("a", 8)
+    policy = PrefixAffinity(NO_INDEX)
+    base = RequestFeatures("m", 1, (), 0, 0, has_tools=False, tool_choice=None, structured_output=False)
+    counts = Counter(
+        policy.select(p, dataclasses.replace(base, anchor_hash=k), 0.0).backend for k in range(8000)
+    )
+    assert max(counts.values()) <= 1.2 * 1000, counts
+
+
+def test_removing_a_backend_only_moves_its_own_conversations() -> None:
+    p = pool("a", 8)
+    smaller = dataclasses.replace(p, backends=p.backends[:-1])
+    policy = PrefixAffinity(NO_INDEX)
+    base = RequestFeatures("m", 1, (), 0, 0, has_tools=False, tool_choice=None, structured_output=False)
+    for k in range(2000):
+        f = dataclasses.replace(base, anchor_hash=k * 7919)
+        before = policy.select(p, f, 0.0).backend
+        if before != "a-7":
+            assert policy.select(smaller, f, 0.0).backend == before
+
+
+def test_bounded_load_spills_away_from_an_overloaded_home() -> None:
+    rng = random.Random(5)
+    p = pool("a", 4)
+    policy = PrefixAffinity(NO_INDEX)
+    f = features(conversation(rng, system="s"))
+    home = policy.select(p, f, 0.0)
+    assert (home.reason, home.affinity) == ("affinity:hit", "hit")
+    hot = _with_load(p, home.backend, in_flight=20)
+    spilled = policy.select(hot, f, 0.0)
+    assert spilled.backend != home.backend
+    assert (spilled.reason, spilled.affinity) == ("affinity:spill", "spill")
+    # the spill target is the next in rendezvous order: the same on every replica
+    assert spilled.backend == policy.rank(p, f)[1].name
+    assert PrefixAffinity(NO_INDEX).select(hot, f, 0.0).backend == spilled.backend
+
+
+@pytest.mark.parametrize(
+    "overload", [{"queue_depth": 9.0}, {"kv_usage": 0.97}, {"in_flight": 2, "max_concurrency": 2}]
+)
+def test_engine_thresholds_make_a_backend_spill(overload: dict[str, object]) -> None:
+    rng = random.Random(6)
+    p = pool("a", 4)
+    policy = PrefixAffinity(NO_INDEX)
+    f = features(conversation(rng, system="s"))
+    home = policy.select(p, f, 0.0).backend
+    assert policy.select(_with_load(p, home, **overload), f, 0.0).backend != home
+
+
+def test_everyone_saturated_picks_least_loaded() -> None:
+    rng = random.Random(7)
+    members = tuple(BackendView(f"b{i}", queue_depth=10.0 + i) for i in range(4))
+    policy = PrefixAffinity(NO_INDEX)
+    f = features(conversation(rng, system="s"))
+    assert policy.select(pool("a", members=members), f, 0.0).backend == "b0"
+
+
+def test_no_backend_gets_far_more_than_its_share_under_sustained_load() -> None:
+    """Simulate load accumulating: each routed request stays in flight; bounded load caps the max."""
+    rng = random.Random(8)
+    members = list(backends("a", 8))
+    policy = PrefixAffinity(PrefixAffinityConfig(load_factor=0.25, load=LoadModel(queue_high=None)))
+    hot = features(conversation(rng, system="s"))  # one very popular conversation prefix
+    for _ in range(400):
+        p = pool("a", members=tuple(members))
+        name = _route(policy, p, hot).backend
+        members = [
+            dataclasses.replace(b, in_flight=b.in_flight + 1) if b.name == name else b for b in members
+        ]
+    loads = [b.in_flight for b in members]
+    assert max(loads) <= 1.25 * 400 / 8 + 1
+
+
+def test_never_routes_to_unroutable_backends() -> None:
+    rng = random.Random(9)
+    members = (
+        BackendView("ok-1"),
+        BackendView("drain", draining=True),
+        BackendView("dead", healthy=False),
+        BackendView("open", circuit_open=True),
+        BackendView("ok-2"),
+    )
+    policy = PrefixAffinity()
+    for _ in range(300):
+        assert _route(
+            policy, pool("a", members=members), features(conversation(rng, system="s"))
+        ).backend in {"ok-1", "ok-2"}
+    with pytest.raises(ValueError):
+        policy.select(pool("a", members=members[1:4]), features(conversation(rng, system="s")), 0.0)
+
+
+def test_hit_and_miss_labels_follow_the_index() -> None:
+    rng = random.Random(10)
+    p = pool("a", 4)
+    policy = PrefixAffinity()
+    f = features(conversation(rng, system=text(rng, 100)))
+    assert policy.select(p, f, 0.0).affinity == "miss"
+    _route(policy, p, f)
+    assert policy.select(p, f, 0.0).affinity == "hit"
+    assert PrefixAffinity(NO_INDEX).select(p, f, 0.0).affinity == "hit"
+
+
+def test_index_sends_a_shared_document_back_to_its_warm_backend() -> None:
+    rng = random.Random(11)
+    p = pool("a", 8)
+    policy = PrefixAffinity()
+    document = text(rng, 1500)
+    first = _route(policy, p, features([{"role": "user", "content": document + " question zero?"}]))
+    others: Counter[str] = Counter()
+    for i in range(20):
+        f = features([{"role": "user", "content": document + f" question {i} {text(rng, 5)}?"}])
+        choice = _route(policy, p, f)
+        others[choice.backend] += 1
+        if choice.backend != first.backend or choice.reason == "affinity:index":
+            assert choice.reason in ("affinity:index", "affinity:hit", "affinity:spill")
+    assert others[first.backend] == 20
+
+
+def test_index_does_not_pull_conversations_to_holders_of_a_shared_system_prompt() -> None:
+    rng = random.Random(12)
+    p = pool("a", 8)
+    policy = PrefixAffinity()
+    system = text(rng, 600)  # long shared preamble
+    reasons = Counter(
+        _route(policy, p, features(conversation(rng, system=system))).reason for _ in range(400)
+    )
+    assert reasons["affinity:index"] == 0
+
+
+def test_spilled_conversation_follows_the_index_on_the_same_replica() -> None:
+    rng = random.Random(13)
+    p = pool("a", 4)
+    policy = PrefixAffinity()
+    messages = conversation(rng, system="s", words=200)
+    f = features(messages)
+    home = policy.select(p, f, 0.0).backend
+    spilled = _route(policy, _with_load(p, home, queue_depth=50.0), f)
+    assert spilled.affinity == "spill"
+    later = _route(policy, p, features(grow(rng, messages, words=200)))
+    assert (later.backend, later.reason) == (spilled.backend, "affinity:index")
+
+
+def test_session_key_mixing_is_optional() -> None:
+    rng = random.Random(14)
+    f = features(conversation(rng, system="s"))
+    mixed = PrefixAffinity(PrefixAffinityConfig(session_in_key=True))
+    assert PrefixAffinity().key(dataclasses.replace(f, session_key="u")) == f.anchor_hash
+    assert mixed.key(dataclasses.replace(f, session_key="u")) != f.anchor_hash
+    assert mixed.key(f) == f.anchor_hash
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError):
+        PrefixAffinityConfig(load_factor=-0.1)
+    with pytest.raises(ValueError):
+        PrefixAffinityConfig(index_min_gain_blocks=0)

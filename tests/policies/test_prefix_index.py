@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import tracemalloc
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from policies.prefix_index import PrefixIndex
+
+ALL = frozenset({"a", "b", "c", "d", "e"})
+
+
+def test_longest_match_and_depth() -> None:
+    index = PrefixIndex(100)
+    index.insert([1, 2, 3, 4], "a")
+    index.insert([1, 2, 9], "b")
+    assert index.longest_match([1, 2, 3, 4, 5], ALL) == (4, ("a",))
+    assert index.longest_match([1, 2, 9, 10], ALL) == (3, ("b",))
+    assert index.longest_match([1, 2, 7], ALL) == (2, ("b", "a"))
+    assert index.longest_match([1, 2, 3], {"b"}) == (2, ("b",))
+    assert index.longest_match([7, 8], ALL) == (0, ())
+    assert index.depth_for([1, 2, 3, 4], "b") == 2
+    assert index.depth_for([1, 2, 3, 4], "a", below=2) == 2
+    assert index.depth_for([1, 2, 3, 4], "c") == 0
+
+
+def test_holders_most_recent_first_and_capped() -> None:
+    index = PrefixIndex(100, max_holders=2)
+    for name in ("a", "b", "c", "b"):
+        index.insert([1], name)
+    assert index.longest_match([1], ALL) == (1, ("b", "c"))
+
+
+def test_lru_eviction_keeps_recently_used() -> None:
+    index = PrefixIndex(4)
+    index.insert([1, 2], "a")
+    index.insert([3, 4], "b")
+    index.insert([1], "a")  # refresh 1
+    index.insert([5], "c")  # evicts 2 (least recently used)
+    assert len(index) == 4
+    assert index.longest_match([1, 2], ALL) == (1, ("a",))
+    assert index.longest_match([5], ALL) == (1, ("c",))
+
+
+def test_lookups_do_not_change_recency() -> None:
+    index = PrefixIndex(2)
+    index.insert([1], "a")
+    index.insert([2], "a")
+    index.longest_match([1], ALL)
+    index.depth_for([1], "a")
+    index.insert([3], "a")
+    assert index.longest_match([1], ALL) == (0, ())
+
+
+def test_disabled_index() -> None:
+    index = PrefixIndex(0)
+    index.insert([1, 2, 3], "a")
+    assert len(index) == 0
+    with pytest.raises(ValueError):
+        PrefixIndex(-1)
+
+
+@given(
+    st.integers(1, 50),
+    st.lists(
+        st.tuples(st.lists(st.integers(0, 200), max_size=30), st.sampled_from(sorted(ALL))), max_size=40
+    ),
+)
+def test_entries_never_exceed_the_cap(cap: int, inserts: list[tuple[list[int], str]]) -> None:
+    index = PrefixIndex(cap, max_holders=3)
+    for hashes, name in inserts:
+        index.insert(hashes, name)
+        assert len(index) <= cap
+        for h in hashes[-3:]:
+            _depth, holders = index.longest_match([h], ALL)
+            assert len(holders) <= 3
+
+
+def test_bytes_per_entry_is_as_documented() -> None:
+    n = 20000
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    index = PrefixIndex(n)
+    names = [f"backend-{i}" for i in range(8)]
+    for i in range(n):
+        index.insert([(i + 1) << 32 | (i * 2654435761 & 0xFFFFFFFF)], names[i % 8])
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    size = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    per_entry = size / n
+    assert len(index) == n
+    assert per_entry < 250, per_entry  # docs: about 200 bytes per entry

@@ -1,0 +1,171 @@
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections import Counter
+
+import pytest
+
+from policies.least_load import LeastLoadConfig
+from policies.pools import Rule
+from policies.power_of_two import PowerOfTwoConfig
+from policies.round_robin import RoundRobinConfig
+from policies.router import PoolChoiceMode, Router
+from policies.types import BackendView, RoutingError
+from tests.policies.fleet import backends, conversation, features, fleet, grow, pool, text
+
+RULES = (
+    Rule("long-prompt", ("sglang",), prompt_tokens_gte=4000),
+    Rule("tools", ("sglang",), has_tools=True),
+)
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+def _fleet(**weights: float):  # type: ignore[no-untyped-def]
+    return fleet(
+        pool("vllm", 4, weight=weights.get("vllm", 0.5), tool_calling=False),
+        pool("sglang", 4, weight=weights.get("sglang", 0.5), dialect="sglang"),
+    )
+
+
+def test_replicas_agree_on_pool_and_backend() -> None:
+    rng = random.Random(1)
+    snap = _fleet()
+    replicas = [Router(RULES), Router(RULES)]
+    system = text(rng, 80)
+    for _ in range(300):
+        f = features(conversation(rng, system=system))
+        a, b = (r.decide(snap, f, rng.random()) for r in replicas)
+        assert (a.pool, a.backend, a.reason) == (b.pool, b.backend, b.reason)
+
+
+def test_turns_of_a_conversation_land_on_one_backend_from_any_replica() -> None:
+    rng = random.Random(2)
+    snap = _fleet()
+    replicas = [Router(RULES) for _ in range(3)]
+    for _ in range(40):
+        messages = conversation(rng, system=text(rng, 50))
+        seen = set()
+        for _turn in range(6):
+            d = replicas[rng.randrange(3)].decide(snap, features(messages), rng.random())
+            seen.add((d.pool, d.backend))
+            messages = grow(rng, messages)
+        assert len(seen) == 1
+
+
+def test_weighted_split_over_2000_conversations_sticky_and_random() -> None:
+    rng = random.Random(3)
+    snap = _fleet(vllm=0.75, sglang=0.25)
+    system = text(rng, 50)
+    convs = [features(conversation(rng, system=system, words=8)) for _ in range(2000)]
+    modes: tuple[PoolChoiceMode, ...] = ("sticky", "random")
+    for mode in modes:
+        router = Router((), RoundRobinConfig(), pool_choice=mode)
+        counts = Counter(router.decide(snap, f, rng.random()).pool for f in convs)
+        expected = {"vllm": 1500, "sglang": 500}
+        chi2 = sum((counts[k] - e) ** 2 / e for k, e in expected.items())
+        assert chi2 < 10.83, (mode, counts)  # p = 0.001, 1 degree of freedom
+
+
+def test_random_mode_splits_identical_requests_by_weight() -> None:
+    rng = random.Random(4)
+    snap = _fleet(vllm=0.5, sglang=0.5)
+    router = Router((), RoundRobinConfig(), pool_choice="random")
+    f = features(conversation(rng, system="s"))
+    counts = Counter(router.decide(snap, f, rng.random()).pool for _ in range(2000))
+    assert abs(counts["vllm"] - 1000) < 100
+
+
+def test_weight_zero_removes_a_pool_at_once() -> None:
+    rng = random.Random(5)
+    router = Router(RULES)
+    before = _fleet()
+    after = _fleet(vllm=0.0)
+    convs = [features(conversation(rng, system="s")) for _ in range(200)]
+    assert {router.decide(before, f, 0.5).pool for f in convs} == {"vllm", "sglang"}
+    assert {router.decide(after, f, 0.5).pool for f in convs} == {"sglang"}
+
+
+def test_rules_and_reason_strings() -> None:
+    rng = random.Random(6)
+    router = Router(RULES)
+    snap = _fleet()
+    long = features([{"role": "user", "content": text(rng, 3000)}])
+    d = router.decide(snap, long, 0.1)
+    assert d.pool == "sglang" and d.reason.startswith("rule:long-prompt+affinity:")
+    tools = features(conversation(rng, system="s"), tools=[TOOL])
+    d = router.decide(snap, tools, 0.1)
+    assert d.pool == "sglang" and d.reason in ("rule:tools+affinity:miss", "rule:tools+affinity:hit")
+    plain = router.decide(snap, features(conversation(rng, system="s")), 0.1)
+    assert plain.reason.startswith("default+weights+affinity:")
+    pinned = router.decide(snap, features(conversation(rng, system="s")), 0.1, pin="vllm")
+    assert pinned.pool == "vllm" and pinned.reason.startswith("pin+affinity:")
+    for d in (plain, pinned):
+        assert all(c.isalnum() or c in "+:-_." for c in d.reason)
+
+
+@pytest.mark.parametrize("policy", [RoundRobinConfig(), LeastLoadConfig(), PowerOfTwoConfig(), None])
+def test_draining_unhealthy_and_open_circuits_never_chosen(policy: object) -> None:
+    rng = random.Random(7)
+    members = (
+        BackendView("good-1", in_flight=9),
+        BackendView("drain", draining=True),
+        BackendView("sick", healthy=False),
+        BackendView("open", circuit_open=True),
+        BackendView("good-2", in_flight=9),
+    )
+    snap = fleet(pool("p", members=members))
+    router = Router((), policy) if policy is not None else Router()  # type: ignore[arg-type]
+    chosen = Counter(
+        router.decide(snap, features(conversation(rng, system="s")), rng.random()).backend for _ in range(300)
+    )
+    assert set(chosen) <= {"good-1", "good-2"}
+
+
+def test_all_backends_unroutable_is_503() -> None:
+    rng = random.Random(8)
+    snap = fleet(pool("p", members=backends("p", 3, draining=True)))
+    with pytest.raises(RoutingError) as err:
+        Router().decide(snap, features(conversation(rng, system="s")), 0.5)
+    assert err.value.status == 503
+
+
+def test_exclude_for_failover() -> None:
+    rng = random.Random(9)
+    snap = fleet(pool("p", 3))
+    router = Router()
+    f = features(conversation(rng, system="s"))
+    first = router.decide(snap, f, 0.5)
+    second = router.decide(snap, f, 0.5, exclude={first.backend})
+    assert second.backend != first.backend
+    third = router.decide(snap, f, 0.5, exclude={first.backend, second.backend})
+    assert third.backend not in {first.backend, second.backend}
+    with pytest.raises(RoutingError):
+        router.decide(snap, f, 0.5, exclude={b.name for b in snap.pools[0].backends})
+
+
+def test_dry_run_changes_no_state() -> None:
+    rng = random.Random(10)
+    snap = fleet(pool("p", 4))
+    router = Router()
+    f = features(conversation(rng, system=text(rng, 100)))
+    assert router.decide(snap, f, 0.5, dry_run=True).affinity == "miss"
+    assert router.decide(snap, f, 0.5, dry_run=True).affinity == "miss"
+    assert router.decide(snap, f, 0.5).affinity == "miss"
+    assert router.decide(snap, f, 0.5, dry_run=True).affinity == "hit"
+    rr = Router((), RoundRobinConfig())
+    assert {rr.decide(snap, f, 0.5, dry_run=True).backend for _ in range(4)} == {"p-0"}
+
+
+def test_on_complete_is_accepted() -> None:
+    rng = random.Random(11)
+    snap = fleet(pool("p", 2))
+    router = Router()
+    f = features(conversation(rng, system="s"))
+    router.on_complete(router.decide(snap, f, 0.5), f, ok=False)
+
+
+def test_unknown_model() -> None:
+    with pytest.raises(RoutingError) as err:
+        Router().decide(fleet(pool("p")), dataclasses.replace(features([]), model="x"), 0.5)
+    assert err.value.kind == "unknown_model"
