@@ -1,0 +1,245 @@
+"""Typed settings of admission: `auth`, `limits` and `sanitise` (fields of `gateway.settings.Settings`).
+
+Every default keeps a config without these sections valid and behaving as before: authentication is
+on only when a key source is configured (`auth.enabled: null` = auto), every limit is 0 (unlimited),
+and the sanitiser's defaults only refuse what no engine should ever see. The reference for every
+field is docs/configuration.md; the behaviour behind them is docs/admission.md.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+#: every JWS algorithm the gateway can verify; `none` is not among them and never will be
+HMAC_ALGORITHMS = ("HS256", "HS384", "HS512")
+ASYMMETRIC_ALGORITHMS = (
+    "RS256",
+    "RS384",
+    "RS512",
+    "PS256",
+    "PS384",
+    "PS512",
+    "ES256",
+    "ES384",
+    "ES512",
+    "EdDSA",
+)
+KNOWN_ALGORITHMS = frozenset(HMAC_ALGORITHMS + ASYMMETRIC_ALGORITHMS)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_algorithms(algs: list[str], allowed: tuple[str, ...]) -> list[str]:
+    for alg in algs:
+        if alg not in allowed:
+            raise ValueError(f"algorithm {alg!r} is not allowed here (choose from {', '.join(allowed)})")
+    if not algs:
+        raise ValueError("at least one algorithm is needed")
+    return algs
+
+
+class PublicKeySettings(_Model):
+    """One static public key (PEM text or file) and the algorithms it may verify."""
+
+    #: matched against the token header's `kid`; a key without `kid` matches tokens without one
+    kid: str | None = None
+    pem: str | None = None
+    pem_file: str | None = None
+    algorithms: list[str] = Field(default_factory=lambda: ["RS256"])
+
+    @field_validator("algorithms")
+    @classmethod
+    def _algs(cls, v: list[str]) -> list[str]:
+        return _check_algorithms(v, ASYMMETRIC_ALGORITHMS)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PublicKeySettings:
+        if (self.pem is None) == (self.pem_file is None):
+            raise ValueError("a public key needs exactly one of pem or pem_file")
+        return self
+
+
+class ClaimMapping(_Model):
+    """Which claims fill the principal. Dotted paths reach into objects (`realm_access.roles`)."""
+
+    user: str = "sub"
+    tenant: str = "tenant"
+    #: a list of strings, or one space-separated string (an OAuth `scope`)
+    roles: str = "roles"
+    tier: str = "tier"
+
+
+class JwtSettings(_Model):
+    #: HS* shared secret (`GATEWAY_JWT_SECRET` sets it); tokens from `gateway token` verify with it
+    secret: str | None = None
+    secret_algorithms: list[str] = Field(default_factory=lambda: ["HS256"])
+    public_keys: list[PublicKeySettings] = Field(default_factory=list)
+    jwks_url: str | None = None
+    #: algorithms accepted from JWKS keys (each key is further limited to its own `alg`/key type)
+    jwks_algorithms: list[str] = Field(default_factory=lambda: ["RS256", "PS256", "ES256", "EdDSA"])
+    #: seconds between background refreshes of the JWKS document
+    jwks_refresh_s: float = Field(300.0, gt=0)
+    #: least seconds between two fetches triggered by unknown `kid`s (a floor against kid floods)
+    jwks_min_refresh_s: float = Field(10.0, ge=0)
+    jwks_timeout_s: float = Field(3.0, gt=0)
+    #: expected `iss` (one or any of several); null = not checked
+    issuer: str | list[str] | None = "llm-gateway"
+    #: expected `aud` (the token must name one of these); null = not checked
+    audience: str | list[str] | None = "llm-gateway"
+    leeway_s: float = Field(30.0, ge=0, le=600)
+    #: claims that must be present (besides the `iss`/`aud` checks above)
+    required_claims: list[str] = Field(default_factory=lambda: ["exp", "sub"])
+    #: longest accepted token, in bytes (401 above, before any parsing)
+    max_token_bytes: int = Field(8192, ge=256, le=65536)
+    #: verified tokens kept this long (never past their `exp`)
+    cache_ttl_s: float = Field(60.0, ge=0)
+    cache_size: int = Field(10000, ge=0)
+    claims: ClaimMapping = ClaimMapping()
+
+    @field_validator("secret_algorithms")
+    @classmethod
+    def _hs(cls, v: list[str]) -> list[str]:
+        return _check_algorithms(v, HMAC_ALGORITHMS)
+
+    @field_validator("jwks_algorithms")
+    @classmethod
+    def _jwks(cls, v: list[str]) -> list[str]:
+        return _check_algorithms(v, ASYMMETRIC_ALGORITHMS)
+
+    @property
+    def has_keys(self) -> bool:
+        return bool(self.secret or self.public_keys or self.jwks_url)
+
+
+class ApiKeySettings(_Model):
+    enabled: bool = True
+    #: optional server-side pepper: keys are stored as HMAC-SHA256(pepper, key) instead of SHA-256(key)
+    pepper: str | None = None
+    #: seconds a resolved key is cached per replica (a revocation reaches other replicas within this)
+    cache_ttl_s: float = Field(10.0, ge=0)
+    cache_size: int = Field(10000, ge=0)
+
+
+class AuthSettings(_Model):
+    #: null = on when any JWT key source is configured; false = every request is `anonymous`
+    enabled: bool | None = None
+    jwt: JwtSettings = JwtSettings()
+    api_keys: ApiKeySettings = ApiKeySettings()
+    #: the role that opens `/admin/*`
+    admin_role: str = "admin"
+
+    @property
+    def active(self) -> bool:
+        return self.jwt.has_keys if self.enabled is None else self.enabled
+
+
+class LimitSet(_Model):
+    """Limits of one scope (a user of a tier, or a tenant). 0 means unlimited."""
+
+    requests_per_minute: int = Field(0, ge=0)
+    tokens_per_minute: int = Field(0, ge=0)
+    concurrent_requests: int = Field(0, ge=0)
+
+    @property
+    def unlimited(self) -> bool:
+        return not (self.requests_per_minute or self.tokens_per_minute or self.concurrent_requests)
+
+
+class LimitsSettings(_Model):
+    #: per-user limits by tier; the principal's tier (claim `auth.jwt.claims.tier`) picks one
+    tiers: dict[str, LimitSet] = Field(default_factory=lambda: {"default": LimitSet()})
+    #: the tier of principals without one, or with a tier not listed
+    default_tier: str = "default"
+    #: per-tenant limits (all users of a tenant together); `tenant_default` for tenants not listed
+    tenants: dict[str, LimitSet] = Field(default_factory=dict)
+    tenant_default: LimitSet = LimitSet()
+    #: what happens while Redis is unreachable: a local in-process limiter, or 503
+    on_redis_error: Literal["fail_open", "fail_closed"] = "fail_open"
+    #: a concurrency slot lives this long without renewal (a crashed replica's slots free after it)
+    concurrency_lease_s: float = Field(30.0, ge=1)
+    #: the window of "per minute" limits; only tests change it
+    window_s: float = Field(60.0, ge=1)
+    #: seconds between Redis probes while it is down (recovery happens within this)
+    redis_probe_s: float = Field(0.25, gt=0, le=5)
+
+    @model_validator(mode="after")
+    def _default_exists(self) -> LimitsSettings:
+        if self.default_tier not in self.tiers:
+            raise ValueError(f"limits.default_tier {self.default_tier!r} is not one of limits.tiers")
+        return self
+
+    @property
+    def unlimited(self) -> bool:
+        return (
+            all(t.unlimited for t in self.tiers.values())
+            and all(t.unlimited for t in self.tenants.values())
+            and self.tenant_default.unlimited
+        )
+
+
+Policy = Literal["reject", "neutralise", "allow"]
+
+#: chat-template control sequences of the common model families (ChatML, Llama 2/3, Mistral, Gemma, Phi…)
+DEFAULT_SPECIAL_TOKENS = (
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|python_tag|>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|end|>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<start_of_turn>",
+    "<end_of_turn>",
+    "[INST]",
+    "[/INST]",
+    "<<SYS>>",
+    "<</SYS>>",
+    "<s>",
+    "</s>",
+)
+
+
+class SanitiseSettings(_Model):
+    #: deepest JSON nesting accepted anywhere in the body
+    max_json_depth: int = Field(32, ge=4, le=512)
+    max_messages: int = Field(2048, ge=1)
+    #: longest single string (a message's text, a tool's description…), in characters
+    max_string_chars: int = Field(1_000_000, ge=64)
+    max_tools: int = Field(128, ge=1)
+    #: OpenAI allows 4 stop sequences
+    max_stop: int = Field(4, ge=1)
+    max_stop_chars: int = Field(256, ge=1)
+    max_logit_bias: int = Field(300, ge=0)
+    #: control characters (C0 except tab, LF, CR; DEL) in user-supplied text: rejected, or removed
+    control_chars: Literal["reject", "strip"] = "strip"
+    special_tokens: Policy = "neutralise"
+    special_token_list: list[str] = Field(default_factory=lambda: list(DEFAULT_SPECIAL_TOKENS))
+    #: model name → its own list (replaces `special_token_list` for that model)
+    special_tokens_by_model: dict[str, list[str]] = Field(default_factory=dict)
+    #: Jinja-style markers in user text: `allow` (the default), `neutralise` or `reject`
+    template_markers: Policy = "allow"
+    template_marker_list: list[str] = Field(default_factory=lambda: ["{{", "}}", "{%", "%}", "{#", "#}"])
+    #: reject when the estimated prompt exceeds the model's context by more than this share
+    #: (the estimate is ~4 bytes per token; the slack keeps estimate error from refusing valid prompts)
+    context_slack: float = Field(0.1, ge=0, le=1)
+
+    @field_validator("special_token_list", "template_marker_list")
+    @classmethod
+    def _non_empty_items(cls, v: list[str]) -> list[str]:
+        if any(len(s) < 2 for s in v):
+            raise ValueError("every token or marker must be at least two characters long")
+        return v

@@ -1,0 +1,217 @@
+"""The gateway as one ASGI application, assembled once from `Settings`.
+
+Hot paths (`/v1/chat/completions`, `/v1/completions`) go straight to the pipeline without any
+framework routing; the small fixed endpoints (`/healthz`, `/readyz`, `/metrics`, `/v1/models`) are
+plain functions; everything else is answered 404 in OpenAI's shape. `build_pipeline` is the one
+place where the order of the request path is written down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import orjson
+
+from engines.base import Endpoint
+from engines.errors import ApiError, model_not_found
+from gateway.access_log import AccessLog
+from gateway.context import RequestContext
+from gateway.fleet import Fleet
+from gateway.health import HealthChecker
+from gateway.intake import ParseStage, ValidateStage
+from gateway.metrics import Metrics
+from gateway.pipeline import Pipeline, Stage, run_finalizers
+from gateway.proxy import ProxyStage
+from gateway.request_id import request_id_from
+from gateway.responses import BytesResponse, Receive, Send, error_response
+from gateway.router_factory import build_router
+from gateway.routing import RouteStage
+from gateway.settings import Settings
+from gateway.upstream import AiohttpTransport, Transport
+
+log = logging.getLogger("gateway")
+
+Scope = dict[str, Any]
+
+_HOT: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+
+
+class Gateway:
+    """The ASGI application. Create it anywhere; connections are opened at ASGI lifespan start-up."""
+
+    def __init__(self, settings: Settings, transport: Transport | None = None) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.fleet = Fleet(settings.pools, settings.upstream.health, settings.routing.scrape_stale_s)
+        self.models = {m.name: m for m in settings.models if self.fleet.serves(m.name)}
+        self._transport = transport
+        self._owns_transport = transport is None
+        self._health: HealthChecker | None = None
+        self.access_log = AccessLog(settings.access_log)
+        self.pipeline: Pipeline | None = None
+        self._created = int(time.time())
+        for pool in self.fleet.pools.values():
+            self.metrics.pool_weight.labels(pool.name).set(pool.weight)
+
+    # -- assembly ---------------------------------------------------------------------------------
+    def build_pipeline(self, transport: Transport) -> Pipeline:
+        s = self.settings
+        router, features = build_router(s.routing)
+        route = RouteStage(self.fleet, router, features, on_decision=self._on_decision)
+        stages: list[Stage] = [
+            ParseStage(self.models, s.server.max_body_bytes),
+            ValidateStage(),
+            route,
+            ProxyStage(self.fleet, transport, s.upstream, route.reroute, self._on_upstream_error),
+        ]
+        return Pipeline(stages)
+
+    def _on_decision(self, decision: Any) -> None:
+        self.metrics.route_decisions.labels(decision.pool, decision.reason).inc()
+        self.metrics.affinity.labels(decision.affinity).inc()
+
+    def _on_upstream_error(self, ctx: RequestContext, backend: Any, kind: str) -> None:
+        self.metrics.upstream_errors.labels(backend.pool, kind).inc()
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    async def startup(self) -> None:
+        up = self.settings.upstream
+        if self._transport is None:
+            self._transport = AiohttpTransport(
+                connect_timeout_s=up.timeouts.connect_s,
+                max_per_host=up.max_connections_per_backend,
+                keepalive_s=up.keepalive_s,
+            )
+        self.pipeline = self.build_pipeline(self._transport)
+        self._health = HealthChecker(
+            self.fleet,
+            self._transport,
+            interval_s=up.health.interval_s,
+            timeout_s=up.health.timeout_s,
+            scrape_interval_s=self.settings.routing.scrape_interval_s,
+        )
+        await self._health.start()
+        healthy = sum(1 for b in self.fleet.backends.values() if b.healthy)
+        log.info(
+            "gateway ready: %d pools, %d backends (%d healthy), shared state: %s",
+            len(self.fleet.pools),
+            len(self.fleet.backends),
+            healthy,
+            "redis" if self.settings.redis.url else "none (this process only)",
+        )
+
+    async def shutdown(self) -> None:
+        if self._health is not None:
+            await self._health.stop()
+        if self._transport is not None and self._owns_transport:
+            await self._transport.aclose()
+
+    # -- ASGI -------------------------------------------------------------------------------------
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            path: str = scope["path"]
+            endpoint = _HOT.get(path)
+            if endpoint is not None and scope["method"] == "POST":
+                await self._proxy(scope, receive, send, endpoint)
+            else:
+                await self._small(scope, receive, send, path)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _proxy(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint) -> None:
+        loop = asyncio.get_running_loop()
+        headers = dict(scope["headers"])
+        rid = request_id_from(headers)
+        ctx = RequestContext(
+            request_id=rid, endpoint=endpoint, started=loop.time(), headers=headers, receive=receive
+        )
+        ctx.response_headers.append((b"x-request-id", rid.encode()))
+        pipeline = self.pipeline
+        assert pipeline is not None, "lifespan start-up has not run"
+        response = await pipeline.run(ctx)
+        ctx.status = response.status
+        try:
+            await response(send, receive)
+        except OSError:
+            ctx.error_kind = ctx.error_kind or "client_disconnect"
+        finally:
+            await run_finalizers(ctx)
+            now = loop.time()
+            self.metrics.observe_request(ctx, now)
+            self.access_log.write(ctx, now)
+
+    async def _small(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
+        method = scope["method"]
+        rid = request_id_from(dict(scope["headers"]))
+        headers = [(b"x-request-id", rid.encode())]
+        if method not in ("GET", "HEAD"):
+            if path in _HOT:
+                response = error_response(ApiError(405, f"Method {method} not allowed on {path}."), headers)
+            else:
+                response = error_response(_not_found(method, path), headers)
+        elif path == "/healthz":
+            response = BytesResponse(200, b'{"status":"ok"}', headers)
+        elif path == "/readyz":
+            ready = self.pipeline is not None and any(b.healthy for b in self.fleet.backends.values())
+            body = b'{"status":"ready"}' if ready else b'{"status":"not ready"}'
+            response = BytesResponse(200 if ready else 503, body, headers)
+        elif path == "/metrics":
+            self._refresh_gauges()
+            response = BytesResponse(
+                200, self.metrics.render(), headers, content_type=b"text/plain; version=0.0.4; charset=utf-8"
+            )
+        elif path == "/v1/models":
+            data = [self._model_object(name) for name in self.models]
+            response = BytesResponse(200, orjson.dumps({"object": "list", "data": data}), headers)
+        elif path.startswith("/v1/models/"):
+            name = path[len("/v1/models/") :]
+            if name in self.models:
+                response = BytesResponse(200, orjson.dumps(self._model_object(name)), headers)
+            else:
+                response = error_response(model_not_found(name), headers)
+        else:
+            response = error_response(_not_found(method, path), headers)
+        await response(send, receive)
+
+    def _model_object(self, name: str) -> dict[str, Any]:
+        return {
+            "id": name,
+            "object": "model",
+            "created": self._created,
+            "owned_by": self.models[name].owned_by,
+        }
+
+    def _refresh_gauges(self) -> None:
+        m = self.metrics
+        now = time.monotonic()
+        for pool in self.fleet.pools.values():
+            m.pool_weight.labels(pool.name).set(pool.weight)
+            m.in_flight.labels(pool.name).set(sum(b.in_flight for b in pool.backends.values()))
+            for b in pool.backends.values():
+                m.backend_healthy.labels(pool.name, b.name).set(1 if b.healthy else 0)
+                m.backend_circuit.labels(pool.name, b.name).set(1 if b.circuit.is_open(now) else 0)
+                m.backend_in_flight.labels(pool.name, b.name).set(b.in_flight)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as exc:
+                    log.exception("start-up failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def _not_found(method: str, path: str) -> ApiError:
+    return ApiError(404, f"Invalid URL ({method} {path})", type="invalid_request_error")

@@ -1,0 +1,79 @@
+"""The `gateway` command: serve, demo, sim, token."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+
+def _serve(args: argparse.Namespace) -> None:
+    from gateway.server import serve
+    from gateway.settings import load_settings
+
+    os.environ["GATEWAY_CONFIG"] = os.path.abspath(args.config)
+    settings = load_settings(args.config)
+    serve(settings, config_path=os.environ["GATEWAY_CONFIG"])
+
+
+def _demo(args: argparse.Namespace) -> None:
+    from gateway.demo import run_demo
+
+    run_demo(port=args.port, host=args.host)
+
+
+def _sim(args: argparse.Namespace) -> None:
+    from engines.sim.cli import main
+
+    main(args)
+
+
+def _token(args: argparse.Namespace) -> None:
+    from gateway.tokens import mint_token
+
+    secret = os.environ.get("GATEWAY_JWT_SECRET")
+    if not secret:
+        sys.exit("gateway token: set GATEWAY_JWT_SECRET to the gateway's HS256 secret")
+    roles = list(args.role or [])
+    print(mint_token(secret, args.sub, roles=roles, ttl_s=args.ttl, tier=args.tier, tenant=args.tenant))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from engines.sim.cli import add_arguments as add_sim_arguments
+
+    parser = argparse.ArgumentParser(
+        prog="gateway", description="OpenAI-compatible gateway for vLLM and SGLang fleets"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="run the gateway from a YAML config (env vars override)")
+    p.add_argument("--config", required=True, help="YAML config file (docs/configuration.md)")
+    p.set_defaults(func=_serve)
+
+    p = sub.add_parser("demo", help="two vLLM-dialect and two SGLang-dialect simulators behind a gateway")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--host", default="127.0.0.1")
+    p.set_defaults(func=_demo)
+
+    p = sub.add_parser("sim", help="one engine simulator (vLLM or SGLang dialect)")
+    add_sim_arguments(p)
+    p.set_defaults(func=_sim)
+
+    p = sub.add_parser("token", help="mint a development JWT signed with GATEWAY_JWT_SECRET (HS256)")
+    p.add_argument("--sub", required=True, help="the user id")
+    p.add_argument("--role", action="append", help="a role, e.g. admin (repeatable)")
+    p.add_argument("--ttl", type=int, default=3600, help="lifetime in seconds")
+    p.add_argument("--tier", default=None, help="limits tier")
+    p.add_argument("--tenant", default=None)
+    p.set_defaults(func=_token)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

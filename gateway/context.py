@@ -1,0 +1,65 @@
+"""The one typed object that flows through the pipeline for a request.
+
+Stages fill it in order (see gateway/pipeline.py); later stages may rely on what earlier ones set.
+`finalizers` run once when the response has ended — sent in full, failed or abandoned by the client —
+in reverse order of registration, so a stage that reserves something (a limit, an in-flight slot)
+registers its release right where it reserves it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from engines.base import Endpoint, Usage
+
+if TYPE_CHECKING:
+    from gateway.fleet import Backend, Pool
+    from gateway.settings import ModelSettings
+
+Finalizer = Callable[["RequestContext"], Awaitable[None] | None]
+
+
+@dataclass(slots=True, eq=False)
+class Principal:
+    """Who is calling. `anonymous` when authentication is off."""
+
+    user: str
+    tenant: str | None = None
+    roles: frozenset[str] = frozenset()
+    tier: str = "default"
+
+    @property
+    def is_admin(self) -> bool:
+        return "admin" in self.roles
+
+
+ANONYMOUS = Principal(user="anonymous")
+
+
+@dataclass(slots=True, eq=False)
+class RequestContext:
+    request_id: str
+    endpoint: Endpoint
+    started: float  # loop.time() when the request arrived
+    headers: dict[bytes, bytes]  # request headers, lower-cased names (last value wins)
+    receive: Callable[[], Awaitable[Any]]  # the ASGI receive channel (the body is read by a stage)
+    raw_body: bytes = b""
+    body: dict[str, Any] = field(default_factory=dict)  # the parsed, validated OpenAI request
+    principal: Principal = ANONYMOUS
+    model: ModelSettings | None = None
+    stream: bool = False
+    include_usage: bool = False  # the client asked for the usage chunk
+    pool: Pool | None = None
+    backend: Backend | None = None
+    route_reason: str = ""
+    affinity: str = "none"
+    attempts: int = 0
+    status: int = 0
+    usage: Usage | None = None
+    first_token_at: float | None = None
+    error_kind: str | None = None  # label for metrics and the access log when the request failed
+    response_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    finalizers: list[Finalizer] = field(default_factory=list)
+    extras: dict[str, Any] = field(default_factory=dict)  # per-stage scratch space (documented by the stage)

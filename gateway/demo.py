@@ -1,0 +1,119 @@
+"""`gateway demo`: the embedded default.
+
+Starts two vLLM-dialect and two SGLang-dialect simulators on free loopback ports and a gateway in
+front of them, with in-memory state (Redis when `REDIS_URL` is set) and a JWT secret from
+`GATEWAY_JWT_SECRET` (generated when unset). Prints the base URL, a user and an admin token, and
+ready-to-paste curl and OpenAI SDK examples. Ctrl-C stops everything it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+from engines.sim.launcher import SimProcess, free_port
+from gateway.settings import Settings, parse_settings
+from gateway.tokens import mint_token, new_secret
+
+MODEL = "demo-llama"
+SERVED = {"vllm": "meta-llama/Llama-3.1-8B-Instruct", "sglang": "meta-llama/Llama-3.1-8B-Instruct"}
+
+
+def demo_config(backend_urls: dict[str, list[str]], port: int, host: str = "127.0.0.1") -> dict[str, Any]:
+    """The demo's settings as a plain mapping (also used by tests): two pools of two backends."""
+    return {
+        "server": {"host": host, "port": port, "graceful_shutdown_s": 5},
+        "models": [{"name": MODEL, "context_length": 8192, "owned_by": "demo"}],
+        "pools": [
+            {
+                "name": name,
+                "dialect": name,
+                "weight": 0.5,
+                "models": {MODEL: SERVED[name]},
+                "backends": [{"name": f"{name}-{i}", "url": url} for i, url in enumerate(urls)],
+            }
+            for name, urls in backend_urls.items()
+        ],
+        "routing": {
+            "rules": [
+                {"name": "long-prompt", "min_prompt_tokens": 2048, "pools": ["sglang"]},
+                {"name": "tools", "has_tools": True, "pools": ["sglang"]},
+            ],
+            "scrape_interval_s": 2.0,
+        },
+        "upstream": {"health": {"interval_s": 2.0}},
+    }
+
+
+def sim_flags(engine: str) -> list[str]:
+    flags = ["--model", SERVED[engine], "--max-model-len", "8192"]
+    if engine == "vllm":
+        flags += [
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "hermes",
+            "--enable-prompt-tokens-details",
+        ]
+    else:
+        flags += ["--enable-metrics", "--tool-call-parser", "qwen25", "--enable-cache-report"]
+    return flags
+
+
+def _banner(base: str, user_token: str, admin_token: str, with_auth: bool) -> str:
+    auth = f'-H "Authorization: Bearer {user_token}" ' if with_auth else ""
+    key = user_token if with_auth else "unused"
+    return f"""
+LLM gateway demo — 2 vLLM-dialect + 2 SGLang-dialect simulators behind one gateway
+
+  base URL     {base}/v1
+  model        {MODEL}
+  user token   {user_token}
+  admin token  {admin_token}
+
+curl:
+  curl -s {base}/v1/chat/completions {auth}-H "Content-Type: application/json" \\
+    -d '{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
+
+  curl -sN {base}/v1/chat/completions {auth}-H "Content-Type: application/json" \\
+    -d '{{"model": "{MODEL}", "stream": true, "stream_options": {{"include_usage": true}}, "messages": [{{"role": "user", "content": "Hello!"}}]}}'
+
+OpenAI SDK (Python):
+  from openai import OpenAI
+  client = OpenAI(base_url="{base}/v1", api_key="{key}")
+  print(client.chat.completions.create(model="{MODEL}", messages=[{{"role": "user", "content": "Hello!"}}]).choices[0].message.content)
+  for chunk in client.chat.completions.create(model="{MODEL}", messages=[{{"role": "user", "content": "Hi"}}], stream=True):
+      print(chunk.choices[0].delta.content or "", end="", flush=True) if chunk.choices else None
+
+Pin a pool (admin token only): add -H "x-gateway-pool: sglang" (or vllm); see x-gateway-route in the answer headers.
+Ctrl-C stops everything.
+"""
+
+
+def run_demo(port: int = 8080, host: str = "127.0.0.1") -> None:
+    import uvicorn
+
+    from gateway.app import Gateway
+    from gateway.server import configure_logging, uvicorn_config
+
+    secret = os.environ.get("GATEWAY_JWT_SECRET") or new_secret()
+    os.environ["GATEWAY_JWT_SECRET"] = secret
+    with contextlib.ExitStack() as stack:
+        urls: dict[str, list[str]] = {"vllm": [], "sglang": []}
+        for engine in ("vllm", "vllm", "sglang", "sglang"):
+            sim = stack.enter_context(SimProcess(engine, free_port(), sim_flags(engine)))
+            urls[engine].append(sim.base_url)
+        settings: Settings = parse_settings(demo_config(urls, port, host))
+        configure_logging(settings.server.log_level)
+        gateway = Gateway(settings)
+        base = f"http://{host}:{port}"
+        print(
+            _banner(
+                base,
+                mint_token(secret, "demo-user", tier="default"),
+                mint_token(secret, "demo-admin", roles=["admin"]),
+                with_auth=getattr(gateway, "auth_enabled", False),
+            ),
+            flush=True,
+        )
+        uvicorn.Server(uvicorn_config(gateway, settings)).run()

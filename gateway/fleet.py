@@ -1,0 +1,131 @@
+"""The live state of the pools and backends this replica routes to.
+
+`Fleet` owns the mutable per-backend runtime (in-flight count, health, circuit, drain, scraped load)
+and the live pool weights; `snapshot(now)` freezes it into the pure `policies.types.FleetSnapshot`
+the routing policies decide on. Admin changes (weights, drain, add/remove) arrive through the methods
+here, whether they came from this replica's admin API or from another replica via shared state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from engines.base import Dialect, EngineLoad
+from engines.registry import get_dialect
+from gateway.circuit import CircuitBreaker
+from gateway.settings import BackendSettings, HealthSettings, PoolSettings
+from policies.types import BackendView, FleetSnapshot, PoolView
+
+
+@dataclass(slots=True, eq=False)
+class Backend:
+    name: str
+    url: str
+    pool: str
+    circuit: CircuitBreaker
+    in_flight: int = 0
+    #: result of the last active probe; None until the first probe answered
+    healthy: bool | None = None
+    draining: bool = False
+    load: EngineLoad | None = None
+    load_at: float = 0.0
+    requests_total: int = 0
+
+    def routable(self, now: float) -> bool:
+        return self.healthy is not False and not self.draining and not self.circuit.is_open(now)
+
+    def view(self, now: float, stale_s: float) -> BackendView:
+        load = self.load if self.load is not None and now - self.load_at <= stale_s else None
+        return BackendView(
+            name=self.name,
+            healthy=self.healthy is not False,
+            draining=self.draining,
+            circuit_open=self.circuit.is_open(now),
+            in_flight=self.in_flight,
+            queue_depth=load.waiting if load else None,
+            running=load.running if load else None,
+            kv_usage=load.kv_usage if load else None,
+            max_concurrency=None,
+        )
+
+
+@dataclass(slots=True, eq=False)
+class Pool:
+    name: str
+    dialect: Dialect
+    weight: float
+    models: dict[str, str]  # public -> served name
+    tool_calling: bool
+    structured_output: bool
+    backends: dict[str, Backend] = field(default_factory=dict)
+
+
+class Fleet:
+    def __init__(self, pools: Iterable[PoolSettings], health: HealthSettings, stale_s: float) -> None:
+        self._health = health
+        self._stale_s = stale_s
+        self.pools: dict[str, Pool] = {}
+        self.backends: dict[str, Backend] = {}
+        for ps in pools:
+            pool = Pool(
+                name=ps.name,
+                dialect=get_dialect(ps.dialect),
+                weight=ps.weight,
+                models=dict(ps.models),
+                tool_calling=ps.tool_calling,
+                structured_output=ps.structured_output,
+            )
+            self.pools[pool.name] = pool
+            for bs in ps.backends:
+                self.add_backend(pool.name, bs)
+
+    # -- changes (admin API, shared state) --------------------------------------------------------
+    def add_backend(self, pool_name: str, bs: BackendSettings) -> Backend:
+        if bs.name in self.backends:
+            raise ValueError(f"backend {bs.name!r} exists")
+        pool = self.pools[pool_name]
+        backend = Backend(
+            name=bs.name,
+            url=bs.url,
+            pool=pool_name,
+            circuit=CircuitBreaker(self._health.failure_threshold, self._health.open_s),
+        )
+        pool.backends[bs.name] = backend
+        self.backends[bs.name] = backend
+        return backend
+
+    def remove_backend(self, name: str) -> Backend:
+        backend = self.backends.pop(name)
+        del self.pools[backend.pool].backends[name]
+        return backend
+
+    def set_weight(self, pool_name: str, weight: float) -> None:
+        self.pools[pool_name].weight = weight
+
+    def set_draining(self, name: str, draining: bool) -> None:
+        self.backends[name].draining = draining
+
+    # -- reads ------------------------------------------------------------------------------------
+    def snapshot(self, now: float) -> FleetSnapshot:
+        stale = self._stale_s
+        return FleetSnapshot(
+            pools=tuple(
+                PoolView(
+                    name=p.name,
+                    dialect=p.dialect.name,
+                    weight=p.weight,
+                    models=frozenset(p.models),
+                    tool_calling=p.tool_calling,
+                    structured_output=p.structured_output,
+                    backends=tuple(b.view(now, stale) for b in p.backends.values()),
+                )
+                for p in self.pools.values()
+            )
+        )
+
+    def serves(self, model: str) -> bool:
+        return any(model in p.models for p in self.pools.values())
+
+    def any_routable(self, now: float) -> bool:
+        return any(b.routable(now) for b in self.backends.values())

@@ -1,0 +1,89 @@
+"""The route stage: features of the request + a snapshot of the fleet → pool, backend and a reason.
+
+The decision itself is pure (`policies.router.Router`); this stage only gathers its inputs (the
+fleet snapshot, a random draw, an admin's pin) and applies its output to the context and the
+response headers (`x-gateway-pool`, `x-gateway-route` — never a backend address).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Collection
+
+from engines.errors import ApiError, model_not_found, overloaded
+from gateway.context import RequestContext
+from gateway.fleet import Fleet
+from gateway.responses import Response, safe_header_value
+from policies.features import FeatureConfig, extract_features
+from policies.router import Router
+from policies.types import Decision, FleetSnapshot, RoutingError
+
+PIN_HEADER = b"x-gateway-pool"
+
+#: observer of every decision (metrics); pool, reason, affinity
+DecisionHook = Callable[[Decision], None]
+
+
+class RouteStage:
+    name = "route"
+
+    def __init__(
+        self, fleet: Fleet, router: Router, features: FeatureConfig, on_decision: DecisionHook | None = None
+    ) -> None:
+        self._fleet = fleet
+        self._router = router
+        self._features = features
+        self._random = random.Random()
+        self._on_decision = on_decision
+
+    async def __call__(self, ctx: RequestContext) -> Response | None:
+        features = extract_features(ctx.body, self._features, session_key=ctx.principal.user)
+        ctx.extras["features"] = features
+        pin: str | None = None
+        if ctx.principal.is_admin:
+            raw = ctx.headers.get(PIN_HEADER)
+            if raw:
+                pin = raw.decode("latin-1")
+        snapshot = self._fleet.snapshot(time.monotonic())
+        self._apply(ctx, self.decide(snapshot, ctx, pin))
+        return None
+
+    def decide(
+        self, snapshot: FleetSnapshot, ctx: RequestContext, pin: str | None, exclude: Collection[str] = ()
+    ) -> Decision:
+        try:
+            return self._router.decide(
+                snapshot, ctx.extras["features"], self._random.random(), pin=pin, exclude=exclude
+            )
+        except RoutingError as exc:
+            raise _routing_error(exc, ctx) from None
+
+    def reroute(self, ctx: RequestContext, exclude: set[str]) -> None:
+        """Choose another backend in the same pool for a retry, never one already tried."""
+        assert ctx.pool is not None
+        snapshot = self._fleet.snapshot(time.monotonic())
+        self._apply(ctx, self.decide(snapshot, ctx, ctx.pool.name, exclude))
+
+    def _apply(self, ctx: RequestContext, decision: Decision) -> None:
+        pool = self._fleet.pools[decision.pool]
+        ctx.pool = pool
+        ctx.backend = pool.backends[decision.backend]
+        ctx.route_reason = decision.reason
+        ctx.affinity = decision.affinity
+        headers = ctx.response_headers
+        # A retry replaces the headers of the first decision.
+        headers[:] = [h for h in headers if h[0] not in (b"x-gateway-pool", b"x-gateway-route")]
+        headers.append((b"x-gateway-pool", safe_header_value(pool.name)))
+        headers.append((b"x-gateway-route", safe_header_value(decision.reason)))
+        if self._on_decision is not None:
+            self._on_decision(decision)
+
+
+def _routing_error(exc: RoutingError, ctx: RequestContext) -> ApiError:
+    if exc.kind == "unknown_model":
+        return model_not_found(str(ctx.body.get("model", "")))
+    if exc.kind == "unknown_pool":
+        return ApiError(400, "The pool named in x-gateway-pool does not serve this model.", param=None)
+    ctx.error_kind = "no_backend"
+    return overloaded()

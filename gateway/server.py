@@ -1,0 +1,69 @@
+"""Running the gateway under uvicorn (uvloop, httptools), one or several worker processes.
+
+Shutdown is uvicorn's: stop accepting, let in-flight requests (streams included) finish for up to
+`server.graceful_shutdown_s`, then cancel them; the ASGI lifespan then closes upstream connections.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import uvicorn
+
+from gateway.app import Gateway
+from gateway.settings import Settings, load_settings
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(message)s" if level != "debug" else "%(levelname)s %(name)s %(message)s",
+    )
+
+
+def create_app() -> Gateway:
+    """uvicorn factory for worker processes: settings from the file named by GATEWAY_CONFIG."""
+    settings = load_settings(os.environ["GATEWAY_CONFIG"])
+    configure_logging(settings.server.log_level)
+    return Gateway(settings)
+
+
+def uvicorn_kwargs(settings: Settings) -> dict[str, Any]:
+    s = settings.server
+    kwargs: dict[str, Any] = {
+        "host": s.host,
+        "port": s.port,
+        "loop": "uvloop",
+        "http": "httptools",
+        "lifespan": "on",
+        "access_log": False,
+        "server_header": False,
+        "timeout_keep_alive": int(s.keepalive_s),
+        "timeout_graceful_shutdown": int(s.graceful_shutdown_s),
+        "log_level": s.log_level,
+    }
+    if s.limit_concurrency:
+        kwargs["limit_concurrency"] = s.limit_concurrency
+    return kwargs
+
+
+def uvicorn_config(app: Any, settings: Settings) -> uvicorn.Config:
+    return uvicorn.Config(app, **uvicorn_kwargs(settings))
+
+
+def serve(settings: Settings, config_path: str | None = None) -> None:
+    configure_logging(settings.server.log_level)
+    if settings.server.workers > 1:
+        if config_path is None:
+            raise ValueError("several workers need the settings in a file (GATEWAY_CONFIG)")
+        os.environ["GATEWAY_CONFIG"] = config_path
+        uvicorn.run(
+            "gateway.server:create_app",
+            factory=True,
+            workers=settings.server.workers,
+            **uvicorn_kwargs(settings),
+        )
+    else:
+        uvicorn.Server(uvicorn_config(Gateway(settings), settings)).run()

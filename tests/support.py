@@ -1,0 +1,151 @@
+"""Real processes for the tests: gateways and redis-server on loopback ports, stopped by PID.
+
+Every wait here is bounded; a process that does not come up fails the test with its own output.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from engines.sim.launcher import free_port
+
+__all__ = ["GatewayProcess", "RedisServer", "free_port", "wait_until"]
+
+
+def wait_until(
+    predicate: Any, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+class GatewayProcess:
+    """`gateway serve --config <tmp yaml>` in a subprocess; ready when /readyz answers 200."""
+
+    def __init__(
+        self, config: dict[str, Any], *, env: dict[str, str] | None = None, ready: bool = True
+    ) -> None:
+        self.port = config.setdefault("server", {}).get("port") or free_port()
+        config["server"]["port"] = self.port
+        config["server"].setdefault("host", "127.0.0.1")
+        self.config = config
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self._env = env or {}
+        self._wait_ready = ready
+        self._dir = tempfile.mkdtemp(prefix="gw-test-")
+        self.log_path = Path(self._dir) / "gateway.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> GatewayProcess:
+        cfg = Path(self._dir) / "gateway.yaml"
+        cfg.write_text(yaml.safe_dump(self.config))
+        env = {**os.environ, **self._env}
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited with {self.proc.returncode}:\n{self.log()}")
+            if _port_open(self.port):
+                if not self._wait_ready:
+                    return self
+                try:
+                    if httpx.get(self.base_url + "/readyz", timeout=1).status_code == 200:
+                        return self
+                except httpx.HTTPError:
+                    pass
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"gateway not ready within 20s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _stop(self.proc)
+            self._log.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> GatewayProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class RedisServer:
+    """A real redis-server on a free loopback port, no persistence. Fails (never skips) when missing."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> RedisServer:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError(
+                "redis-server is not installed: run `make test` (it installs it) or apt-get install redis-server"
+            )
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_until(lambda: _port_open(self.port), 10, what="redis-server")
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _stop(self.proc)
+            self.proc = None
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
