@@ -1,0 +1,305 @@
+"""The raw-ASGI skeleton both dialects share: routing, fault gates, the generation pipeline, sim endpoints.
+
+A dialect subclass supplies the wire shapes: `prepare` (validate + plan a request), `respond`
+(non-streaming body), `stream` (the SSE events), `error_body`, and its own extra routes. The pipeline
+for `/v1/chat/completions` and `/v1/completions`:
+
+    read body → record it → start-up 503 / stall / injected error → prepare (400s) → admit
+    → prefill → decode → body or stream → [DONE]
+
+A stream that fails after its 200 sends one `data: {"error": ...}` event and `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs
+
+import orjson
+
+from engines.sim import asgi
+from engines.sim.asgi import Disconnect, Receive, Scope, Send
+from engines.sim.config import FaultKind, SimConfig
+from engines.sim.engine import Engine, Run
+from engines.sim.faults import FaultUpdateError
+from engines.sim.generator import Output
+from engines.sim.request import Kind, RequestError, parse_body
+
+Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
+_NOT_FOUND = b'{"detail":"Not Found"}'
+
+
+class StreamCut(Exception):
+    """The simulator cut its own connection mid-stream (fault injection)."""
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A validated request with its planned outputs; built by a dialect's `prepare`."""
+
+    kind: Kind
+    body: dict[str, Any]
+    request_id: str
+    model: str
+    created: int
+    prompt_ids: list[int]
+    outputs: list[Output]
+    stream: bool = False
+    include_usage: bool = False
+    continuous_usage: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+    seed: int = 0
+    prompt_text: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def completion_tokens(self) -> int:
+        """Output tokens over all choices."""
+        return sum(o.completion_tokens for o in self.outputs)
+
+    @property
+    def longest(self) -> int:
+        """Most output tokens of any one choice (decode steps)."""
+        return max((o.completion_tokens for o in self.outputs), default=0)
+
+
+class Emitter:
+    """Sends stream chunks, applying the crash-after-K-chunks fault."""
+
+    __slots__ = ("_app", "_receive", "_scope", "_send", "_watcher", "sent")
+
+    def __init__(self, app: SimApp, scope: Scope, receive: Receive, send: Send, watcher: Disconnect) -> None:
+        self._app, self._scope, self._receive, self._send = app, scope, receive, send
+        self._watcher = watcher
+        self.sent = 0
+
+    async def __call__(self, data: bytes) -> None:
+        faults = self._app.engine.faults
+        if faults.crash_after is not None and self.sent >= faults.crash_after:
+            await self._crash()
+        await self._send({"type": "http.response.body", "body": data, "more_body": True})
+        self.sent += 1
+
+    async def _crash(self) -> None:
+        self._app.engine.stats.faults_injected_total += 1
+        mode = self._app.engine.faults.crash_mode
+        if mode == "exit":
+            os._exit(3)
+        if mode == "error":
+            raise RuntimeError("simulated engine failure mid-stream")
+        self._watcher.stop()
+        await asgi.cut_connection(self._scope, self._receive)
+        raise StreamCut
+
+
+class SimApp(ABC):
+    """Base ASGI application of one simulated engine."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.engine = Engine(cfg)
+        self.zero_latency = cfg.ttft_s == 0 and cfg.prefill_s_per_token == 0 and cfg.itl_s == 0
+        self.routes: dict[tuple[str, str], Handler] = {
+            ("POST", "/v1/chat/completions"): self._chat,
+            ("POST", "/v1/completions"): self._completions,
+            ("GET", "/sim/stats"): self._sim_stats,
+            ("GET", "/sim/requests"): self._sim_requests,
+            ("GET", "/sim/faults"): self._sim_faults,
+            ("POST", "/sim/faults"): self._sim_faults,
+            ("POST", "/sim/reset"): self._sim_reset,
+        }
+
+    # ---- dialect hooks -------------------------------------------------------------------------
+    @abstractmethod
+    def error_body(
+        self, status: int, message: str, param: str | None = None, err_type: str | None = None
+    ) -> bytes:
+        """The engine's JSON error body."""
+
+    @abstractmethod
+    def stream_error_event(self, message: str, err_type: str, code: int) -> bytes:
+        """The `data: {"error": ...}` event sent when a stream fails after its 200."""
+
+    @abstractmethod
+    def context_error(self, prompt_tokens: int, max_tokens: int | None) -> RequestError:
+        """The engine's context-length 400."""
+
+    @abstractmethod
+    def prepare(self, kind: Kind, body: dict[str, Any]) -> Prepared:
+        """Validate and plan a request (raise `RequestError`)."""
+
+    @abstractmethod
+    def respond(self, p: Prepared, run: Run) -> bytes:
+        """The non-streaming response body."""
+
+    @abstractmethod
+    async def stream(self, p: Prepared, run: Run, emit: Emitter) -> None:
+        """Emit every SSE event of a streamed response except the final `[DONE]`."""
+
+    # ---- ASGI entry ----------------------------------------------------------------------------
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                await self._lifespan(receive, send)
+            return
+        handler = self.routes.get((scope["method"], scope["path"])) or self.fallback(scope)
+        if handler is None:
+            await asgi.send_bytes(send, 404, _NOT_FOUND)
+            return
+        await handler(scope, receive, send)
+
+    def fallback(self, scope: Scope) -> Handler | None:
+        """Handler for paths not in `routes` (e.g. with path parameters); None → 404."""
+        return None
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def send_error(
+        self, send: Send, status: int, message: str, param: str | None = None, err_type: str | None = None
+    ) -> None:
+        """Send the engine's error response."""
+        await asgi.send_bytes(send, status, self.error_body(status, message, param, err_type))
+
+    # ---- generation ----------------------------------------------------------------------------
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._generate("chat", scope, receive, send)
+
+    async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._generate("completion", scope, receive, send)
+
+    async def _generate(self, kind: Kind, scope: Scope, receive: Receive, send: Send) -> None:
+        raw = await asgi.read_body(receive)
+        eng = self.engine
+        stats = eng.stats
+        stats.requests_total += 1
+        stats.record(scope["method"], scope["path"], scope["headers"], raw)
+        faults = eng.faults
+        if faults.starting():
+            stats.errors_total += 1
+            await self.send_error(send, 503, "The server is starting up. Please retry later.")
+            return
+        if faults.stall:
+            await self._stall(receive)
+            return
+        fault = faults.draw_error()
+        if fault is not None:
+            stats.faults_injected_total += 1
+            await self._send_fault(send, fault)
+            return
+        try:
+            p = self.prepare(kind, parse_body(raw))
+        except RequestError as err:
+            stats.errors_total += 1
+            await self.send_error(send, err.status, err.message, err.param, err.err_type)
+            return
+        watch = p.stream or not self.zero_latency or faults.drip_s > 0
+        watcher = Disconnect(receive) if watch else None
+        try:
+            if p.stream:
+                assert watcher is not None
+                await self._stream(p, scope, receive, send, watcher)
+            else:
+                async with eng.run(p.prompt_ids, p.longest) as run:
+                    await run.prefill()
+                    await run.decode(p.longest)
+                    body = self.respond(p, run)
+                    run.finish(p.completion_tokens, p.outputs[0].finish_reason if p.outputs else "stop")
+                if watcher is not None:
+                    watcher.stop()
+                await asgi.send_bytes(send, 200, body)
+        except asyncio.CancelledError:
+            if watcher is None or not watcher.disconnected:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+        finally:
+            if watcher is not None:
+                watcher.stop()
+
+    async def _stream(
+        self, p: Prepared, scope: Scope, receive: Receive, send: Send, watcher: Disconnect
+    ) -> None:
+        await asgi.start_sse(send)
+        emit = Emitter(self, scope, receive, send, watcher)
+        try:
+            async with self.engine.run(p.prompt_ids, p.longest) as run:
+                await self.stream(p, run, emit)
+                run.finish(p.completion_tokens, p.outputs[0].finish_reason if p.outputs else "stop")
+        except StreamCut:
+            return
+        except Exception as exc:
+            await asgi.send_chunk(send, self.stream_error_event(str(exc), "InternalServerError", 500))
+        await asgi.send_chunk(send, asgi.DONE)
+        watcher.stop()
+        await asgi.end_stream(send)
+
+    async def _stall(self, receive: Receive) -> None:
+        """Never answer; return when the client goes away."""
+        watcher = Disconnect(receive)
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            if not watcher.disconnected:
+                raise
+            self.engine.stats.cancelled_total += 1
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+        finally:
+            watcher.stop()
+
+    async def _send_fault(self, send: Send, kind: FaultKind) -> None:
+        if kind == "context":
+            err = self.context_error(self.cfg.max_model_len + 1, None)
+            await self.send_error(send, err.status, err.message, err.param, err.err_type)
+        elif kind == "429":
+            await self.send_error(send, 429, "Too many requests (simulated fault).")
+        elif kind == "503":
+            await self.send_error(send, 503, "Service unavailable (simulated fault).")
+        else:
+            await self.send_error(send, 500, "Internal server error (simulated fault).")
+
+    # ---- sim-only endpoints --------------------------------------------------------------------
+    async def _sim_stats(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await asgi.send_json(send, 200, self.engine.sim_stats())
+
+    async def _sim_requests(self, scope: Scope, receive: Receive, send: Send) -> None:
+        query = parse_qs(scope.get("query_string", b"").decode())
+        log = list(self.engine.stats.log)
+        if "limit" in query:
+            log = log[-max(0, int(query["limit"][0])) :]
+        await asgi.send_json(send, 200, {"requests": [r.to_json() for r in log]})
+
+    async def _sim_faults(self, scope: Scope, receive: Receive, send: Send) -> None:
+        faults = self.engine.faults
+        if scope["method"] == "POST":
+            raw = await asgi.read_body(receive)
+            try:
+                body = orjson.loads(raw) if raw else {}
+                if not isinstance(body, dict):
+                    raise FaultUpdateError("body must be a JSON object")
+                faults.update(body)
+            except (orjson.JSONDecodeError, FaultUpdateError) as exc:
+                await asgi.send_json(send, 400, {"error": str(exc)})
+                return
+        await asgi.send_json(send, 200, faults.snapshot())
+
+    async def _sim_reset(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await asgi.read_body(receive)
+        self.engine.stats.reset()
+        self.engine.cache.clear()
+        await asgi.send_json(send, 200, {"ok": True})

@@ -1,0 +1,165 @@
+"""Start and stop simulator processes (for the demo, the tests and the benchmarks).
+
+    with SimProcess("vllm", extra=["--fast"]) as sim:
+        httpx.get(sim.base_url + "/health")
+
+`start()` launches `sys.executable -m engines.sim --engine E --host 127.0.0.1 --port P [extra]`, then
+waits until the port accepts TCP connections (default 15 s; pass `wait=False` for simulators started
+with `--listen-delay` or `--refuse`). If the process exits or the wait times out, it is killed and
+`SimStartError` carries its stderr. `stop()` sends SIGTERM to the PID, then SIGKILL after `stop_timeout`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+class SimStartError(RuntimeError):
+    """The simulator did not come up; the message includes its stderr."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
+    """Whether a TCP connection to host:port succeeds."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+class SimProcess:
+    """One simulator subprocess on 127.0.0.1; a context manager, or use start()/stop()."""
+
+    def __init__(
+        self,
+        engine: str = "vllm",
+        port: int | None = None,
+        extra: list[str] | None = None,
+        *,
+        host: str = "127.0.0.1",
+        start_timeout: float = 15.0,
+        stop_timeout: float = 5.0,
+        wait: bool = True,
+    ) -> None:
+        self.engine = engine
+        self.host = host
+        self.port = port if port is not None else free_port()
+        self.extra = list(extra or [])
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self.wait = wait
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._stderr: IO[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        """`http://127.0.0.1:PORT` (no trailing slash; add `/v1` for the OpenAI SDK)."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        """PID of the running simulator."""
+        if self._proc is None:
+            raise RuntimeError("simulator not started")
+        return self._proc.pid
+
+    @property
+    def argv(self) -> list[str]:
+        """The command line used to launch the simulator."""
+        return [
+            sys.executable,
+            "-m",
+            "engines.sim",
+            "--engine",
+            self.engine,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            *self.extra,
+        ]
+
+    def start(self) -> SimProcess:
+        """Launch the process and (unless `wait=False`) wait for its port."""
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
+        self._proc = subprocess.Popen(
+            self.argv, stdout=subprocess.DEVNULL, stderr=self._stderr, env=env, cwd=str(_ROOT)
+        )
+        if self.wait:
+            self.wait_ready(self.start_timeout)
+        return self
+
+    def wait_ready(self, timeout: float) -> None:
+        """Block until the port accepts connections; `SimStartError` on exit or timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc is None or self._proc.poll() is not None:
+                text = self.stderr_text()
+                self.stop()
+                raise SimStartError(f"simulator exited early: {text}")
+            if port_open(self.host, self.port):
+                return
+            time.sleep(0.02)
+        text = self.stderr_text()
+        self.stop()
+        raise SimStartError(f"simulator not listening on {self.base_url} after {timeout}s: {text}")
+
+    def stderr_text(self) -> str:
+        """Everything the process wrote to stderr so far."""
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0)
+        return self._stderr.read().decode("utf-8", "replace")
+
+    def alive(self) -> bool:
+        """Whether the process is still running."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self) -> None:
+        """SIGTERM by PID, SIGKILL after `stop_timeout`; idempotent."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+        self._proc = None
+
+    def __enter__(self) -> SimProcess:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -1,0 +1,440 @@
+"""The SGLang dialect: `sglang.launch_server`'s OpenAI server, quirks included (shared/ENGINES.md).
+
+Highlights: flat errors (`{"object": "error", message, type, param, code}`); an unknown model is
+served anyway and echoed back (200); bare-hex ids; `content` is `""`, never null; `matched_stop` on
+every choice; `finish_reason` in a separate chunk after the content; usage in streams only when asked
+(or `--stream-response-default-include-usage`), nulls kept, `reasoning_tokens` at the top of usage;
+explicit `null` for `n`, `frequency_penalty`, `presence_penalty`, `logprobs`, `stream` is a 400;
+without `--tool-call-parser` tool calls stay as text in `content`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from engines.sim import asgi, tokenizer
+from engines.sim.app_base import Emitter, Handler, Prepared, SimApp
+from engines.sim.asgi import Scope
+from engines.sim.config import SimConfig
+from engines.sim.engine import Run
+from engines.sim.generator import Constraint, Output, pieces
+from engines.sim.plan import chat_logprobs, completion_logprobs, hex_id, plan_outputs, thinking_enabled
+from engines.sim.prompt import render_chat
+from engines.sim.request import (
+    Kind,
+    RequestError,
+    check_types,
+    completion_prompt,
+    max_tokens_of,
+    response_format_constraint,
+)
+from engines.sim.sglang_extras import SglangEndpoints
+from engines.sim.tools import choose_calls, named_function, tool_name
+
+_NON_NULLABLE = frozenset({"n", "frequency_penalty", "presence_penalty", "logprobs", "stream"})
+_TYPES = {
+    400: "BadRequest",
+    404: "NotFound",
+    429: "TooManyRequests",
+    500: "InternalServerError",
+    503: "ServiceUnavailable",
+}
+_NULL_DELTA = {"role": None, "content": None, "reasoning_content": None, "tool_calls": None}
+
+
+def sglang_constraint(body: dict[str, Any]) -> Constraint | None:
+    """SGLang's constraints: `response_format`, top-level `schema`, `regex`, `ebnf`."""
+    rf = response_format_constraint(body.get("response_format"))
+    if rf is not None:
+        return rf
+    schema = body.get("schema")
+    if isinstance(schema, str):
+        try:
+            schema = orjson.loads(schema)
+        except orjson.JSONDecodeError:
+            schema = None
+    if isinstance(schema, dict):
+        return ("json", schema)
+    if isinstance(body.get("regex"), str):
+        return ("regex", body["regex"])
+    if isinstance(body.get("ebnf"), str):
+        return ("grammar", body["ebnf"])
+    return None
+
+
+class SglangApp(SimApp):
+    """ASGI app speaking SGLang's dialect."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        super().__init__(cfg)
+        ext = self._ext = SglangEndpoints(cfg, self.engine)
+        self.routes.update(
+            {
+                ("GET", "/health"): ext.health,
+                ("GET", "/health_generate"): ext.health,
+                ("GET", "/get_server_info"): ext.server_info,
+                ("GET", "/server_info"): ext.server_info,
+                ("GET", "/get_model_info"): ext.model_info,
+                ("GET", "/model_info"): ext.model_info,
+                ("GET", "/get_load"): ext.load,
+                ("GET", "/v1/models"): ext.models,
+                ("POST", "/tokenize"): ext.tokenize,
+                ("POST", "/v1/tokenize"): ext.tokenize,
+                ("POST", "/detokenize"): ext.detokenize,
+                ("POST", "/v1/detokenize"): ext.detokenize,
+                ("POST", "/generate"): ext.native_generate,
+                ("POST", "/flush_cache"): ext.flush_cache,
+                ("GET", "/flush_cache"): ext.flush_cache,
+            }
+        )
+        if cfg.enable_metrics:
+            self.routes[("GET", "/metrics")] = ext.metrics
+
+    def fallback(self, scope: Scope) -> Handler | None:
+        if scope["method"] == "GET" and scope["path"].startswith("/v1/models/"):
+            return self._ext.model
+        return None
+
+    # ---- errors --------------------------------------------------------------------------------
+    def error_body(
+        self, status: int, message: str, param: str | None = None, err_type: str | None = None
+    ) -> bytes:
+        return orjson.dumps(
+            {
+                "object": "error",
+                "message": message,
+                "type": err_type or _TYPES.get(status, "BadRequest"),
+                "param": param,
+                "code": status,
+            }
+        )
+
+    def stream_error_event(self, message: str, err_type: str, code: int) -> bytes:
+        return asgi.sse(
+            {"error": {"object": "error", "message": message, "type": err_type, "param": None, "code": code}}
+        )
+
+    def context_error(self, prompt_tokens: int, max_tokens: int | None) -> RequestError:
+        limit = self.cfg.max_model_len
+        if prompt_tokens >= limit or not max_tokens:
+            return RequestError(
+                f"The input ({prompt_tokens} tokens) is longer than the model's context length ({limit} tokens)."
+            )
+        return RequestError(
+            f"Requested token count exceeds the model's maximum context length of {limit} tokens. You requested "
+            f"a total of {prompt_tokens + max_tokens} tokens: {prompt_tokens} tokens from the input messages and "
+            f"{max_tokens} tokens for the completion. Please reduce the number of tokens in the input messages or "
+            f"the completion to fit within the limit."
+        )
+
+    # ---- planning ------------------------------------------------------------------------------
+    def prepare(self, kind: Kind, body: dict[str, Any]) -> Prepared:
+        cfg = self.cfg
+        check_types(
+            body, kind, "ChatCompletionRequest" if kind == "chat" else "CompletionRequest", _NON_NULLABLE
+        )
+        stream = body.get("stream") is True
+        so = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else None
+        include_usage = stream and (
+            (so is not None and so.get("include_usage") is True) or cfg.stream_response_default_include_usage
+        )
+        continuous = stream and so is not None and so.get("continuous_usage_stats") is True
+        constraint = sglang_constraint(body)
+        extra: dict[str, Any] = {}
+        calls: list[tuple[str, Any]] = []
+        reasoning = False
+        if kind == "chat":
+            tool_choice = self._check_tools(body)
+            tools = body.get("tools") or None
+            messages = body["messages"]
+            rendered_tools = tools if tool_choice != "none" else None
+            prompt_text = render_chat(messages, rendered_tools, True)
+            prompt_ids = tokenizer.encode(prompt_text)
+            if tools and tool_choice != "none":
+                calls = choose_calls(
+                    messages, tools, tool_choice, body.get("parallel_tool_calls") is not False
+                )
+            extra["tool_mode"] = "named" if isinstance(tool_choice, dict) else tool_choice
+            reasoning = thinking_enabled(cfg, body)
+            extra["separate_reasoning"] = body.get("separate_reasoning") is not False
+        else:
+            prompt_text, prompt_ids = completion_prompt(body)
+            extra["echo"] = body.get("echo") is True
+        max_tokens = max_tokens_of(body)
+        n_prompt = len(prompt_ids)
+        if n_prompt >= cfg.max_model_len or n_prompt + (max_tokens or 0) > cfg.max_model_len:
+            raise self.context_error(n_prompt, max_tokens)
+        seed, outputs = plan_outputs(
+            cfg, body, n_prompt, constraint=constraint, calls=calls, reasoning=reasoning
+        )
+        if calls and not cfg.tool_call_parser:
+            for out in outputs:
+                self._tools_as_text(out, extra["tool_mode"])
+        for out in outputs:
+            if out.reasoning and not extra.get("separate_reasoning", True):
+                out.content = ["<think>", *out.reasoning, "</think>", *out.content]
+                out.reasoning = []
+        logprobs = body.get("logprobs")
+        top = body.get("top_logprobs") if kind == "chat" else logprobs
+        return Prepared(
+            kind=kind,
+            body=body,
+            request_id=hex_id(),
+            model=str(body.get("model") or "default"),
+            created=int(time.time()),
+            prompt_ids=prompt_ids,
+            outputs=outputs,
+            stream=stream,
+            include_usage=include_usage,
+            continuous_usage=continuous,
+            logprobs=bool(logprobs) if kind == "chat" else isinstance(logprobs, int),
+            top_logprobs=top if isinstance(top, int) else 0,
+            seed=seed,
+            prompt_text=prompt_text,
+            extra=extra,
+        )
+
+    @staticmethod
+    def _tools_as_text(out: Output, mode: Any) -> None:
+        """No parser: auto leaves the raw tool text in content; named/required leave constrained JSON."""
+        if not out.tool_calls:
+            return
+        if mode == "auto":
+            text = out.tool_text
+        elif mode == "named":
+            text = out.tool_calls[0].arguments
+        else:
+            text = (
+                "["
+                + ", ".join(f'{{"name": "{c.name}", "parameters": {c.arguments}}}' for c in out.tool_calls)
+                + "]"
+            )
+        out.content = pieces(text)
+        out.tool_calls, out.tool_text, out.finish_reason = [], "", "stop"
+
+    def _check_tools(self, body: dict[str, Any]) -> Any:
+        tools = body.get("tools")
+        tc = body.get("tool_choice")
+        if tc is None:
+            return "auto" if tools else "none"
+        if tc == "required" and not tools:
+            raise RequestError("Tools cannot be empty if tool choice is set to required.")
+        named = named_function(tc)
+        if named is not None:
+            if not tools:
+                raise RequestError("Tools cannot be empty if tool choice is set to a specific tool.")
+            if not any(tool_name(t) == named for t in tools):
+                raise RequestError(f"Tool '{named}' not found in tools list.")
+        if tc in ("auto", "none") and not tools:
+            return "none"
+        return tc
+
+    # ---- non-streaming -------------------------------------------------------------------------
+    def _usage(self, p: Prepared, run: Run, completion: int) -> dict[str, Any]:
+        n = len(p.prompt_ids)
+        details = {"cached_tokens": run.cached_tokens} if self.cfg.enable_cache_report else None
+        reasoning = sum(len(o.reasoning) for o in p.outputs)
+        return {
+            "prompt_tokens": n,
+            "total_tokens": n + completion,
+            "completion_tokens": completion,
+            "prompt_tokens_details": details,
+            "reasoning_tokens": reasoning,
+        }
+
+    def _matched(self, o: Output) -> Any:
+        if o.stop_str is not None:
+            return o.stop_str
+        return self.cfg.eos_token_id if o.eos and o.finish_reason != "length" else None
+
+    def _tool_calls(self, o: Output) -> list[dict[str, Any]] | None:
+        if not o.tool_calls:
+            return None
+        return [
+            {
+                "id": f"call_{hex_id(12)}",
+                "index": k,
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            }
+            for k, c in enumerate(o.tool_calls)
+        ]
+
+    def respond(self, p: Prepared, run: Run) -> bytes:
+        choices: list[dict[str, Any]] = []
+        for i, o in enumerate(p.outputs):
+            if p.kind == "chat":
+                message = {
+                    "role": "assistant",
+                    "content": o.text,
+                    "reasoning_content": o.reasoning_text or None,
+                    "tool_calls": self._tool_calls(o),
+                }
+                lp = chat_logprobs(o.content, p.top_logprobs, p.seed + i) if p.logprobs else None
+                choices.append(
+                    {
+                        "index": i,
+                        "message": message,
+                        "logprobs": lp,
+                        "finish_reason": o.finish_reason,
+                        "matched_stop": self._matched(o),
+                    }
+                )
+            else:
+                text = (p.prompt_text + o.text) if p.extra.get("echo") else o.text
+                lp = completion_logprobs(o.content, p.top_logprobs, p.seed + i) if p.logprobs else None
+                choices.append(
+                    {
+                        "index": i,
+                        "text": text,
+                        "logprobs": lp,
+                        "finish_reason": o.finish_reason,
+                        "matched_stop": self._matched(o),
+                    }
+                )
+        return orjson.dumps(
+            {
+                "id": p.request_id,
+                "object": "chat.completion" if p.kind == "chat" else "text_completion",
+                "created": p.created,
+                "model": p.model,
+                "choices": choices,
+                "usage": self._usage(p, run, p.completion_tokens),
+                "metadata": {"weight_version": "default"},
+            }
+        )
+
+    # ---- streaming -----------------------------------------------------------------------------
+    def _deltas(self, p: Prepared, i: int, o: Output) -> list[tuple[Any, Any]]:
+        if p.kind == "completion":
+            texts = list(o.content) or [""]
+            if p.extra.get("echo"):
+                texts[0] = p.prompt_text + texts[0]
+            return [(t, None) for t in texts]
+        steps: list[tuple[Any, Any]] = []
+        for piece in o.reasoning:
+            steps.append(
+                ({"role": None, "content": None, "reasoning_content": piece, "tool_calls": None}, None)
+            )
+        lps = chat_logprobs(o.content, p.top_logprobs, p.seed + i)["content"] if p.logprobs else None
+        for k, piece in enumerate(o.content):
+            steps.append(
+                (
+                    {"role": None, "content": piece, "reasoning_content": None, "tool_calls": None},
+                    {"content": [lps[k]]} if lps else None,
+                )
+            )
+        for k, call in enumerate(o.tool_calls):
+            first = {
+                "id": f"call_{hex_id(12)}",
+                "index": k,
+                "type": "function",
+                "function": {"name": call.name, "arguments": ""},
+            }
+            steps.append(({**_NULL_DELTA, "tool_calls": [first]}, None))
+            for a in pieces(call.arguments):
+                more = {
+                    "id": None,
+                    "index": k,
+                    "type": "function",
+                    "function": {"name": None, "arguments": a},
+                }
+                steps.append(({**_NULL_DELTA, "tool_calls": [more]}, None))
+        return steps
+
+    async def stream(self, p: Prepared, run: Run, emit: Emitter) -> None:
+        chat = p.kind == "chat"
+        head = (
+            orjson.dumps(
+                {
+                    "id": p.request_id,
+                    "object": "chat.completion.chunk" if chat else "text_completion",
+                    "created": p.created,
+                    "model": p.model,
+                }
+            )[:-1]
+            + b',"choices":['
+        )
+        n_prompt = len(p.prompt_ids)
+        produced = [0] * len(p.outputs)
+
+        def tail(i: int) -> bytes:
+            if not p.continuous_usage:
+                return b'],"usage":null}\n\n'
+            done = produced[i]
+            return (
+                b'],"usage":'
+                + orjson.dumps(
+                    {
+                        "prompt_tokens": n_prompt,
+                        "total_tokens": n_prompt + done,
+                        "completion_tokens": done,
+                        "prompt_tokens_details": None,
+                        "reasoning_tokens": 0,
+                    }
+                )
+                + b"}\n\n"
+            )
+
+        await run.prefill()
+        if chat:
+            for i in range(len(p.outputs)):
+                choice = {
+                    "index": i,
+                    "delta": {
+                        "role": "assistant",
+                        "content": "",
+                        "reasoning_content": None,
+                        "tool_calls": None,
+                    },
+                    "logprobs": None,
+                    "finish_reason": None,
+                    "matched_stop": None,
+                }
+                await emit(b"data: " + head + orjson.dumps(choice) + tail(i))
+        all_steps = [self._deltas(p, i, o) for i, o in enumerate(p.outputs)]
+        longest = max((len(s) for s in all_steps), default=0)
+        for t in range(longest):
+            if t or chat:
+                await run.step()
+            for i, steps in enumerate(all_steps):
+                if t >= len(steps):
+                    continue
+                o = p.outputs[i]
+                produced[i] = min(t + 1, o.completion_tokens)
+                delta, lp = steps[t]
+                if chat:
+                    choice = {
+                        "index": i,
+                        "delta": delta,
+                        "logprobs": lp,
+                        "finish_reason": None,
+                        "matched_stop": None,
+                    }
+                else:
+                    last = t == len(steps) - 1
+                    choice = {
+                        "index": i,
+                        "text": delta,
+                        "logprobs": lp,
+                        "finish_reason": o.finish_reason if last else None,
+                        "matched_stop": self._matched(o) if last else None,
+                    }
+                await emit(b"data: " + head + orjson.dumps(choice) + tail(i))
+        if chat:
+            for i, o in enumerate(p.outputs):
+                produced[i] = o.completion_tokens
+                choice = {
+                    "index": i,
+                    "delta": _NULL_DELTA,
+                    "logprobs": None,
+                    "finish_reason": o.finish_reason,
+                    "matched_stop": self._matched(o),
+                }
+                await emit(b"data: " + head + orjson.dumps(choice) + tail(i))
+        if p.include_usage:
+            usage = self._usage(p, run, p.completion_tokens)
+            await emit(b"data: " + head + b'],"usage":' + orjson.dumps(usage) + b"}\n\n")

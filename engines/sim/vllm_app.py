@@ -1,0 +1,483 @@
+"""The vLLM dialect: `vllm serve`'s OpenAI server, quirks included (shared/ENGINES.md).
+
+Highlights: nested errors (`{"error": {message, type, param, code}}`); unknown model → 404; `model` in
+responses is the served name; non-stream bodies dump every field, nulls included; streams drop unset
+fields, carry the last text and `finish_reason` in the same chunk, and send usage only when
+`stream_options` is present (even `{}`) or with `--enable-force-include-usage`; `auto` tool choice needs
+`--enable-auto-tool-choice --tool-call-parser`; a named tool call finishes with `"stop"`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from engines.sim import asgi, tokenizer
+from engines.sim.app_base import Emitter, Prepared, SimApp
+from engines.sim.asgi import Receive, Scope, Send
+from engines.sim.config import SimConfig
+from engines.sim.engine import Run
+from engines.sim.generator import Constraint, Output, pieces
+from engines.sim.plan import chat_logprobs, completion_logprobs, hex_id, plan_outputs, thinking_enabled
+from engines.sim.prompt import render_chat
+from engines.sim.request import (
+    Kind,
+    RequestError,
+    check_types,
+    completion_prompt,
+    max_tokens_of,
+    response_format_constraint,
+)
+from engines.sim.tools import choose_calls, named_function, tool_name
+
+_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+
+
+def structured_outputs_constraint(so: Any) -> Constraint | None:
+    """vLLM's native `structured_outputs` field (`json`, `regex`, `choice`, `grammar`, `json_object`)."""
+    if not isinstance(so, dict):
+        return None
+    if so.get("json") is not None:
+        schema = so["json"]
+        if isinstance(schema, str):
+            try:
+                schema = orjson.loads(schema)
+            except orjson.JSONDecodeError:
+                schema = {"type": "object"}
+        return ("json", schema)
+    if isinstance(so.get("regex"), str):
+        return ("regex", so["regex"])
+    if isinstance(so.get("choice"), list):
+        return ("choice", so["choice"])
+    if isinstance(so.get("grammar"), str):
+        return ("grammar", so["grammar"])
+    if so.get("json_object"):
+        return ("json", {"type": "object"})
+    return None
+
+
+class VllmApp(SimApp):
+    """ASGI app speaking vLLM's dialect."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        super().__init__(cfg)
+        self.routes.update(
+            {
+                ("GET", "/health"): self._health,
+                ("GET", "/ping"): self._health,
+                ("GET", "/version"): self._version,
+                ("GET", "/load"): self._load,
+                ("GET", "/metrics"): self._metrics,
+                ("GET", "/v1/models"): self._models,
+                ("POST", "/tokenize"): self._tokenize,
+                ("POST", "/detokenize"): self._detokenize,
+            }
+        )
+
+    # ---- errors --------------------------------------------------------------------------------
+    def error_body(
+        self, status: int, message: str, param: str | None = None, err_type: str | None = None
+    ) -> bytes:
+        err = {
+            "message": message,
+            "type": err_type or _TYPES.get(status, "BadRequestError"),
+            "param": param,
+            "code": status,
+        }
+        return orjson.dumps({"error": err})
+
+    def stream_error_event(self, message: str, err_type: str, code: int) -> bytes:
+        return asgi.sse({"error": {"message": message, "type": err_type, "param": None, "code": code}})
+
+    def context_error(self, prompt_tokens: int, max_tokens: int | None) -> RequestError:
+        want = max_tokens or 0
+        limit = self.cfg.max_model_len
+        return RequestError(
+            f"You passed {prompt_tokens} input tokens and requested {want} output tokens. However, the model's "
+            f"context length is only {limit} tokens, resulting in a maximum input length of {limit - want} "
+            f"tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value={prompt_tokens})",
+            param="input_tokens",
+        )
+
+    # ---- planning ------------------------------------------------------------------------------
+    def prepare(self, kind: Kind, body: dict[str, Any]) -> Prepared:
+        cfg = self.cfg
+        check_types(
+            body, kind, "ChatCompletionRequest" if kind == "chat" else "CompletionRequest", frozenset()
+        )
+        model = body.get("model")
+        if model is not None and model != cfg.served_model_name:
+            raise RequestError(
+                f"The model `{model}` does not exist.", status=404, param="model", err_type="NotFoundError"
+            )
+        stream = body.get("stream") is True
+        so = body.get("stream_options")
+        if so and not stream:
+            raise RequestError(
+                "Stream options can only be defined when `stream=True`.", param="stream_options"
+            )
+        include_usage = stream and (
+            cfg.enable_force_include_usage or (so is not None and bool(so.get("include_usage", True)))
+        )
+        continuous = include_usage and isinstance(so, dict) and so.get("continuous_usage_stats") is True
+        constraint = structured_outputs_constraint(
+            body.get("structured_outputs")
+        ) or response_format_constraint(body.get("response_format"))
+        extra: dict[str, Any] = {"return_token_ids": body.get("return_token_ids") is True}
+        calls: list[tuple[str, Any]] = []
+        reasoning = False
+        if kind == "chat":
+            tool_choice = self._check_tools(body)
+            tools = body.get("tools") or None
+            if tool_choice == "none" and cfg.exclude_tools_when_tool_choice_none:
+                tools = None
+            messages = body["messages"]
+            prompt_text = render_chat(messages, tools, body.get("add_generation_prompt") is not False)
+            prompt_ids = tokenizer.encode(prompt_text)
+            if tools and tool_choice != "none":
+                calls = choose_calls(
+                    messages, tools, tool_choice, body.get("parallel_tool_calls") is not False
+                )
+            extra["tool_mode"] = "named" if isinstance(tool_choice, dict) else tool_choice
+            reasoning = thinking_enabled(cfg, body)
+            extra["include_reasoning"] = body.get("include_reasoning") is not False
+        else:
+            prompt_text, prompt_ids = completion_prompt(body)
+            extra["echo"] = body.get("echo") is True
+        max_tokens = max_tokens_of(body)
+        n_prompt = len(prompt_ids)
+        if n_prompt + (max_tokens if max_tokens is not None else 1) > cfg.max_model_len:
+            raise self.context_error(n_prompt, max_tokens)
+        seed, outputs = plan_outputs(
+            cfg, body, n_prompt, constraint=constraint, calls=calls, reasoning=reasoning
+        )
+        if extra.get("tool_mode") == "named":
+            for out in outputs:
+                if out.tool_calls:
+                    out.finish_reason = "stop"
+        logprobs = body.get("logprobs")
+        top = body.get("top_logprobs") if kind == "chat" else logprobs
+        return Prepared(
+            kind=kind,
+            body=body,
+            request_id=("chatcmpl-" if kind == "chat" else "cmpl-") + hex_id(),
+            model=cfg.served_model_name,
+            created=int(time.time()),
+            prompt_ids=prompt_ids,
+            outputs=outputs,
+            stream=stream,
+            include_usage=include_usage,
+            continuous_usage=continuous,
+            logprobs=bool(logprobs) if kind == "chat" else isinstance(logprobs, int),
+            top_logprobs=top if isinstance(top, int) else 0,
+            seed=seed,
+            prompt_text=prompt_text,
+            extra=extra,
+        )
+
+    def _check_tools(self, body: dict[str, Any]) -> Any:
+        """vLLM's tool validation; returns the effective `tool_choice`."""
+        cfg = self.cfg
+        tools = body.get("tools")
+        if "tool_choice" not in body or body["tool_choice"] is None:
+            if not tools or "tool_choice" in body:
+                return "none"
+            tc: Any = "auto"
+        else:
+            tc = body["tool_choice"]
+        if tc == "none":
+            return tc
+        if tools is None:
+            raise RequestError("When using `tool_choice`, `tools` must be set.", param="tool_choice")
+        if tc not in ("auto", "required") and not isinstance(tc, dict):
+            raise RequestError(
+                f'Invalid value for `tool_choice`: {tc}! Only named tools, "none", "auto" or "required" are supported.',
+                param="tool_choice",
+            )
+        if tc == "required" and not tools:
+            return "none"
+        named = named_function(tc)
+        if named is not None:
+            if not named:
+                raise RequestError(
+                    "Expected field `name` in `function` in `tool_choice`!", param="tool_choice"
+                )
+            if not any(tool_name(t) == named for t in tools):
+                raise RequestError(
+                    "The tool specified in `tool_choice` does not match any of the specified `tools`",
+                    param="tool_choice",
+                )
+        if tc == "auto" and not (cfg.enable_auto_tool_choice and cfg.tool_call_parser):
+            raise RequestError(
+                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+            )
+        if tc == "required" and not cfg.tool_call_parser:
+            raise RequestError('tool_choice="required" requires --tool-call-parser to be set')
+        if named and not cfg.tool_call_parser:
+            raise RequestError(f'tool_choice=function "{named}" requires --tool-call-parser to be set')
+        return tc
+
+    # ---- non-streaming -------------------------------------------------------------------------
+    def _usage(self, p: Prepared, run: Run, completion: int) -> dict[str, Any]:
+        n = len(p.prompt_ids)
+        usage: dict[str, Any] = {
+            "prompt_tokens": n,
+            "total_tokens": n + completion,
+            "completion_tokens": completion,
+        }
+        usage["prompt_tokens_details"] = (
+            {"cached_tokens": run.cached_tokens} if self.cfg.enable_prompt_tokens_details else None
+        )
+        return usage
+
+    def respond(self, p: Prepared, run: Run) -> bytes:
+        ids = p.extra.get("return_token_ids", False)
+        choices: list[dict[str, Any]] = []
+        for i, o in enumerate(p.outputs):
+            token_ids = tokenizer.encode(o.text) if ids else None
+            if p.kind == "chat":
+                choices.append(self._chat_choice(p, i, o, token_ids))
+            else:
+                text = (p.prompt_text + o.text) if p.extra.get("echo") else o.text
+                lp = completion_logprobs(o.content, p.top_logprobs, p.seed + i) if p.logprobs else None
+                choices.append(
+                    {
+                        "index": i,
+                        "text": text,
+                        "logprobs": lp,
+                        "finish_reason": o.finish_reason,
+                        "stop_reason": o.stop_str,
+                        "token_ids": token_ids,
+                        "prompt_logprobs": None,
+                        "prompt_token_ids": p.prompt_ids if ids else None,
+                    }
+                )
+        body: dict[str, Any] = {
+            "id": p.request_id,
+            "object": "chat.completion" if p.kind == "chat" else "text_completion",
+            "created": p.created,
+            "model": p.model,
+            "choices": choices,
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": self._usage(p, run, p.completion_tokens),
+        }
+        if p.kind == "chat":
+            body.update(prompt_logprobs=None, prompt_token_ids=p.prompt_ids if ids else None)
+        body["kv_transfer_params"] = None
+        return orjson.dumps(body)
+
+    def _chat_choice(self, p: Prepared, i: int, o: Output, token_ids: list[int] | None) -> dict[str, Any]:
+        mode = p.extra.get("tool_mode")
+        content: str | None = o.text
+        if o.tool_calls:
+            content = None if mode == "auto" else ""
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": content,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+        }
+        if o.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": f"chatcmpl-tool-{hex_id()}",
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in o.tool_calls
+            ]
+        message["reasoning"] = o.reasoning_text if o.reasoning and p.extra.get("include_reasoning") else None
+        lp = chat_logprobs(o.content, p.top_logprobs, p.seed + i) if p.logprobs else None
+        return {
+            "index": i,
+            "message": message,
+            "logprobs": lp,
+            "finish_reason": o.finish_reason,
+            "stop_reason": o.stop_str,
+            "token_ids": token_ids,
+        }
+
+    # ---- streaming -----------------------------------------------------------------------------
+    def _deltas(self, p: Prepared, i: int, o: Output) -> list[tuple[dict[str, Any], Any]]:
+        steps: list[tuple[dict[str, Any], Any]] = []
+        if p.kind == "completion":
+            text_pieces = list(o.content)
+            if p.extra.get("echo"):
+                text_pieces = [p.prompt_text + (text_pieces[0] if text_pieces else ""), *text_pieces[1:]]
+            lps = completion_logprobs(o.content, p.top_logprobs, p.seed + i) if p.logprobs else None
+            for k, piece in enumerate(text_pieces or [""]):
+                lp = None
+                if lps is not None and k < len(lps["tokens"]):
+                    lp = {key: val[k : k + 1] for key, val in lps.items()}
+                steps.append(({"text": piece}, lp))
+            return steps
+        if p.extra.get("include_reasoning"):
+            steps.extend(({"reasoning": piece}, None) for piece in o.reasoning)
+        lps = chat_logprobs(o.content, p.top_logprobs, p.seed + i)["content"] if p.logprobs else None
+        for k, piece in enumerate(o.content):
+            steps.append(({"content": piece}, {"content": [lps[k]]} if lps else None))
+        for k, call in enumerate(o.tool_calls):
+            head = {
+                "index": k,
+                "id": f"chatcmpl-tool-{hex_id()}",
+                "type": "function",
+                "function": {"name": call.name},
+            }
+            steps.append(({"tool_calls": [head]}, None))
+            steps.extend(
+                ({"tool_calls": [{"index": k, "function": {"arguments": a}}]}, None)
+                for a in pieces(call.arguments)
+            )
+        if not steps:
+            steps.append(({"content": ""}, None))
+        return steps
+
+    async def stream(self, p: Prepared, run: Run, emit: Emitter) -> None:
+        chat = p.kind == "chat"
+        head = (
+            orjson.dumps(
+                {
+                    "id": p.request_id,
+                    "object": "chat.completion.chunk" if chat else "text_completion",
+                    "created": p.created,
+                    "model": p.model,
+                }
+            )[:-1]
+            + b',"choices":['
+        )
+        n_prompt = len(p.prompt_ids)
+        await run.prefill()
+        if chat:
+            for i in range(len(p.outputs)):
+                role_choice = {
+                    "index": i,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+                tail = b'],"prompt_token_ids":null'
+                if p.continuous_usage:
+                    tail += b',"usage":' + orjson.dumps(
+                        {"prompt_tokens": n_prompt, "completion_tokens": 0, "total_tokens": n_prompt}
+                    )
+                await emit(b"data: " + head + orjson.dumps(role_choice) + tail + b"}\n\n")
+        all_steps = [self._deltas(p, i, o) for i, o in enumerate(p.outputs)]
+        longest = max(len(s) for s in all_steps)
+        for t in range(longest):
+            if t or chat:
+                await run.step()
+            for i, steps in enumerate(all_steps):
+                if t >= len(steps):
+                    continue
+                o = p.outputs[i]
+                delta, lp = steps[t]
+                last = t == len(steps) - 1
+                key = "delta" if chat else "text"
+                choice: dict[str, Any] = {
+                    "index": i,
+                    key: delta if chat else delta["text"],
+                    "logprobs": lp,
+                    "finish_reason": o.finish_reason if last else None,
+                }
+                if last:
+                    choice["stop_reason"] = o.stop_str
+                if chat:
+                    choice["token_ids"] = None
+                tail = b"]"
+                if p.continuous_usage:
+                    done = min(t + 1, o.completion_tokens) if not last else o.completion_tokens
+                    tail += b',"usage":' + orjson.dumps(
+                        {
+                            "prompt_tokens": n_prompt,
+                            "completion_tokens": done,
+                            "total_tokens": n_prompt + done,
+                        }
+                    )
+                await emit(b"data: " + head + orjson.dumps(choice) + tail + b"}\n\n")
+        if p.include_usage:
+            c = p.completion_tokens
+            usage: dict[str, Any] = {
+                "prompt_tokens": n_prompt,
+                "total_tokens": n_prompt + c,
+                "completion_tokens": c,
+            }
+            if self.cfg.enable_prompt_tokens_details:
+                usage["prompt_tokens_details"] = {"cached_tokens": run.cached_tokens}
+            await emit(b"data: " + head + b'],"usage":' + orjson.dumps(usage) + b"}\n\n")
+
+    # ---- other endpoints -----------------------------------------------------------------------
+    async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        status = 503 if self.engine.faults.starting() else 200
+        await asgi.send_bytes(send, status, b"", [])
+
+    async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await asgi.send_json(send, 200, {"version": self.cfg.engine_version})
+
+    async def _load(self, scope: Scope, receive: Receive, send: Send) -> None:
+        s = self.engine.scheduler
+        await asgi.send_json(send, 200, {"server_load": s.running + s.waiting})
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await asgi.send_bytes(send, 200, self.engine.metrics.render(), asgi.TEXT_HEADERS)
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        cfg = self.cfg
+        card = {
+            "id": cfg.served_model_name,
+            "object": "model",
+            "created": int(self.engine.started),
+            "owned_by": "vllm",
+            "root": cfg.model,
+            "parent": None,
+            "max_model_len": cfg.max_model_len,
+            "permission": [
+                {
+                    "id": f"modelperm-{hex_id()}",
+                    "object": "model_permission",
+                    "created": int(self.engine.started),
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
+        }
+        await asgi.send_json(send, 200, {"object": "list", "data": [card]})
+
+    async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await asgi.read_json(receive)
+        if isinstance(body.get("messages"), list):
+            text = render_chat(
+                body["messages"], body.get("tools"), body.get("add_generation_prompt") is not False
+            )
+        else:
+            text = str(body.get("prompt", ""))
+        ids = tokenizer.encode(text)
+        strs = tokenizer.split(text) if body.get("return_token_strs") else None
+        await asgi.send_json(
+            send,
+            200,
+            {"count": len(ids), "max_model_len": self.cfg.max_model_len, "tokens": ids, "token_strs": strs},
+        )
+
+    async def _detokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await asgi.read_json(receive)
+        tokens = body.get("tokens")
+        ids = [t for t in tokens if isinstance(t, int)] if isinstance(tokens, list) else []
+        await asgi.send_json(send, 200, {"prompt": tokenizer.decode(ids)})
