@@ -30,6 +30,7 @@ anchors. Openings longer than `anchor_max_bytes` are hashed as their head plus t
 
 from __future__ import annotations
 
+import json
 import zlib
 from array import array
 from collections.abc import Mapping, Sequence
@@ -121,7 +122,7 @@ def render_chat(body: Mapping[str, Any]) -> tuple[bytes, int, int]:
     size = 0
     tools = body.get("tools")
     if tools:
-        part = b"T" + orjson.dumps(tools, option=_SORT)
+        part = b"T" + _dumps(tools)
         parts.append(part)
         size += len(part)
     preamble_end = anchor_end = -1
@@ -134,7 +135,7 @@ def render_chat(body: Mapping[str, Any]) -> tuple[bytes, int, int]:
         size += len(part)
     response_format = body.get("response_format")
     if response_format:
-        parts.append(b"\nR" + orjson.dumps(response_format, option=_SORT))
+        parts.append(b"\nR" + _dumps(response_format))
     rendered = b"".join(parts)
     if anchor_end < 0:
         return rendered, size, size
@@ -145,16 +146,24 @@ def _render_message(message: Mapping[str, Any]) -> bytes:
     content = message.get("content")
     if isinstance(content, list):
         content = _flatten_text_parts(content)
-    return orjson.dumps(
+    return _dumps(
         (
             message.get("role"),
             message.get("name"),
             content,
             message.get("tool_calls") or None,
             message.get("tool_call_id"),
-        ),
-        option=_SORT,
+        )
     )
+
+
+def _dumps(value: Any) -> bytes:
+    """Compact JSON with sorted keys; values orjson cannot encode (integers beyond 64 bits, non-string
+    keys) fall back to the standard library, so extraction never fails on a validated body."""
+    try:
+        return orjson.dumps(value, option=_SORT)
+    except TypeError:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
 
 
 def _flatten_text_parts(content: list[Any]) -> str | list[Any]:
@@ -177,12 +186,19 @@ def render_prompt(prompt: Any) -> tuple[bytes, int | None]:
     if isinstance(prompt, list) and prompt:
         first = prompt[0]
         if isinstance(first, int):
-            return array("I", prompt).tobytes(), len(prompt)
+            return _token_bytes(prompt), len(prompt)
         if isinstance(first, str):
             return first.encode(), None
         if isinstance(first, list):
-            return array("I", first).tobytes(), len(first)
+            return _token_bytes(first), len(first)
     return b"", None
+
+
+def _token_bytes(ids: list[Any]) -> bytes:
+    try:
+        return array("I", ids).tobytes()
+    except (OverflowError, TypeError):
+        return _dumps(ids)
 
 
 def block_hashes(rendered: bytes, block_bytes: int, max_blocks: int) -> tuple[int, ...]:

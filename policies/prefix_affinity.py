@@ -8,9 +8,11 @@ bounded local prefix index.
    conversation's *home*, the rest is its ordered list of fallbacks. Every gateway replica with the
    same snapshot computes the same order without talking to the others, and removing a backend only
    moves the conversations whose home it was.
-3. Bounded load. A backend *fits* when `score + 1 <= ceil((1 + load_factor) * (total + 1) / n)`
-   (consistent hashing with bounded loads, Mirrokni et al. 2018) and it is not saturated (engine queue,
-   KV use or max concurrency over the thresholds of `LoadModel`). The first fitting backend in HRW order
+3. Bounded load. A backend *fits* when
+   `score + 1 <= ceil((1 + load_factor) * (total + 1) / n) + load_slack` (consistent hashing with
+   bounded loads, Mirrokni et al. 2018, plus an absolute slack so that at low load one extra request
+   does not throw away a warm cache) and it is not saturated (engine queue, KV use or max concurrency
+   over the thresholds of `LoadModel`). The first fitting backend in HRW order
    wins; if that is not the home, the decision is a *spill*. If none fits, the least loaded one wins.
 4. Index refinement. The local `PrefixIndex` remembers which backend this replica sent each prefix to
    (only the blocks past the preamble: a shared system prompt/tool schema is what HRW is meant to
@@ -42,6 +44,7 @@ from policies.types import BackendChoice, BackendView, PoolView, RequestFeatures
 class PrefixAffinityConfig:
     kind: Literal["prefix_affinity"] = "prefix_affinity"
     load_factor: float = 0.25
+    load_slack: float = 1.0
     load: LoadModel = DEFAULT_LOAD_MODEL
     index_entries: int = 65536
     index_max_holders: int = 4
@@ -49,8 +52,8 @@ class PrefixAffinityConfig:
     session_in_key: bool = False
 
     def __post_init__(self) -> None:
-        if self.load_factor < 0:
-            raise ValueError("load_factor must be >= 0")
+        if self.load_factor < 0 or self.load_slack < 0:
+            raise ValueError("load_factor and load_slack must be >= 0")
         if self.index_min_gain_blocks < 1:
             raise ValueError("index_min_gain_blocks must be >= 1")
 
@@ -88,7 +91,8 @@ class PrefixAffinity(BackendPolicy):
             raise ValueError(f"pool {pool.name!r} has no routable backend")
         load = self._load
         scores = [load.score(b) for b in ranked]
-        capacity = math.ceil((1.0 + self._config.load_factor) * (sum(scores) + 1.0) / n)
+        config = self._config
+        capacity = math.ceil((1.0 + config.load_factor) * (sum(scores) + 1.0) / n) + config.load_slack
         fits = [scores[i] + 1.0 <= capacity and not load.saturated(ranked[i]) for i in range(n)]
         home = ranked[0]
 

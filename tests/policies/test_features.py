@@ -165,6 +165,12 @@ def test_completions_prompts() -> None:
     assert extract_features({"model": "m", "prompt": []}).prompt_tokens == 0
 
 
+def test_values_orjson_cannot_encode_do_not_break_extraction() -> None:
+    huge = {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"n": 1 << 70}]}
+    assert extract_features(huge).has_tools
+    assert extract_features({"model": "m", "prompt": [1, -5, 1 << 40]}).prompt_tokens == 3
+
+
 def test_config_validation() -> None:
     with pytest.raises(ValueError):
         FeatureConfig(block_tokens=0)

@@ -137,7 +137,8 @@ def test_no_backend_gets_far_more_than_its_share_under_sustained_load() -> None:
     """Simulate load accumulating: each routed request stays in flight; bounded load caps the max."""
     rng = random.Random(8)
     members = list(backends("a", 8))
-    policy = PrefixAffinity(PrefixAffinityConfig(load_factor=0.25, load=LoadModel(queue_high=None)))
+    config = PrefixAffinityConfig(load_factor=0.25, load_slack=0.0, load=LoadModel(queue_high=None))
+    policy = PrefixAffinity(config)
     hot = features(conversation(rng, system="s"))  # one very popular conversation prefix
     for _ in range(400):
         p = pool("a", members=tuple(members))
@@ -227,7 +228,21 @@ def test_session_key_mixing_is_optional() -> None:
     assert mixed.key(f) == f.anchor_hash
 
 
+def test_load_slack_tolerates_a_little_imbalance_at_low_load() -> None:
+    rng = random.Random(15)
+    p = pool("a", 4)
+    f = features(conversation(rng, system="s"))
+    home = PrefixAffinity(NO_INDEX).select(p, f, 0.0).backend
+    busier = _with_load(p, home, in_flight=2)  # capacity ceil(1.25 * 3 / 4) = 1 (+ slack)
+    strict = PrefixAffinity(PrefixAffinityConfig(index_entries=0, load_slack=0.0))
+    slack = PrefixAffinity(PrefixAffinityConfig(index_entries=0, load_slack=2.0))
+    assert strict.select(busier, f, 0.0).affinity == "spill"
+    assert slack.select(busier, f, 0.0).backend == home
+
+
 def test_config_validation() -> None:
+    with pytest.raises(ValueError):
+        PrefixAffinityConfig(load_slack=-1.0)
     with pytest.raises(ValueError):
         PrefixAffinityConfig(load_factor=-0.1)
     with pytest.raises(ValueError):
