@@ -366,3 +366,24 @@ def test_encoder_output_is_always_json_events(
                 finished.add(ch["index"])
         if endpoint == "chat" and include_usage:
             ChatCompletionChunk.model_validate(ev)
+
+
+def test_completions_stream_chunks_validate_with_sdk() -> None:
+    from openai.types import Completion as SdkCompletion
+
+    sc = next(s for s in STREAMS if s.endpoint == "completions")
+    for name, chunks in (("vllm", sc.vllm), ("sglang", sc.sglang)):
+        events = sse_events(run_stream(get_dialect(name), chunks, "completions"))
+        assert events[-1] == "[DONE]"
+        for ev in events[:-1]:
+            SdkCompletion.model_validate(ev)
+    body = BODIES[-1]
+    out = encode_completion(
+        get_dialect("sglang").decode_response("completions", body.sglang),
+        endpoint="completions",
+        id="cmpl-x",
+        created=1,
+        model="m",
+        tool_choice_named=False,
+    )
+    SdkCompletion.model_validate_json(out)
