@@ -5,6 +5,8 @@ import random
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policies.least_load import LeastLoadConfig
 from policies.pools import Rule
@@ -169,3 +171,28 @@ def test_unknown_model() -> None:
     with pytest.raises(RoutingError) as err:
         Router().decide(fleet(pool("p")), dataclasses.replace(features([]), model="x"), 0.5)
     assert err.value.kind == "unknown_model"
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 20), st.booleans(), st.floats(0.0, 1.0), st.floats(0.0, 12.0)),
+        min_size=1,
+        max_size=10,
+    ),
+    st.integers(0, 2**64 - 1),
+    st.floats(min_value=0.0, max_value=1.0, exclude_max=True),
+)
+def test_fresh_replicas_with_the_same_snapshot_always_agree(
+    states: list[tuple[int, bool, float, float]], anchor: int, rand: float
+) -> None:
+    members = tuple(
+        BackendView(f"b{i}", healthy=h, in_flight=n, kv_usage=kv, queue_depth=q)
+        for i, (n, h, kv, q) in enumerate(states)
+    )
+    snap = fleet(pool("p", members=members), pool("q", 3, weight=0.3))
+    f = dataclasses.replace(features([{"role": "user", "content": "hello " * 100}]), anchor_hash=anchor)
+    a, b = Router(), Router()
+    assert a.decide(snap, f, rand) == b.decide(snap, f, rand)
+    chosen = a.decide(snap, f, rand)
+    assert chosen.pool == "q" or chosen.backend in {m.name for m in members if m.healthy}
