@@ -118,7 +118,7 @@ def transport_of(scope: Scope) -> asyncio.Transport | None:
     """The connection's transport when the simulator's protocol class put it in the scope."""
     ext = scope.get("extensions") or {}
     t = ext.get("sim.transport")
-    return t if isinstance(t, asyncio.Transport) else None
+    return t if hasattr(t, "close") else None  # uvloop's transports are not asyncio.Transport subclasses
 
 
 async def cut_connection(scope: Scope, receive: Receive) -> None:

@@ -3,7 +3,10 @@
 Seeded from the command line, changed at run time with `POST /sim/faults` (JSON, any subset of the
 keys of `FaultState.snapshot()`, or `{"reset": true}`). The error rate is deterministic: an accumulator
 adds `fault_rate` per request and a request fails each time it crosses 1, so `0.5` fails exactly every
-second request and `1.0` every request.
+second request and `1.0` every request. Keys: `fault_rate`, `fault_kind` ("429" | "500" | "503" |
+"context"), `crash_after` (chunks, or null), `crash_mode` ("cut" | "exit" | "error"), `stall`, `drip_ms`,
+`refuse` (until turned off, over a connection opened before; new ones are closed at once), `refuse_s`
+(refuse new connections for that many seconds), `startup_delay` (503 for that many seconds from now).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class FaultState:
     stall: bool = False
     drip_s: float = 0.0
     refuse: bool = False
+    refuse_until: float = 0.0
     ready_at: float = field(default_factory=time.monotonic)
     _acc: float = 0.0
 
@@ -54,6 +58,10 @@ class FaultState:
         """True during the start-up period (health and requests answer 503)."""
         return time.monotonic() < self.ready_at
 
+    def refusing(self) -> bool:
+        """True when new connections are to be closed at once."""
+        return self.refuse or (self.refuse_until > 0.0 and time.monotonic() < self.refuse_until)
+
     def draw_error(self) -> FaultKind | None:
         """Whether this request fails, and how (advances the deterministic accumulator)."""
         if self.fault_rate <= 0.0:
@@ -74,6 +82,7 @@ class FaultState:
             "stall": self.stall,
             "drip_ms": self.drip_s * 1000,
             "refuse": self.refuse,
+            "refuse_remaining_s": max(0.0, self.refuse_until - time.monotonic()),
             "startup_remaining_s": max(0.0, self.ready_at - time.monotonic()),
         }
 
@@ -82,7 +91,7 @@ class FaultState:
         if body.get("reset"):
             self.fault_rate, self.fault_kind, self.crash_after = 0.0, "500", None
             self.crash_mode, self.stall, self.drip_s, self.refuse = "cut", False, 0.0, False
-            self.ready_at, self._acc = time.monotonic(), 0.0
+            self.ready_at, self.refuse_until, self._acc = time.monotonic(), 0.0, 0.0
         for key, value in body.items():
             if key == "reset":
                 continue
@@ -110,6 +119,8 @@ class FaultState:
             self.drip_s = float(value) / 1000
         elif key == "refuse":
             self.refuse = bool(value)
+        elif key == "refuse_s":
+            self.refuse_until = time.monotonic() + float(value)
         elif key == "startup_delay":
             self.ready_at = time.monotonic() + float(value)
         else:

@@ -37,7 +37,7 @@ def protocol_class(faults: FaultState) -> type[asyncio.Protocol]:
         _refused = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            if faults.refuse:
+            if faults.refusing():
                 self._refused = True
                 transport.abort()
                 return

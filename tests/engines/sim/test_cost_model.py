@@ -1,0 +1,118 @@
+"""The cost model: prefix-cache hits shorten TTFT and show in each engine's metrics; queueing; eviction."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from engines.sim.launcher import SimProcess
+from tests.engines.sim.helpers import metric, stats
+
+CHAT = "/v1/chat/completions"
+SYSTEM = "You are a meticulous assistant. " + " ".join(f"rule{i} applies to case{i}." for i in range(300))
+
+
+def ttft(base: str, question: str) -> tuple[float, dict[str, object]]:
+    """Seconds to the first streamed byte of content, and the final usage."""
+    body = {
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+        "max_tokens": 2,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    t0 = time.perf_counter()
+    first = 0.0
+    usage: dict[str, object] = {}
+    with httpx.stream("POST", base + CHAT, json=body, timeout=10) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {") and not first:
+                first = time.perf_counter() - t0
+            if '"usage":{' in line:
+                import orjson
+
+                usage = orjson.loads(line[6:])["usage"]
+    return first, usage
+
+
+@pytest.fixture(scope="module", params=["vllm", "sglang"])
+def slow_prefill(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    flags = [
+        "--ttft-ms",
+        "2",
+        "--prefill-us-per-token",
+        "150",
+        "--itl-ms",
+        "1",
+        "--enable-prompt-tokens-details",
+        "--enable-cache-report",
+        "--enable-metrics",
+    ]
+    if request.param == "sglang":
+        flags.remove("--enable-prompt-tokens-details")
+    else:
+        flags.remove("--enable-cache-report")
+        flags.remove("--enable-metrics")
+    with SimProcess(request.param, extra=flags) as p:
+        yield request.param, p.base_url
+
+
+def test_repeated_prefix_is_faster_and_counted(slow_prefill: tuple[str, str]) -> None:
+    engine, base = slow_prefill
+    cold, cold_usage = ttft(base, "first question")
+    warm, warm_usage = ttft(base, "second question")
+    assert cold_usage["prompt_tokens_details"] == {"cached_tokens": 0}
+    cached = warm_usage["prompt_tokens_details"]["cached_tokens"]  # type: ignore[index]
+    assert cached >= 0.9 * int(warm_usage["prompt_tokens"])  # type: ignore[call-overload]
+    assert cold > 0.2 and warm < cold / 2  # ~ 300 ms of prefill vs almost none
+    text = httpx.get(base + "/metrics").text
+    if engine == "vllm":
+        assert metric(text, "vllm:prefix_cache_hits_total") == cached
+        assert metric(text, "vllm:prefix_cache_queries_total") == int(cold_usage["prompt_tokens"]) + int(  # type: ignore[call-overload]
+            warm_usage["prompt_tokens"]  # type: ignore[call-overload]
+        )
+    else:
+        assert metric(text, "sglang:cached_tokens_total") == cached
+        assert metric(text, "sglang:cache_hit_rate") > 0.9
+    assert stats(base)["cached_tokens_total"] == cached
+
+
+def test_lru_eviction_is_bounded() -> None:
+    with SimProcess(
+        "vllm", extra=["--fast", "--num-cache-blocks", "20", "--enable-prompt-tokens-details"]
+    ) as p:
+
+        def cached(text: str) -> int:
+            r = httpx.post(
+                p.base_url + CHAT, json={"messages": [{"role": "user", "content": text}], "max_tokens": 1}
+            )
+            return int(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+        a = " ".join(f"alpha{i}" for i in range(200))
+        b = " ".join(f"beta{i}" for i in range(200))
+        cached(a)
+        assert cached(a) > 150
+        cached(b)  # needs every block: evicts a's
+        assert cached(a) == 0
+        st = stats(p.base_url)["prefix_cache"]
+        assert st["blocks_used"] <= 20 and st["evictions"] > 0  # type: ignore[index]
+
+
+async def test_queue_beyond_max_num_seqs() -> None:
+    with SimProcess("vllm", extra=["--ttft-ms", "1", "--itl-ms", "30", "--max-num-seqs", "1"]) as p:
+        async with httpx.AsyncClient(base_url=p.base_url, timeout=10) as client:
+            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+            jobs = [asyncio.create_task(client.post(CHAT, json=body)) for _ in range(2)]
+            await asyncio.sleep(0.08)
+            st = (await client.get("/sim/stats")).json()
+            text = (await client.get("/metrics")).text
+            assert (st["running"], st["waiting"]) == (1, 1)
+            assert metric(text, "vllm:num_requests_waiting") == 1
+            assert (await client.get("/load")).json() == {"server_load": 2}
+            await asyncio.gather(*jobs)
+            text = (await client.get("/metrics")).text
+            assert metric(text, "vllm:request_queue_time_seconds_sum") > 0.1  # the second waited ~ 210 ms
+            assert metric(text, "vllm:num_requests_running") == 0

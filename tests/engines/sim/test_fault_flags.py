@@ -1,0 +1,43 @@
+"""Faults set by command-line flag, each needing its own simulator process."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import pytest
+
+from engines.sim.launcher import SimProcess
+from tests.engines.sim.helpers import USER, post, sim
+
+CHAT = "/v1/chat/completions"
+
+
+def test_startup_delay_flag_and_listen_delay() -> None:
+    with sim("sglang", "--startup-delay", "30") as p:
+        assert httpx.get(p.base_url + "/health").status_code == 503
+        assert httpx.get(p.base_url + "/health_generate").status_code == 503
+    proc = SimProcess("vllm", extra=["--fast", "--listen-delay", "0.8"], wait=False)
+    with proc:
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", proc.port)) != 0  # refused: nothing listens yet
+        proc.wait_ready(10)
+        assert httpx.get(proc.base_url + "/health").status_code == 200
+
+
+def test_crash_exit_kills_the_process() -> None:
+    with sim("vllm", "--crash-after", "2", "--crash-mode", "exit") as p:
+        with pytest.raises(httpx.TransportError):
+            post(p.base_url, CHAT, {"messages": USER, "stream": True, "max_tokens": 20})
+        deadline = time.monotonic() + 5
+        while p.alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not p.alive()
+
+
+def test_refuse_flag() -> None:
+    errors = (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)
+    # the port is open, but every connection is closed at once
+    with SimProcess("vllm", extra=["--fast", "--refuse"]) as p, pytest.raises(errors):
+        httpx.get(p.base_url + "/health", timeout=2)

@@ -1,0 +1,75 @@
+"""Sim-only endpoints and client-disconnect handling."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.engines.sim.helpers import USER, post, sim, stats
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module", params=["vllm", "sglang"])
+def base(request: pytest.FixtureRequest) -> Iterator[str]:
+    with sim(request.param, "--request-log-size", "4", "--itl-ms", "20") as p:
+        yield p.base_url
+
+
+def test_request_log(base: str) -> None:
+    httpx.post(base + "/sim/reset")
+    for i in range(6):
+        httpx.post(
+            base + CHAT, json={"messages": USER, "max_tokens": 1, "seed": i}, headers={"x-test": str(i)}
+        )
+    log = httpx.get(base + "/sim/requests").json()["requests"]
+    assert len(log) == 4  # bounded
+    last = log[-1]
+    assert last["method"] == "POST" and last["path"] == CHAT
+    assert last["body"] == {"messages": USER, "max_tokens": 1, "seed": 5}
+    assert last["headers"]["x-test"] == "5" and last["arrival"] > time.time() - 60
+    assert len(httpx.get(base + "/sim/requests?limit=2").json()["requests"]) == 2
+
+
+def test_stats_counters(base: str) -> None:
+    httpx.post(base + "/sim/reset")
+    r = post(base, CHAT, {"messages": USER, "max_tokens": 3}).json()
+    st = stats(base)
+    assert st["requests_total"] == 1 and st["completed_total"] == 1 and st["cancelled_total"] == 0
+    assert st["prompt_tokens_total"] == r["usage"]["prompt_tokens"] and st["generation_tokens_total"] == 3
+    assert (st["running"], st["waiting"]) == (0, 0)
+    post(base, CHAT, {"messages": "not a list"})
+    assert stats(base)["errors_total"] == 1
+
+
+def wait_cancelled(base: str, before: int) -> float:
+    t0 = time.monotonic()
+    while stats(base)["cancelled_total"] == before and time.monotonic() - t0 < 3:
+        time.sleep(0.005)
+    return time.monotonic() - t0
+
+
+def test_stream_disconnect_is_cancelled_promptly(base: str) -> None:
+    before = stats(base)["cancelled_total"]
+    with httpx.stream("POST", base + CHAT, json={"messages": USER, "stream": True, "max_tokens": 200}) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i >= 3:
+                break
+    elapsed = wait_cancelled(base, before)
+    st = stats(base)
+    assert st["cancelled_total"] == before + 1 and elapsed < 1.0
+    assert st["running"] == 0 and st["generation_tokens_total"] < 5000
+
+
+async def test_non_stream_disconnect_is_cancelled(base: str) -> None:
+    before = stats(base)["cancelled_total"]
+    async with httpx.AsyncClient(timeout=0.2) as client:
+        with pytest.raises(httpx.ReadTimeout):
+            await client.post(base + CHAT, json={"messages": USER, "max_tokens": 100})
+    await asyncio.sleep(0)
+    assert wait_cancelled(base, before) < 1.0
+    assert stats(base)["running"] == 0
