@@ -15,6 +15,7 @@ from engines.base import Dialect, EngineLoad
 from engines.registry import get_dialect
 from gateway.circuit import CircuitBreaker
 from gateway.settings import BackendSettings, HealthSettings, PoolSettings
+from gateway.state import Overrides
 from policies.types import BackendView, FleetSnapshot, PoolView
 
 
@@ -97,7 +98,9 @@ class Fleet:
 
     def remove_backend(self, name: str) -> Backend:
         backend = self.backends.pop(name)
-        del self.pools[backend.pool].backends[name]
+        pool = self.pools.get(backend.pool)
+        if pool is not None:
+            pool.backends.pop(name, None)
         return backend
 
     def set_weight(self, pool_name: str, weight: float) -> None:
@@ -105,6 +108,49 @@ class Fleet:
 
     def set_draining(self, name: str, draining: bool) -> None:
         self.backends[name].draining = draining
+
+    def apply(self, base: Iterable[PoolSettings], overrides: Overrides) -> None:
+        """Make the fleet the config's pools and backends with the operator's overrides on top.
+
+        Pools come from the config only; backends are the config's minus the removed plus the added;
+        weights and drain state are overridden where set. Backends that leave keep serving the
+        requests already sent to them (those hold their own reference).
+        """
+        base = list(base)
+        desired: dict[str, tuple[str, str]] = {}
+        for ps in base:
+            for bs in ps.backends:
+                desired[bs.name] = (ps.name, bs.url)
+        pool_names = {ps.name for ps in base}
+        for name, (pool_name, url) in overrides.added.items():
+            if pool_name in pool_names:
+                desired[name] = (pool_name, url)
+        for name in overrides.removed:
+            desired.pop(name, None)
+        for name in [n for n in self.pools if n not in pool_names]:
+            for gone in self.pools.pop(name).backends:
+                self.backends.pop(gone, None)
+        for ps in base:
+            existing = self.pools.get(ps.name)
+            if existing is not None and existing.dialect.name != ps.dialect:
+                for gone in existing.backends:
+                    self.backends.pop(gone, None)
+                existing = None
+            if existing is None:
+                existing = Pool(ps.name, get_dialect(ps.dialect), ps.weight, {}, True, True)
+                self.pools[ps.name] = existing
+            existing.models = dict(ps.models)
+            existing.tool_calling = ps.tool_calling
+            existing.structured_output = ps.structured_output
+            existing.weight = overrides.weights.get(ps.name, ps.weight)
+        for name, backend in list(self.backends.items()):
+            if desired.get(name) != (backend.pool, backend.url):
+                self.remove_backend(name)
+        for name, (pool_name, url) in desired.items():
+            if name not in self.backends:
+                self.add_backend(pool_name, BackendSettings(name=name, url=url))
+        for name, backend in self.backends.items():
+            backend.draining = name in overrides.drained
 
     # -- reads ------------------------------------------------------------------------------------
     def snapshot(self, now: float) -> FleetSnapshot:

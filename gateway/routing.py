@@ -32,13 +32,13 @@ class RouteStage:
         self, fleet: Fleet, router: Router, features: FeatureConfig, on_decision: DecisionHook | None = None
     ) -> None:
         self._fleet = fleet
-        self._router = router
-        self._features = features
+        self.router = router
+        self.features = features
         self._random = random.Random()
         self._on_decision = on_decision
 
     async def __call__(self, ctx: RequestContext) -> Response | None:
-        features = extract_features(ctx.body, self._features, session_key=ctx.principal.user)
+        features = extract_features(ctx.body, self.features, session_key=ctx.principal.user)
         ctx.extras["features"] = features
         pin: str | None = None
         if ctx.principal.is_admin:
@@ -53,7 +53,7 @@ class RouteStage:
         self, snapshot: FleetSnapshot, ctx: RequestContext, pin: str | None, exclude: Collection[str] = ()
     ) -> Decision:
         try:
-            return self._router.decide(
+            return self.router.decide(
                 snapshot, ctx.extras["features"], self._random.random(), pin=pin, exclude=exclude
             )
         except RoutingError as exc:
