@@ -151,8 +151,9 @@ def build_admin_app(gw: Gateway) -> FastAPI:
         summary="Drain (no new requests) or undrain a backend",
     )
     async def drain(
-        name: str, who: Admin, body: Annotated[DrainBody, Body()] = DrainBody()
-    ) -> FastAPIResponse:  # noqa: B008
+        name: str, who: Admin, body: Annotated[DrainBody | None, Body()] = None
+    ) -> FastAPIResponse:
+        body = body or DrainBody()
         backend = gw.fleet.backends.get(name)
         if backend is None:
             raise ApiError(404, f"No backend named {name!r}.", code="backend_not_found")
