@@ -21,7 +21,7 @@ from gateway.relay import SSESplitter, StreamRelay
 from gateway.responses import BytesResponse, Response, error_response
 from gateway.retry import RetryBudget
 from gateway.settings import UpstreamSettings
-from gateway.upstream import Transport, UpstreamError, UpstreamResponse, UpstreamTimeout
+from gateway.upstream import Transport, UpstreamError, UpstreamResponse
 
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -115,7 +115,7 @@ class ProxyStage:
             raise _Retry(exc.kind, overloaded()) from None
         dialect = ctx.pool.dialect
         if resp.status != 200:
-            err = dialect.decode_error(resp.status, data)
+            err = dialect.decode_error(resp.status, data, ctx.endpoint)
             if resp.status in RETRYABLE_STATUS:
                 raise _Retry(f"status_{resp.status}", err)
             backend.circuit.success()
@@ -152,6 +152,7 @@ class ProxyStage:
             model=ctx.model.name,
             include_usage=ctx.include_usage,
             tool_choice_named=_named_tool_choice(ctx),
+            continuous_usage=ctx.include_usage and _continuous_usage(ctx),
         )
         decoder = dialect.stream_decoder(ctx.endpoint)
         splitter = SSESplitter()
@@ -162,7 +163,7 @@ class ProxyStage:
                 if resp.status != 200:
                     data = await resp.read()
                     resp.close()
-                    err = dialect.decode_error(resp.status, data)
+                    err = dialect.decode_error(resp.status, data, ctx.endpoint)
                     if resp.status in RETRYABLE_STATUS:
                         raise _Retry(f"status_{resp.status}", err)
                     backend.circuit.success()
@@ -224,17 +225,17 @@ class ProxyStage:
         raise UpstreamError("upstream closed before its first event")
 
     async def _send(self, url: str, body: bytes) -> UpstreamResponse:
-        try:
-            return await self._transport.request("POST", url, body)
-        except UpstreamTimeout:
-            raise
-        except UpstreamError:
-            raise
+        return await self._transport.request("POST", url, body)
 
     async def _end(self, ctx: RequestContext, ok: bool) -> None:
         backend = ctx.backend
         if backend is not None:
             backend.in_flight -= 1
+
+
+def _continuous_usage(ctx: RequestContext) -> bool:
+    options = ctx.body.get("stream_options")
+    return isinstance(options, dict) and options.get("continuous_usage_stats") is True
 
 
 def _named_tool_choice(ctx: RequestContext) -> bool:

@@ -38,7 +38,8 @@ class RouteStage:
         self._on_decision = on_decision
 
     async def __call__(self, ctx: RequestContext) -> Response | None:
-        features = extract_features(ctx.body, self.features, session_key=ctx.principal.user)
+        # the sanitise stage computed them already (same config, same session key): reuse
+        features = ctx.extras.get("features") or extract_features(ctx.body, self.features, session_key=ctx.principal.user)
         ctx.extras["features"] = features
         pin: str | None = None
         if ctx.principal.is_admin:
@@ -63,7 +64,10 @@ class RouteStage:
         """Choose another backend in the same pool for a retry, never one already tried."""
         assert ctx.pool is not None
         snapshot = self._fleet.snapshot(time.monotonic())
-        self._apply(ctx, self.decide(snapshot, ctx, ctx.pool.name, exclude))
+        decision = self.decide(snapshot, ctx, ctx.pool.name, exclude)
+        # The pin only keeps the retry in its pool; label it as the retry it is.
+        reason = "retry+" + decision.reason.partition("+")[2]
+        self._apply(ctx, Decision(decision.pool, decision.backend, reason, decision.affinity))
 
     def _apply(self, ctx: RequestContext, decision: Decision) -> None:
         pool = self._fleet.pools[decision.pool]
