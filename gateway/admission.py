@@ -1,0 +1,171 @@
+"""Admission assembled from settings: who may call (auth), how much (limits), with what (sanitise).
+
+`Gateway` builds one `Admission` at construction and asks it for its pipeline stages:
+
+    [AuthenticateStage]  ParseStage  ValidateStage  SanitiseStage  [AdmitStage]  RouteStage  ProxyStage
+     ^ only when auth is on                                         ^ only when some limit is set
+
+`start(redis)` binds the shared store (Redis limits, Redis-backed API keys, JWKS fetching) once the
+process's Redis client exists; `aclose()` stops the background tasks. Without Redis everything
+works in this process only, and the start-up log says so.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from prometheus_client import Counter, Gauge
+from redis.asyncio import Redis
+
+from gateway.admit import AdmitStage
+from gateway.api_keys import ApiKeys, MemoryBackend, RedisBackend
+from gateway.auth import AuthenticateStage, Authenticator
+from gateway.jwks import JwksCache
+from gateway.jwt_auth import JwtVerifier
+from gateway.limits import FailoverLimiter
+from gateway.limits_local import LocalLimiter
+from gateway.limits_redis import RedisLimiter
+from gateway.sanitise import SanitiseStage
+from policies.features import FeatureConfig
+
+if TYPE_CHECKING:
+    from gateway.context import RequestContext
+    from gateway.metrics import Metrics
+    from gateway.settings import Settings
+
+log = logging.getLogger("gateway.admission")
+
+
+class Admission:
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        auth, limits = settings.auth, settings.limits
+        r = metrics.registry
+        self._limiter_local = Counter(
+            "gateway_limiter_local_decisions",
+            "Limit decisions taken by this process alone because Redis was unreachable (fail_open).",
+            registry=r,
+        )
+        self._limiter_down = Gauge(
+            "gateway_limiter_redis_down", "1 while the shared limiter's Redis is unreachable.", registry=r
+        )
+        self._limiter_outages = Counter(
+            "gateway_limiter_redis_outages", "Times the shared limiter lost Redis.", registry=r
+        )
+        self.jwks: JwksCache | None = None
+        if auth.jwt.jwks_url:
+            j = auth.jwt
+            self.jwks = JwksCache(
+                j.jwks_url or "",
+                j.jwks_algorithms,
+                refresh_s=j.jwks_refresh_s,
+                min_refresh_s=j.jwks_min_refresh_s,
+                timeout_s=j.jwks_timeout_s,
+            )
+        jwt = JwtVerifier(auth.jwt, self.jwks) if auth.jwt.has_keys else None
+        k = auth.api_keys
+        self.api_keys = ApiKeys(
+            MemoryBackend(), pepper=k.pepper, cache_ttl_s=k.cache_ttl_s, cache_size=k.cache_size
+        )
+        #: None when authentication is off (every request is `anonymous`)
+        self.authenticator: Authenticator | None = None
+        if auth.active:
+            self.authenticator = Authenticator(
+                jwt, self.api_keys if k.enabled else None, self.count_rejection
+            )
+        self.limiter = FailoverLimiter(
+            LocalLimiter(window_s=limits.window_s),
+            limits.on_redis_error,
+            limits.redis_probe_s,
+            self._on_limiter_event,
+        )
+        self._redis_limiter: RedisLimiter | None = None
+
+    # -- stages -----------------------------------------------------------------------------------
+    def authenticate_stages(self) -> list[AuthenticateStage]:
+        """The stage that goes first (before the body is read), or none when auth is off."""
+        return [AuthenticateStage(self.authenticator)] if self.authenticator is not None else []
+
+    def sanitise_stage(self, features: FeatureConfig) -> SanitiseStage:
+        """After ValidateStage; `features` must be the routing's config (its estimate is reused)."""
+        return SanitiseStage(self._settings.sanitise, features, self.count_rejection)
+
+    def admit_stages(self) -> list[AdmitStage]:
+        """After SanitiseStage; none when no limit is configured at all."""
+        limits = self._settings.limits
+        return [] if limits.unlimited else [AdmitStage(self.limiter, limits, self.count_rejection)]
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    async def start(self, redis: Redis | None) -> None:
+        limits = self._settings.limits
+        if redis is not None:
+            self._redis_limiter = RedisLimiter(
+                redis,
+                window_s=limits.window_s,
+                lease_s=limits.concurrency_lease_s,
+                observe=self._observe_redis,
+            )
+            self.limiter.bind(self._redis_limiter, redis.ping)
+            self.api_keys.bind(RedisBackend(redis))
+        if self.jwks is not None:
+            await self.jwks.start()
+        log.info("%s", self.describe(redis is not None))
+
+    async def aclose(self) -> None:
+        await self.limiter.aclose()
+        if self._redis_limiter is not None:
+            await self._redis_limiter.aclose()
+        if self.jwks is not None:
+            await self.jwks.aclose()
+
+    def describe(self, shared: bool) -> str:
+        """One start-up line on how admission runs in this process."""
+        s = self._settings
+        if self.authenticator is None:
+            auth = "authentication off (every request is anonymous; /admin/* refused)"
+        else:
+            j = s.auth.jwt
+            sources = [
+                name
+                for name, on in (
+                    (f"HS secret ({'/'.join(j.secret_algorithms)})", bool(j.secret)),
+                    (f"{len(j.public_keys)} public key(s)", bool(j.public_keys)),
+                    (f"JWKS {j.jwks_url}", bool(j.jwks_url)),
+                    (
+                        "API keys" + (" in Redis" if shared else " in memory (this process only)"),
+                        s.auth.api_keys.enabled,
+                    ),
+                )
+                if on
+            ]
+            auth = "authentication: " + ", ".join(sources)
+        if s.limits.unlimited:
+            limits = "limits: none configured"
+        elif shared:
+            limits = (
+                f"limits: shared in Redis, exact across replicas (on Redis outage: {s.limits.on_redis_error})"
+            )
+        else:
+            limits = "limits: in-process only (no Redis configured) — each gateway process enforces them on its own"
+        return f"admission: {auth}; {limits}"
+
+    # -- observers --------------------------------------------------------------------------------
+    def count_rejection(self, stage: str, reason: str, ctx: RequestContext | None) -> None:
+        self._metrics.reject(stage, reason, ctx)
+
+    def _observe_redis(self, op: str, seconds: float | None) -> None:
+        if seconds is None:
+            self._metrics.redis_failure(op)
+        else:
+            self._metrics.observe_redis(op, seconds)
+
+    def _on_limiter_event(self, event: str) -> None:
+        if event == "fallback":
+            self._limiter_local.inc()
+        elif event == "down":
+            self._limiter_outages.inc()
+            self._limiter_down.set(1)
+        elif event == "up":
+            self._limiter_down.set(0)
