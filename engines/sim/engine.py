@@ -129,10 +129,11 @@ class Run:
         self._first = time.perf_counter()
 
     async def step(self) -> None:
-        """Sleep one inter-token gap (plus any injected drip delay)."""
-        delay = self._engine.scheduler.token_time() + self._engine.faults.drip_s
-        if delay > 0:
-            await asyncio.sleep(delay)
+        """Wait one inter-token gap (the shared decode tick), plus any injected drip delay."""
+        await self._engine.scheduler.decode_step()
+        drip = self._engine.faults.drip_s
+        if drip > 0:
+            await asyncio.sleep(drip)
 
     async def decode(self, tokens: int) -> None:
         """Sleep the decode time of `tokens` more tokens after the first."""

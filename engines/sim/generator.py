@@ -21,7 +21,7 @@ from typing import Any, Literal
 from engines.sim import schema_gen
 
 _PIECE_RE = re.compile(r"\s*(?:\w+|[^\w\s])")
-WORDS = [
+WORDS: tuple[str, ...] = (
     "the",
     "model",
     "answers",
@@ -33,10 +33,8 @@ WORDS = [
     "with",
     "care",
     "while",
-    "the",
     "engine",
     "keeps",
-    "a",
     "cache",
     "of",
     "recent",
@@ -44,8 +42,7 @@ WORDS = [
     "so",
     "that",
     "requests",
-    "with",
-    "shared",
+    "share",
     "context",
     "run",
     "faster",
@@ -53,17 +50,13 @@ WORDS = [
     "every",
     "node",
     "in",
-    "the",
     "cluster",
     "as",
     "long",
-    "as",
-    "the",
     "router",
     "sends",
     "them",
     "to",
-    "the",
     "same",
     "place",
     "where",
@@ -81,10 +74,8 @@ WORDS = [
     "things",
     "each",
     "day",
-    "in",
     "plain",
     "words",
-    "about",
     "weather",
     "travel",
     "code",
@@ -95,16 +86,9 @@ WORDS = [
     "sport",
     "health",
     "money",
-    "time",
-    "space",
-    "light",
-    "water",
-    "river",
-    "mountain",
-    "city",
-    "garden",
-    "window",
-]
+)
+_CAPS = [w.capitalize() for w in WORDS]  # prose() maps one random byte to a word with `& 63`
+_SPACED = [" " + w for w in WORDS]
 
 Constraint = (
     tuple[Literal["json"], Any]  # JSON schema (json_object is {"type": "object"})
@@ -175,23 +159,21 @@ def pieces(text: str) -> list[str]:
 
 
 def prose(rng: random.Random, n: int) -> list[str]:
-    """`n` pieces of plain sentences."""
+    """`n` pieces of plain sentences (one random byte per piece: word, comma or full stop)."""
     out: list[str] = []
+    append = out.append
     sentence = 0
-    for _ in range(n):
-        if sentence >= 6 and rng.random() < 0.2:
-            out.append(".")
+    for b in rng.randbytes(n):
+        if sentence == 0:
+            append(" " + _CAPS[b & 63] if out else _CAPS[b & 63])
+        elif sentence >= 6 and b >= 208:
+            append(".")
             sentence = 0
             continue
-        word = rng.choice(WORDS)
-        if sentence == 0:
-            out.append((" " if out else "") + word.capitalize())
-        elif rng.random() < 0.06:
-            out.append(",")
-            sentence += 1
-            continue
+        elif b < 12:
+            append(",")
         else:
-            out.append(" " + word)
+            append(_SPACED[b & 63])
         sentence += 1
     return out
 

@@ -6,7 +6,10 @@ time). Costs, with the flags of `config.py`:
 - time to first token = `ttft_s` + uncached prompt tokens x `prefill_s_per_token`
 - each later token     = `itl_s` x (1 + `load_slowdown` x running / `max_num_seqs`)
 
-so a prefix-cache hit shortens prefill and a busy engine decodes slower.
+so a prefix-cache hit shortens prefill and a busy engine decodes slower. Streams decode in lockstep like
+a continuous-batching engine: `decode_step()` waits for the next shared decode tick (one timer for all
+running streams, fired every `token_time()`), which is also what lets one process hold thousands of
+streams.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ class Scheduler:
         self.running = 0
         self.running_tokens = 0  # prompt + budgeted output tokens of running requests (KV usage)
         self._waiting: deque[asyncio.Future[None]] = deque()
+        self._tick_waiters: list[asyncio.Future[None]] = []
+        self._tick_armed = False
 
     @property
     def waiting(self) -> int:
@@ -69,3 +74,23 @@ class Scheduler:
         if self.itl_s == 0.0:
             return 0.0
         return self.itl_s * (1.0 + self.load_slowdown * self.running / self.max_running)
+
+    async def decode_step(self) -> None:
+        """Wait for the next shared decode tick (returns at once when the ITL is zero)."""
+        delay = self.token_time()
+        if delay <= 0.0:
+            return
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._tick_waiters.append(fut)
+        if not self._tick_armed:
+            self._tick_armed = True
+            loop.call_later(delay, self._fire_tick)
+        await fut
+
+    def _fire_tick(self) -> None:
+        waiters, self._tick_waiters = self._tick_waiters, []
+        self._tick_armed = False
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)

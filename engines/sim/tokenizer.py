@@ -41,7 +41,12 @@ def token_id(token: str) -> int:
 
 def encode(text: str) -> list[int]:
     """Token ids of `text`."""
-    return [token_id(t) for t in _TOKEN_RE.findall(text)]
+    toks = _TOKEN_RE.findall(text)
+    get = _ids.get
+    ids: list[int | None] = [get(t) for t in toks]
+    if None in ids:
+        return [token_id(t) if i is None else i for t, i in zip(toks, ids, strict=True)]
+    return ids  # type: ignore[return-value]
 
 
 def join(tokens: list[str]) -> str:
