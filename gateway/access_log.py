@@ -1,8 +1,11 @@
 """One structured JSON line per request on the `gateway.access` logger.
 
-Fields: request id, principal, endpoint, pool, backend name (an operator's name, never shown to
-clients), status, tokens, TTFT, duration, route reason, attempts, error kind. Prompt and completion
-text are never logged unless `access_log.include_text` is set.
+Fields (docs/metrics.md lists them with their types): time, request id, principal and tenant,
+endpoint, model, stream, pool, backend name (an operator's name, never shown to clients), status,
+prompt/completion/cached/total tokens, TTFT and duration in milliseconds, route reason, affinity
+outcome, attempts, error kind. No prompt text is logged unless `access_log.include_text` is set
+(then the request body, as received); the gateway relays completions without keeping their text,
+so completion text is never logged.
 """
 
 from __future__ import annotations
@@ -41,9 +44,11 @@ class AccessLog:
             "prompt_tokens": usage.prompt_tokens if usage else None,
             "completion_tokens": usage.completion_tokens if usage else None,
             "cached_tokens": usage.cached_tokens if usage else None,
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens if usage else None,
             "ttft_ms": round((ctx.first_token_at - ctx.started) * 1000, 2) if ctx.first_token_at else None,
             "duration_ms": round((now - ctx.started) * 1000, 2),
             "route": ctx.route_reason or None,
+            "affinity": ctx.affinity if ctx.pool else None,
             "attempts": ctx.attempts,
             "error": ctx.error_kind,
         }

@@ -23,6 +23,8 @@ from gateway.fleet import Fleet
 from gateway.health import HealthChecker
 from gateway.intake import ParseStage, ValidateStage
 from gateway.metrics import Metrics
+from gateway.metrics_export import CONTENT_TYPE, MetricsExporter
+from gateway.metrics_sampler import MetricsSampler, RedisProbe
 from gateway.pipeline import Pipeline, Stage, run_finalizers
 from gateway.proxy import ProxyStage
 from gateway.request_id import request_id_from
@@ -45,6 +47,8 @@ class Gateway:
     def __init__(self, settings: Settings, transport: Transport | None = None) -> None:
         self.settings = settings
         self.metrics = Metrics()
+        self.metrics_export = MetricsExporter(self.metrics.registry, settings.metrics)
+        self._sampler: MetricsSampler | None = None
         self.fleet = Fleet(settings.pools, settings.upstream.health, settings.routing.scrape_stale_s)
         self.models = {m.name: m for m in settings.models if self.fleet.serves(m.name)}
         self._transport = transport
@@ -70,11 +74,10 @@ class Gateway:
         return Pipeline(stages)
 
     def _on_decision(self, decision: Any) -> None:
-        self.metrics.route_decisions.labels(decision.pool, decision.reason).inc()
-        self.metrics.affinity.labels(decision.affinity).inc()
+        self.metrics.observe_decision(decision)
 
     def _on_upstream_error(self, ctx: RequestContext, backend: Any, kind: str) -> None:
-        self.metrics.upstream_errors.labels(backend.pool, kind).inc()
+        self.metrics.upstream_error(backend.pool, kind)
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def startup(self) -> None:
@@ -94,6 +97,11 @@ class Gateway:
             scrape_interval_s=self.settings.routing.scrape_interval_s,
         )
         await self._health.start()
+        redis = self.redis
+        probe = RedisProbe(redis, self.metrics, up.health.timeout_s) if redis is not None else None
+        interval = self.settings.metrics.sample_interval_s
+        self._sampler = MetricsSampler(self.fleet, self.metrics, interval, probe)
+        await self._sampler.start()
         healthy = sum(1 for b in self.fleet.backends.values() if b.healthy)
         log.info(
             "gateway ready: %d pools, %d backends (%d healthy), shared state: %s",
@@ -104,6 +112,8 @@ class Gateway:
         )
 
     async def shutdown(self) -> None:
+        if self._sampler is not None:
+            await self._sampler.stop()
         if self._health is not None:
             await self._health.stop()
         if self._transport is not None and self._owns_transport:
@@ -159,11 +169,14 @@ class Gateway:
             ready = self.pipeline is not None and any(b.healthy for b in self.fleet.backends.values())
             body = b'{"status":"ready"}' if ready else b'{"status":"not ready"}'
             response = BytesResponse(200 if ready else 503, body, headers)
-        elif path == "/metrics":
-            self._refresh_gauges()
-            response = BytesResponse(
-                200, self.metrics.render(), headers, content_type=b"text/plain; version=0.0.4; charset=utf-8"
-            )
+        elif path == "/metrics" and self.metrics_export.enabled:
+            if self.metrics_export.authorized(dict(scope["headers"])):
+                self._refresh_gauges()
+                body = self.metrics_export.render()
+                response = BytesResponse(200, body, headers, content_type=CONTENT_TYPE)
+            else:
+                denied = ApiError(401, "/metrics needs a bearer token.", code="invalid_api_key")
+                response = error_response(denied, headers)
         elif path == "/v1/models":
             data = [self._model_object(name) for name in self.models]
             response = BytesResponse(200, orjson.dumps({"object": "list", "data": data}), headers)
@@ -186,15 +199,9 @@ class Gateway:
         }
 
     def _refresh_gauges(self) -> None:
-        m = self.metrics
-        now = time.monotonic()
-        for pool in self.fleet.pools.values():
-            m.pool_weight.labels(pool.name).set(pool.weight)
-            m.in_flight.labels(pool.name).set(sum(b.in_flight for b in pool.backends.values()))
-            for b in pool.backends.values():
-                m.backend_healthy.labels(pool.name, b.name).set(1 if b.healthy else 0)
-                m.backend_circuit.labels(pool.name, b.name).set(1 if b.circuit.is_open(now) else 0)
-                m.backend_in_flight.labels(pool.name, b.name).set(b.in_flight)
+        """Sample the fleet gauges now (this worker), so a scrape sees its freshest state."""
+        if self._sampler is not None:
+            self._sampler.sample()
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

@@ -13,6 +13,7 @@ from typing import Any
 import uvicorn
 
 from gateway.app import Gateway
+from gateway.metrics_export import multiprocess_dir
 from gateway.settings import Settings, load_settings
 
 
@@ -59,11 +60,13 @@ def serve(settings: Settings, config_path: str | None = None) -> None:
         if config_path is None:
             raise ValueError("several workers need the settings in a file (GATEWAY_CONFIG)")
         os.environ["GATEWAY_CONFIG"] = config_path
-        uvicorn.run(
-            "gateway.server:create_app",
-            factory=True,
-            workers=settings.server.workers,
-            **uvicorn_kwargs(settings),
-        )
+        # Before any worker starts: workers import prometheus-client in multiprocess mode.
+        with multiprocess_dir():
+            uvicorn.run(
+                "gateway.server:create_app",
+                factory=True,
+                workers=settings.server.workers,
+                **uvicorn_kwargs(settings),
+            )
     else:
         uvicorn.Server(uvicorn_config(Gateway(settings), settings)).run()

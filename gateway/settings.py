@@ -146,6 +146,18 @@ class AccessLogSettings(_Model):
     include_text: bool = False
 
 
+class MetricsSettings(_Model):
+    """`GET /metrics` (docs/metrics.md)."""
+
+    #: serve /metrics at all (404 when off)
+    enabled: bool = True
+    #: when set, /metrics answers only requests with `Authorization: Bearer <token>` (401 otherwise)
+    bearer_token: str | None = None
+    #: seconds between samples of the fleet gauges (weights, in-flight, health, circuits) in each
+    #: worker, and between Redis probes when Redis is configured
+    sample_interval_s: float = Field(1.0, gt=0, le=60)
+
+
 class Settings(_Model):
     server: ServerSettings = ServerSettings()
     upstream: UpstreamSettings = UpstreamSettings()
@@ -154,6 +166,7 @@ class Settings(_Model):
     routing: RoutingSettings = RoutingSettings()
     redis: RedisSettings = RedisSettings()
     access_log: AccessLogSettings = AccessLogSettings()
+    metrics: MetricsSettings = MetricsSettings()
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
