@@ -138,7 +138,7 @@ class JwtVerifier:
     async def _decode(self, token: str) -> dict[str, Any]:
         try:
             header = jwt.get_unverified_header(token)
-        except (jwt_errors.DecodeError, ValueError, TypeError):
+        except (jwt_errors.PyJWTError, ValueError, TypeError):
             raise AuthFailure("malformed", "The token is not a JWT.") from None
         alg = header.get("alg")
         if not isinstance(alg, str) or alg not in self._allowed:
