@@ -245,9 +245,13 @@ class SglangApp(SimApp):
             "reasoning_tokens": reasoning,
         }
 
-    def _matched(self, o: Output) -> Any:
+    def _matched(self, o: Output, streaming: bool = False) -> Any:
+        """`matched_stop`: the stop string, else the EOS id on a natural stop. A parsed tool call
+        clears it in non-streaming bodies only (SGLang resets `matched` there, not in streams)."""
         if o.stop_str is not None:
             return o.stop_str
+        if o.finish_reason == "tool_calls" and not streaming:
+            return None
         return self.cfg.eos_token_id if o.eos and o.finish_reason != "length" else None
 
     def _tool_calls(self, o: Output) -> list[dict[str, Any]] | None:
@@ -308,25 +312,23 @@ class SglangApp(SimApp):
         )
 
     # ---- streaming -----------------------------------------------------------------------------
-    def _deltas(self, p: Prepared, i: int, o: Output) -> list[tuple[Any, Any]]:
+    def _deltas(self, p: Prepared, i: int, o: Output) -> list[tuple[Any, Any, bool]]:
+        """(delta or text, logprobs, full) per decode step; `full` marks a pydantic-dumped chunk
+        (every null kept, `usage: null` included) as SGLang sends for tool calls and completions;
+        the others are built like SGLang's `build_sse_content` (unset keys dropped except
+        `reasoning_content`, no `usage` key unless continuous usage is on)."""
         if p.kind == "completion":
             texts = list(o.content) or [""]
             if p.extra.get("echo"):
                 texts[0] = p.prompt_text + texts[0]
-            return [(t, None) for t in texts]
-        steps: list[tuple[Any, Any]] = []
-        for piece in o.reasoning:
-            steps.append(
-                ({"role": None, "content": None, "reasoning_content": piece, "tool_calls": None}, None)
-            )
+            return [(t, None, True) for t in texts]
+        steps: list[tuple[Any, Any, bool]] = [
+            ({"reasoning_content": piece}, None, False) for piece in o.reasoning
+        ]
         lps = chat_logprobs(o.content, p.top_logprobs, p.seed + i)["content"] if p.logprobs else None
         for k, piece in enumerate(o.content):
-            steps.append(
-                (
-                    {"role": None, "content": piece, "reasoning_content": None, "tool_calls": None},
-                    {"content": [lps[k]]} if lps else None,
-                )
-            )
+            lp = {"content": [lps[k]]} if lps else None
+            steps.append(({"content": piece, "reasoning_content": None}, lp, False))
         for k, call in enumerate(o.tool_calls):
             first = {
                 "id": f"call_{hex_id(12)}",
@@ -334,7 +336,7 @@ class SglangApp(SimApp):
                 "type": "function",
                 "function": {"name": call.name, "arguments": ""},
             }
-            steps.append(({**_NULL_DELTA, "tool_calls": [first]}, None))
+            steps.append(({**_NULL_DELTA, "tool_calls": [first]}, None, True))
             for a in pieces(call.arguments):
                 more = {
                     "id": None,
@@ -342,59 +344,41 @@ class SglangApp(SimApp):
                     "type": "function",
                     "function": {"name": None, "arguments": a},
                 }
-                steps.append(({**_NULL_DELTA, "tool_calls": [more]}, None))
+                steps.append(({**_NULL_DELTA, "tool_calls": [more]}, None, True))
         return steps
 
     async def stream(self, p: Prepared, run: Run, emit: Emitter) -> None:
         chat = p.kind == "chat"
-        head = (
-            orjson.dumps(
-                {
-                    "id": p.request_id,
-                    "object": "chat.completion.chunk" if chat else "text_completion",
-                    "created": p.created,
-                    "model": p.model,
-                }
-            )[:-1]
-            + b',"choices":['
-        )
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        head = orjson.dumps({"id": p.request_id, "object": obj, "created": p.created, "model": p.model})[:-1]
+        head += b',"choices":['
         n_prompt = len(p.prompt_ids)
         produced = [0] * len(p.outputs)
 
-        def tail(i: int) -> bytes:
+        def tail(i: int, full: bool) -> bytes:
             if not p.continuous_usage:
-                return b'],"usage":null}\n\n'
+                return b'],"usage":null}\n\n' if full else b"]}\n\n"
             done = produced[i]
-            return (
-                b'],"usage":'
-                + orjson.dumps(
-                    {
-                        "prompt_tokens": n_prompt,
-                        "total_tokens": n_prompt + done,
-                        "completion_tokens": done,
-                        "prompt_tokens_details": None,
-                        "reasoning_tokens": 0,
-                    }
-                )
-                + b"}\n\n"
-            )
+            usage = {
+                "prompt_tokens": n_prompt,
+                "total_tokens": n_prompt + done,
+                "completion_tokens": done,
+                "prompt_tokens_details": None,
+                "reasoning_tokens": 0,
+            }
+            return b'],"usage":' + orjson.dumps(usage) + b"}\n\n"
 
         await run.prefill()
         if chat:
             for i in range(len(p.outputs)):
                 choice = {
                     "index": i,
-                    "delta": {
-                        "role": "assistant",
-                        "content": "",
-                        "reasoning_content": None,
-                        "tool_calls": None,
-                    },
+                    "delta": {"role": "assistant", "content": "", "reasoning_content": None},
                     "logprobs": None,
                     "finish_reason": None,
                     "matched_stop": None,
                 }
-                await emit(b"data: " + head + orjson.dumps(choice) + tail(i))
+                await emit(b"data: " + head + orjson.dumps(choice) + tail(i, False))
         all_steps = [self._deltas(p, i, o) for i, o in enumerate(p.outputs)]
         longest = max((len(s) for s in all_steps), default=0)
         for t in range(longest):
@@ -405,7 +389,7 @@ class SglangApp(SimApp):
                     continue
                 o = p.outputs[i]
                 produced[i] = min(t + 1, o.completion_tokens)
-                delta, lp = steps[t]
+                delta, lp, full = steps[t]
                 if chat:
                     choice = {
                         "index": i,
@@ -421,20 +405,20 @@ class SglangApp(SimApp):
                         "text": delta,
                         "logprobs": lp,
                         "finish_reason": o.finish_reason if last else None,
-                        "matched_stop": self._matched(o) if last else None,
+                        "matched_stop": self._matched(o, streaming=True) if last else None,
                     }
-                await emit(b"data: " + head + orjson.dumps(choice) + tail(i))
+                await emit(b"data: " + head + orjson.dumps(choice) + tail(i, full))
         if chat:
             for i, o in enumerate(p.outputs):
                 produced[i] = o.completion_tokens
                 choice = {
                     "index": i,
-                    "delta": _NULL_DELTA,
+                    "delta": {"reasoning_content": None},
                     "logprobs": None,
                     "finish_reason": o.finish_reason,
-                    "matched_stop": self._matched(o),
+                    "matched_stop": self._matched(o, streaming=True),
                 }
-                await emit(b"data: " + head + orjson.dumps(choice) + tail(i))
+                await emit(b"data: " + head + orjson.dumps(choice) + tail(i, False))
         if p.include_usage:
             usage = self._usage(p, run, p.completion_tokens)
             await emit(b"data: " + head + b'],"usage":' + orjson.dumps(usage) + b"}\n\n")

@@ -220,11 +220,11 @@ def test_context_length_400(plain: str) -> None:
 def test_stream_shapes(plain: str) -> None:
     evs = stream(plain, CHAT, {"messages": USER, "max_tokens": 3})
     chunks = evs[:-1]
-    assert len({c["id"] for c in chunks}) == 1 and all(c["usage"] is None for c in chunks)  # off by default
+    assert len({c["id"] for c in chunks}) == 1 and all("usage" not in c for c in chunks)  # off by default
     assert chunks[0]["choices"] == [
         {
             "index": 0,
-            "delta": {"role": "assistant", "content": "", "reasoning_content": None, "tool_calls": None},
+            "delta": {"role": "assistant", "content": "", "reasoning_content": None},
             "logprobs": None,
             "finish_reason": None,
             "matched_stop": None,
@@ -233,16 +233,21 @@ def test_stream_shapes(plain: str) -> None:
     for c in chunks[1:4]:
         choice = c["choices"][0]
         assert choice["finish_reason"] is None and choice["matched_stop"] is None
-        assert choice["delta"]["content"] and choice["delta"]["reasoning_content"] is None
-    final = chunks[4]["choices"][0]  # finish_reason in its own chunk, after the content
+        assert choice["delta"] == {"content": choice["delta"]["content"], "reasoning_content": None}
+    final = chunks[4]["choices"][0]  # finish_reason in its own chunk, after the content, (almost) empty delta
     assert final == {
         "index": 0,
-        "delta": NULL_DELTA,
+        "delta": {"reasoning_content": None},
         "logprobs": None,
         "finish_reason": "length",
         "matched_stop": None,
     }
     assert len(chunks) == 5
+    natural = stream(plain, CHAT, {"messages": USER})
+    assert (
+        natural[-2]["choices"][0]["finish_reason"] == "stop"
+        and natural[-2]["choices"][0]["matched_stop"] == 2
+    )
 
 
 def test_stream_usage_only_when_asked(plain: str, reasoner: str) -> None:
@@ -270,6 +275,7 @@ def test_continuous_usage_on_its_own(plain: str) -> None:
     )
     assert all(e["usage"] is not None for e in evs[:-1])
     assert [e["usage"]["completion_tokens"] for e in evs[:-1]] == [0, 1, 2, 3, 3]
+    assert evs[1]["usage"]["total_tokens"] == evs[1]["usage"]["prompt_tokens"] + 1
 
 
 def test_stream_options_with_stream_false_ignored(plain: str) -> None:
@@ -293,6 +299,7 @@ def test_tool_validation(sg: str) -> None:
 def test_tool_calls_with_parser(sg: str) -> None:
     choice = chat(sg, tools=[WEATHER_TOOL, TIME_TOOL]).json()["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
+    assert choice["matched_stop"] is None
     (call,) = choice["message"]["tool_calls"]
     assert re.fullmatch(r"call_[0-9a-f]{24}", call["id"]) and call["function"]["name"] == "get_weather"
     args = json.loads(call["function"]["arguments"])
@@ -338,7 +345,9 @@ def test_streamed_tool_call_deltas(sg: str) -> None:
     rest = [d["tool_calls"][0] for d in deltas[1:]]
     assert all(r["id"] is None and r["function"]["name"] is None and r["type"] == "function" for r in rest)
     json.loads("".join(r["function"]["arguments"] for r in rest))
-    assert evs[-2]["choices"][0]["finish_reason"] == "tool_calls"
+    assert all(e["usage"] is None and e["choices"][0]["matched_stop"] is None for e in evs[1:-2])
+    final = evs[-2]["choices"][0]
+    assert final["finish_reason"] == "tool_calls" and final["matched_stop"] == 2  # streams keep the EOS match
 
 
 # ---- structured output -----------------------------------------------------------------------------
@@ -372,7 +381,7 @@ def test_reasoning_content(reasoner: str) -> None:
     assert off["choices"][0]["message"]["reasoning_content"] is None and off["usage"]["reasoning_tokens"] == 0
     evs = stream(reasoner, CHAT, {"messages": USER})
     firsts = [e["choices"][0]["delta"] for e in evs[1:3]]
-    assert all(d["reasoning_content"] and d["content"] is None for d in firsts)
+    assert all(list(d) == ["reasoning_content"] and d["reasoning_content"] for d in firsts)
 
 
 # ---- legacy completions and the SDK ----------------------------------------------------------------
