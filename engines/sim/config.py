@@ -19,61 +19,70 @@ CrashMode = Literal["cut", "exit", "error"]
 DEFAULT_PORTS: dict[Engine, int] = {"vllm": 8000, "sglang": 30000}
 
 
+def _add(group: argparse._ArgumentGroup, *flags: str, **kw: object) -> None:
+    """`group.add_argument` that shows a non-trivial default in the help text."""
+    default = kw.get("default")
+    if default not in (None, False) and kw.get("action") is None:
+        kw["help"] = f"{kw.get('help', '')} (default: %(default)s)".strip()
+    group.add_argument(*flags, **kw)  # type: ignore[arg-type]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare every simulator flag on `parser` (used by `python -m engines.sim` and `gateway sim`)."""
     g = parser.add_argument_group("server")
-    g.add_argument("--engine", choices=ENGINES, default="vllm", help="wire dialect to reproduce")
-    g.add_argument("--host", default="127.0.0.1")
-    g.add_argument("--port", type=int, default=None, help="default 8000 (vllm) / 30000 (sglang)")
-    g.add_argument("--model", default="sim-model", help="model path; also the served name by default")
-    g.add_argument("--served-model-name", default=None, help="name reported by /v1/models")
-    g.add_argument("--version", dest="engine_version", default=None, help="reported engine version")
-    g.add_argument("--log-level", default="warning")
+    _add(g, "--engine", choices=ENGINES, default="vllm", help="wire dialect to reproduce")
+    _add(g, "--host", default="127.0.0.1")
+    _add(g, "--port", type=int, default=None, help="default 8000 (vllm) / 30000 (sglang)")
+    _add(g, "--model", default="sim-model", help="model path; also the served name by default")
+    _add(g, "--served-model-name", default=None, help="name reported by /v1/models")
+    _add(g, "--version", dest="engine_version", default=None, help="reported engine version")
+    _add(g, "--log-level", default="warning")
 
     g = parser.add_argument_group("engine features (same flags as the real engines)")
-    g.add_argument("--enable-auto-tool-choice", action="store_true", help="vLLM: allow tool_choice=auto")
-    g.add_argument("--tool-call-parser", default=None, help="e.g. hermes, qwen25; enables tool parsing")
-    g.add_argument("--reasoning-parser", default=None, help="e.g. qwen3, deepseek_r1; enables reasoning")
-    g.add_argument("--exclude-tools-when-tool-choice-none", action="store_true", help="vLLM")
-    g.add_argument("--enable-force-include-usage", action="store_true", help="vLLM: usage in every stream")
-    g.add_argument(
-        "--stream-response-default-include-usage", action="store_true", help="SGLang: usage on by default"
+    _add(g, "--enable-auto-tool-choice", action="store_true", help="vLLM: allow tool_choice=auto")
+    _add(g, "--tool-call-parser", default=None, help="e.g. hermes, qwen25; enables tool parsing")
+    _add(g, "--reasoning-parser", default=None, help="e.g. qwen3, deepseek_r1; enables reasoning")
+    _add(g, "--exclude-tools-when-tool-choice-none", action="store_true", help="vLLM")
+    _add(g, "--enable-force-include-usage", action="store_true", help="vLLM: usage in every stream")
+    _add(
+        g, "--stream-response-default-include-usage", action="store_true", help="SGLang: usage on by default"
     )
-    g.add_argument("--enable-prompt-tokens-details", action="store_true", help="vLLM: cached_tokens")
-    g.add_argument("--enable-cache-report", action="store_true", help="SGLang: cached_tokens")
-    g.add_argument("--enable-metrics", action="store_true", help="SGLang: serve /metrics")
-    g.add_argument("--max-model-len", "--context-length", dest="max_model_len", type=int, default=8192)
-    g.add_argument("--max-num-seqs", "--max-running-requests", dest="max_num_seqs", type=int, default=256)
-    g.add_argument("--block-size", "--page-size", dest="block_size", type=int, default=16)
-    g.add_argument("--num-cache-blocks", type=int, default=4096, help="prefix-cache capacity in blocks")
-    g.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false")
-    g.add_argument("--eos-token-id", type=int, default=2)
+    _add(g, "--enable-prompt-tokens-details", action="store_true", help="vLLM: cached_tokens")
+    _add(g, "--enable-cache-report", action="store_true", help="SGLang: cached_tokens")
+    _add(g, "--enable-metrics", action="store_true", help="SGLang: serve /metrics")
+    _add(g, "--max-model-len", "--context-length", dest="max_model_len", type=int, default=8192)
+    _add(g, "--max-num-seqs", "--max-running-requests", dest="max_num_seqs", type=int, default=256)
+    _add(g, "--block-size", "--page-size", dest="block_size", type=int, default=16)
+    _add(g, "--num-cache-blocks", type=int, default=4096, help="prefix-cache capacity in blocks")
+    _add(g, "--no-prefix-caching", dest="prefix_caching", action="store_false")
+    _add(g, "--eos-token-id", type=int, default=2)
 
     g = parser.add_argument_group("cost model")
-    g.add_argument("--ttft-ms", type=float, default=20.0, help="fixed time before the first token")
-    g.add_argument("--prefill-us-per-token", type=float, default=20.0, help="per uncached prompt token")
-    g.add_argument("--itl-ms", type=float, default=6.0, help="inter-token latency when idle")
-    g.add_argument("--load-slowdown", type=float, default=1.0, help="ITL x (1 + this x running/max)")
-    g.add_argument("--min-output-tokens", type=int, default=30, help="natural length range, low end")
-    g.add_argument("--max-output-tokens", type=int, default=60, help="natural length range, high end")
-    g.add_argument("--fast", action="store_true", help="zero latencies (benchmarks)")
-    g.add_argument("--request-log-size", type=int, default=256, help="bodies kept for /sim/requests")
+    _add(g, "--ttft-ms", type=float, default=20.0, help="fixed time before the first token")
+    _add(g, "--prefill-us-per-token", type=float, default=20.0, help="per uncached prompt token")
+    _add(g, "--itl-ms", type=float, default=6.0, help="inter-token latency when idle")
+    _add(g, "--load-slowdown", type=float, default=1.0, help="ITL x (1 + this x running/max)")
+    _add(g, "--min-output-tokens", type=int, default=30, help="natural length range, low end")
+    _add(g, "--max-output-tokens", type=int, default=60, help="natural length range, high end")
+    _add(g, "--fast", action="store_true", help="zero latencies (benchmarks)")
+    _add(g, "--request-log-size", type=int, default=256, help="bodies kept for /sim/requests")
 
     g = parser.add_argument_group("faults (also settable at run time: POST /sim/faults)")
-    g.add_argument("--fault-rate", type=float, default=0.0, help="fraction of requests that fail")
-    g.add_argument("--fault-kind", choices=("429", "500", "503", "context"), default="500")
-    g.add_argument("--crash-after", type=int, default=None, help="stream: fail after K chunks")
-    g.add_argument(
+    _add(g, "--fault-rate", type=float, default=0.0, help="fraction of requests that fail")
+    _add(g, "--fault-kind", choices=("429", "500", "503", "context"), default="500")
+    _add(g, "--crash-after", type=int, default=None, help="stream: fail after K chunks")
+    _add(
+        g,
         "--crash-mode",
         choices=("cut", "exit", "error"),
         default="cut",
         help="cut the connection, exit the process, or send an error event",
     )
-    g.add_argument("--stall", action="store_true", help="accept requests, never send a byte")
-    g.add_argument("--drip-ms", type=float, default=0.0, help="extra delay between stream chunks")
-    g.add_argument("--startup-delay", type=float, default=0.0, help="503 on everything for S seconds")
-    g.add_argument("--listen-delay", type=float, default=0.0, help="open the port only after S seconds")
-    g.add_argument("--refuse", action="store_true", help="close every accepted connection at once")
+    _add(g, "--stall", action="store_true", help="accept requests, never send a byte")
+    _add(g, "--drip-ms", type=float, default=0.0, help="extra delay between stream chunks")
+    _add(g, "--startup-delay", type=float, default=0.0, help="503 on everything for S seconds")
+    _add(g, "--listen-delay", type=float, default=0.0, help="open the port only after S seconds")
+    _add(g, "--refuse", action="store_true", help="close every accepted connection at once")
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,7 @@ import httpx
 import openai
 import pytest
 
-from engines.sim.launcher import SimProcess
-from tests.engines.sim.helpers import TIME_TOOL, USER, WEATHER_TOOL, events, metric, post, sim, stream
+from tests.engines.sim.helpers import TIME_TOOL, USER, WEATHER_TOOL, metric, post, sim, stream
 
 CHAT = "/v1/chat/completions"
 
@@ -563,12 +562,3 @@ def test_openai_sdk(vl: str) -> None:
         client.chat.completions.create(model="nope", messages=USER)  # type: ignore[arg-type]
     comp = client.completions.create(model="served", prompt="Say hi", max_tokens=3)
     assert comp.choices[0].text and comp.usage is not None and comp.usage.completion_tokens == 3
-
-
-def test_launcher_exposes_pid_and_base_url() -> None:
-    proc = SimProcess("vllm", extra=["--fast"])
-    with proc:
-        assert proc.alive() and proc.pid > 0
-        assert httpx.get(proc.base_url + "/health").status_code == 200
-    assert not proc.alive()
-    assert events("data: [DONE]\n\n") == ["[DONE]"]
