@@ -137,7 +137,72 @@ class RoutingSettings(_Model):
 
 
 class RedisSettings(_Model):
+    """Where the shared state lives (limits, API keys, fleet overrides). `gateway/redis_client.py`
+    turns this into a client; docs/operations.md ("Redis in production") explains the modes."""
+
+    mode: Literal["standalone", "sentinel", "cluster"] = "standalone"
+    #: standalone: the server, `redis://[user:password@]host:port/db`, `rediss://…` (TLS) or
+    #: `unix://path`; cluster: one seed node (an alternative to `nodes`); not used by sentinel
     url: str | None = None
+    #: sentinel: the Sentinel processes, "host:port" each
+    sentinels: list[str] = Field(default_factory=list)
+    #: sentinel: the name of the monitored master (`sentinel monitor <name> …`)
+    service_name: str | None = None
+    #: sentinel: the Sentinels' own password, when they require one (`requirepass` in sentinel.conf)
+    sentinel_password: str | None = None
+    #: cluster: seed nodes, "host:port" each; any reachable one reveals the rest
+    nodes: list[str] = Field(default_factory=list)
+    #: ACL user and password (or put them in `url`); `GATEWAY_REDIS__PASSWORD` keeps it out of files
+    username: str | None = None
+    password: str | None = None
+    #: database number (sentinel; standalone takes it from the url; cluster has only 0)
+    db: int = Field(0, ge=0)
+    #: TLS for sentinel and cluster (standalone: use a `rediss://` url); files are PEM
+    tls: bool = False
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    #: connect and read timeout of every command: the request path never waits longer on Redis
+    timeout_s: float = Field(0.5, gt=0)
+    #: connections per process (per node in cluster mode)
+    max_connections: int = Field(64, ge=1)
+    #: standalone: how long a command waits for a free pooled connection before failing
+    pool_wait_s: float = Field(2.0, gt=0)
+
+    @model_validator(mode="after")
+    def _mode_fields(self) -> RedisSettings:
+        if self.mode == "sentinel":
+            if not self.sentinels or not self.service_name:
+                raise ValueError("redis.mode sentinel needs redis.sentinels and redis.service_name")
+            if self.url is not None:
+                raise ValueError(
+                    "redis.url is not used in sentinel mode (unset REDIS_URL; use redis.sentinels)"
+                )
+        if self.mode == "cluster":
+            if not self.nodes and self.url is None:
+                raise ValueError("redis.mode cluster needs redis.nodes (or one seed in redis.url)")
+            if self.db != 0:
+                raise ValueError("Redis Cluster has only database 0")
+        if self.mode != "sentinel" and (self.sentinels or self.service_name or self.sentinel_password):
+            raise ValueError("redis.sentinels / service_name / sentinel_password need redis.mode: sentinel")
+        if self.mode != "cluster" and self.nodes:
+            raise ValueError("redis.nodes needs redis.mode: cluster")
+        if self.mode == "standalone" and self.tls and self.url and not self.url.startswith("rediss://"):
+            raise ValueError("standalone TLS: use a rediss:// url")
+        for addr in (*self.sentinels, *self.nodes):
+            host, sep, port = addr.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"redis address {addr!r} is not host:port")
+        return self
+
+    @property
+    def configured(self) -> bool:
+        """True when a shared Redis is configured; False: this process keeps its state in memory."""
+        if self.mode == "sentinel":
+            return True
+        if self.mode == "cluster":
+            return bool(self.nodes or self.url)
+        return self.url is not None
 
 
 class AccessLogSettings(_Model):

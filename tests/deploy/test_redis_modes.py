@@ -1,0 +1,246 @@
+"""`redis.mode` standalone / sentinel / cluster: settings validation, and `connect_redis` against real
+servers — a plain redis-server, a Sentinel-managed master that fails over, and a 3-master Cluster.
+The shared fleet state (gateway/state.py) runs unchanged on each."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
+
+from gateway.redis_client import RedisClient, connect_redis, describe
+from gateway.settings import RedisSettings, parse_settings
+from gateway.state import Overrides, RedisStore, audit_entry
+from tests.deploy.redis_topologies import ClusterSetup, SentinelSetup, _Processes
+from tests.support import RedisServer, free_port
+
+# ------------------------------------------------------------------ settings
+
+
+def test_default_is_no_redis() -> None:
+    s = RedisSettings()
+    assert s.mode == "standalone" and not s.configured
+    assert describe(s) == "none (this process only)"
+    with pytest.raises(ValueError):
+        connect_redis(s)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"mode": "sentinel"},
+        {"mode": "sentinel", "sentinels": ["s1:26379"]},
+        {"mode": "sentinel", "service_name": "m"},
+        {"mode": "sentinel", "sentinels": ["s1:26379"], "service_name": "m", "url": "redis://x:6379"},
+        {"mode": "sentinel", "sentinels": ["s1"], "service_name": "m"},
+        {"mode": "cluster"},
+        {"mode": "cluster", "nodes": ["n1:6379"], "db": 2},
+        {"mode": "cluster", "nodes": ["n1:port"]},
+        {"mode": "standalone", "nodes": ["n1:6379"]},
+        {"mode": "standalone", "sentinels": ["s1:26379"], "url": "redis://x:6379"},
+        {"mode": "standalone", "url": "redis://x:6379", "tls": True},
+        {"mode": "replicated"},
+    ],
+)
+def test_inconsistent_redis_settings_are_refused(fields: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        RedisSettings(**fields)
+
+
+def test_modes_from_yaml_and_environment() -> None:
+    base: dict[str, Any] = {"models": [], "pools": []}
+    s = parse_settings(
+        base,
+        {
+            "GATEWAY_REDIS__MODE": "sentinel",
+            "GATEWAY_REDIS__SENTINELS": "[s1:26379, s2:26379, s3:26379]",
+            "GATEWAY_REDIS__SERVICE_NAME": "gateway",
+            "GATEWAY_REDIS__PASSWORD": "hunter2",
+        },
+    ).redis
+    assert s.configured and s.sentinels == ["s1:26379", "s2:26379", "s3:26379"]
+    assert s.password == "hunter2"
+    assert "hunter2" not in describe(s) and "s3:26379" in describe(s)
+
+    c = parse_settings({**base, "redis": {"mode": "cluster", "nodes": ["n1:6379", "n2:6379"]}}, {}).redis
+    assert c.configured and describe(c) == "cluster via n1:6379,n2:6379"
+    # REDIS_URL is a standalone URL: with sentinel mode it is refused, not silently ignored
+    with pytest.raises(ValidationError):
+        parse_settings(
+            {**base, "redis": {"mode": "sentinel", "sentinels": ["s:1"], "service_name": "m"}},
+            {"REDIS_URL": "redis://x:6379/0"},
+        )
+
+
+def test_describe_never_shows_a_password() -> None:
+    s = RedisSettings(url="rediss://gw:s3cret@redis.example:6380/2")
+    assert describe(s) == "standalone rediss://***@redis.example:6380/2"
+
+
+def test_cluster_client_construction_is_lazy() -> None:
+    # no server anywhere: constructing must not touch the network
+    c = connect_redis(RedisSettings(mode="cluster", nodes=["127.0.0.1:1", "[::1]:2"], password="pw"))
+    assert isinstance(c, RedisCluster)
+    assert [(n.host, n.port) for n in c.nodes_manager.startup_nodes.values()] == [
+        ("127.0.0.1", 1),
+        ("::1", 2),
+    ]
+    s = connect_redis(
+        RedisSettings(mode="sentinel", sentinels=["127.0.0.1:1"], service_name="m", db=3, timeout_s=0.2)
+    )
+    assert isinstance(s, Redis)
+    assert s.connection_pool.connection_kwargs["db"] == 3
+    assert s.connection_pool.connection_kwargs["socket_timeout"] == 0.2
+
+
+# ------------------------------------------------------------------ helpers
+
+
+async def _shared_state_roundtrip(a: RedisClient, b: RedisClient) -> None:
+    """Two replicas' fleet stores on the same Redis: a change made through one reaches the other
+    (pub/sub, or the version poll) within a second."""
+    seen: list[Overrides] = []
+    store_a, store_b = RedisStore(a, poll_s=0.2), RedisStore(b, poll_s=0.2)  # type: ignore[arg-type]
+    await store_a.start(lambda o: None)
+    await store_b.start(seen.append)
+    try:
+        weight = round(time.time() % 1, 3)
+        await store_a.change({"weight:vllm": weight}, [], audit_entry("test", "weight", "vllm", None, weight))
+        deadline = time.monotonic() + 1.0
+        while not (seen and seen[-1].weights.get("vllm") == weight):
+            assert time.monotonic() < deadline, "the change did not reach the other store within 1 s"
+            await asyncio.sleep(0.02)
+        assert (await store_b.audit(1))[0]["after"] == weight
+    finally:
+        await store_a.stop()
+        await store_b.stop()
+
+
+# A multi-key script like the limiter's: every key of one call shares a hash tag (one slot).
+_SCRIPT = "redis.call('INCRBY', KEYS[1], ARGV[1]); return redis.call('INCRBY', KEYS[2], ARGV[1])"
+
+
+# ------------------------------------------------------------------ standalone
+
+
+@pytest.fixture
+async def standalone(redis_server: RedisServer) -> AsyncIterator[RedisClient]:
+    client = connect_redis(RedisSettings(url=redis_server.url))
+    yield client
+    await client.flushdb()
+    await client.aclose()
+
+
+async def test_standalone(standalone: RedisClient) -> None:
+    await standalone.set("gw:test", "1")
+    assert await standalone.get("gw:test") == b"1"
+    script = standalone.register_script(_SCRIPT)
+    assert await script(keys=["gw:{u}:a", "gw:{u}:b"], args=[2]) == 2
+    await _shared_state_roundtrip(
+        standalone, connect_redis(RedisSettings(url=str(standalone_url(standalone))))
+    )
+
+
+def standalone_url(client: RedisClient) -> str:
+    kw = client.connection_pool.connection_kwargs  # type: ignore[union-attr]
+    return f"redis://{kw['host']}:{kw['port']}/{kw.get('db', 0)}"
+
+
+@pytest.fixture(scope="module")
+def password_redis() -> Iterator[int]:
+    procs = _Processes()
+    port = free_port()
+    procs.server(port, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--requirepass", "pw1")
+    yield port
+    procs.stop()
+
+
+async def test_password_from_the_field_or_the_url(password_redis: int) -> None:
+    url = f"redis://127.0.0.1:{password_redis}/0"
+    refused = connect_redis(RedisSettings(url=url))
+    with pytest.raises(RedisError):
+        await refused.ping()
+    for settings in (
+        RedisSettings(url=url, password="pw1"),
+        RedisSettings(url=f"redis://:pw1@127.0.0.1:{password_redis}/0"),
+    ):
+        client = connect_redis(settings)
+        assert await client.ping()
+        await client.aclose()
+    await refused.aclose()
+
+
+# ------------------------------------------------------------------ sentinel
+
+
+@pytest.fixture(scope="module")
+def sentinel_setup() -> Iterator[SentinelSetup]:
+    with SentinelSetup() as setup:
+        yield setup
+
+
+async def test_sentinel_follows_a_failover(sentinel_setup: SentinelSetup) -> None:
+    settings = RedisSettings(
+        mode="sentinel", sentinels=sentinel_setup.sentinels, service_name=sentinel_setup.service_name
+    )
+    client = connect_redis(settings)
+    other = connect_redis(settings)
+    try:
+        await client.set("gw:before", "1")
+        await _shared_state_roundtrip(client, other)
+        assert await client.wait(1, 2000) == 1  # replicated before the master dies
+        sentinel_setup.kill(sentinel_setup.master_port)
+        t0 = time.monotonic()
+        while True:  # the gateway's callers see errors for the failover's duration, then it heals
+            try:
+                await client.set("gw:after", "1")
+                break
+            except (RedisError, OSError):
+                assert time.monotonic() - t0 < 10, "no new master within 10 s"
+                await asyncio.sleep(0.1)
+        assert await client.get("gw:before") == b"1"
+        info = await client.info("replication")
+        assert info["role"] == "master"
+        assert client.connection_pool.connection_kwargs.get("port", None) != sentinel_setup.master_port
+    finally:
+        await client.aclose()
+        await other.aclose()
+
+
+# ------------------------------------------------------------------ cluster
+
+
+@pytest.fixture(scope="module")
+def cluster_setup() -> Iterator[ClusterSetup]:
+    with ClusterSetup() as setup:
+        yield setup
+
+
+async def test_cluster(cluster_setup: ClusterSetup) -> None:
+    client = connect_redis(RedisSettings(mode="cluster", nodes=cluster_setup.nodes[:1]))
+    other = connect_redis(RedisSettings(mode="cluster", url=f"redis://{cluster_setup.nodes[2]}"))
+    assert isinstance(client, RedisCluster) and isinstance(other, RedisCluster)
+    try:
+        # keys spread over all three masters, each reachable through one seed node
+        for i in range(30):
+            await client.set(f"gw:spread:{i}", i)
+        owners = {client.get_node_from_key(f"gw:spread:{i}").port for i in range(30)}
+        assert len(owners) == 3
+        assert await other.get("gw:spread:17") == b"17"
+        # a multi-key script is fine when its keys share a hash tag …
+        script = client.register_script(_SCRIPT)
+        assert await script(keys=["gw:rl:{t:acme}:u:a", "gw:rl:{t:acme}:t"], args=[3]) == 3
+        # … and refused when they do not (why every gateway script tags its keys)
+        with pytest.raises((RedisError, RedisClusterException)):
+            await script(keys=["gw:rl:{t:acme}:x", "gw:rl:{t:other}:x"], args=[1])
+        await _shared_state_roundtrip(client, other)
+    finally:
+        await client.aclose()
+        await other.aclose()
