@@ -4,9 +4,10 @@ Every change goes through `Gateway.change_fleet`, which persists it (Redis when 
 an audit entry (who, what, when, before → after) and reaches every replica within a second. Reads
 show this replica's view. Responses here may name backend URLs: they are for operators, behind the
 admin role; client-facing responses never do.
-"""
 
-from __future__ import annotations
+(No `from __future__ import annotations` here: FastAPI reads the endpoint annotations at run time,
+including the local `Admin` dependency alias.)
+"""
 
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -48,7 +49,7 @@ def _json(status: int, payload: Any) -> FastAPIResponse:
     return FastAPIResponse(orjson.dumps(payload), status_code=status, media_type="application/json")
 
 
-def build_admin_app(gw: Gateway) -> FastAPI:
+def build_admin_app(gw: "Gateway") -> FastAPI:
     app = FastAPI(
         title="LLM gateway admin API",
         version="1",

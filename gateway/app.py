@@ -10,16 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from engines.base import Endpoint
 from engines.errors import ApiError, model_not_found
 from gateway.access_log import AccessLog
-from gateway.context import RequestContext
+from gateway.admin import build_admin_app
+from gateway.admission import Admission
+from gateway.context import Principal, RequestContext
 from gateway.fleet import Fleet
+from gateway.h1 import H1Transport
 from gateway.health import HealthChecker
 from gateway.intake import ParseStage, ValidateStage
 from gateway.metrics import Metrics
@@ -27,18 +34,24 @@ from gateway.metrics_export import CONTENT_TYPE, MetricsExporter
 from gateway.metrics_sampler import MetricsSampler, RedisProbe
 from gateway.pipeline import Pipeline, Stage, run_finalizers
 from gateway.proxy import ProxyStage
+from gateway.redis_client import open_redis
 from gateway.request_id import request_id_from
 from gateway.responses import BytesResponse, Receive, Send, error_response
 from gateway.router_factory import build_router
 from gateway.routing import RouteStage
-from gateway.settings import Settings
+from gateway.settings import Settings, load_settings
+from gateway.state import MemoryStore, Overrides, RedisStore, Store, audit_entry
 from gateway.upstream import AiohttpTransport, Transport
+from policies.features import extract_features
+from policies.types import RequestFeatures, RoutingError
 
 log = logging.getLogger("gateway")
 
 Scope = dict[str, Any]
 
 _HOT: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+#: `upstream.client` -> the transport class; each takes connect_timeout_s, max_per_host, keepalive_s
+TRANSPORTS: dict[str, Callable[..., Transport]] = {"h1": H1Transport, "aiohttp": AiohttpTransport}
 
 
 class Gateway:
@@ -57,6 +70,19 @@ class Gateway:
         self.access_log = AccessLog(settings.access_log)
         self.pipeline: Pipeline | None = None
         self._created = int(time.time())
+        self.redis: Redis | None = None
+        self.store: Store = MemoryStore()
+        self.route: RouteStage | None = None
+        self._reload_seen = 0.0
+        self._started_at = time.time()
+        self._overrides = Overrides()
+        self.admission = Admission(settings, self.metrics)
+        #: None when auth is off; `authorize_admin` refuses /admin/* then
+        self.authenticator = self.admission.authenticator
+        self.auth_enabled = self.authenticator is not None
+        #: API keys (create / revoke / list) for the admin API
+        self.api_keys = self.admission.api_keys
+        self._admin_app = build_admin_app(self)
         for pool in self.fleet.pools.values():
             self.metrics.pool_weight.labels(pool.name).set(pool.weight)
 
@@ -64,10 +90,13 @@ class Gateway:
     def build_pipeline(self, transport: Transport) -> Pipeline:
         s = self.settings
         router, features = build_router(s.routing)
-        route = RouteStage(self.fleet, router, features, on_decision=self._on_decision)
+        route = self.route = RouteStage(self.fleet, router, features, on_decision=self._on_decision)
         stages: list[Stage] = [
+            *self.admission.authenticate_stages(),
             ParseStage(self.models, s.server.max_body_bytes),
             ValidateStage(),
+            self.admission.sanitise_stage(features),
+            *self.admission.admit_stages(),
             route,
             ProxyStage(self.fleet, transport, s.upstream, route.reroute, self._on_upstream_error),
         ]
@@ -83,12 +112,17 @@ class Gateway:
     async def startup(self) -> None:
         up = self.settings.upstream
         if self._transport is None:
-            self._transport = AiohttpTransport(
+            self._transport = TRANSPORTS[up.client](
                 connect_timeout_s=up.timeouts.connect_s,
                 max_per_host=up.max_connections_per_backend,
                 keepalive_s=up.keepalive_s,
             )
+        if self.settings.redis.url:
+            self.redis = open_redis(self.settings.redis.url)
+            self.store = RedisStore(self.redis)
+        await self.admission.start(self.redis)
         self.pipeline = self.build_pipeline(self._transport)
+        self._apply_overrides(await self.store.start(self._apply_overrides))
         self._health = HealthChecker(
             self.fleet,
             self._transport,
@@ -114,8 +148,12 @@ class Gateway:
     async def shutdown(self) -> None:
         if self._sampler is not None:
             await self._sampler.stop()
+        await self.store.stop()
+        await self.admission.aclose()
         if self._health is not None:
             await self._health.stop()
+        if self.redis is not None:
+            await self.redis.aclose()
         if self._transport is not None and self._owns_transport:
             await self._transport.aclose()
 
@@ -127,6 +165,8 @@ class Gateway:
             endpoint = _HOT.get(path)
             if endpoint is not None and scope["method"] == "POST":
                 await self._proxy(scope, receive, send, endpoint)
+            elif path.startswith("/admin/") or path in ("/docs", "/openapi.json"):
+                await self._admin_app(scope, receive, send)
             else:
                 await self._small(scope, receive, send, path)
         elif kind == "lifespan":
@@ -167,6 +207,7 @@ class Gateway:
             response = BytesResponse(200, b'{"status":"ok"}', headers)
         elif path == "/readyz":
             ready = self.pipeline is not None and any(b.healthy for b in self.fleet.backends.values())
+            ready = ready and await self._redis_reachable()
             body = b'{"status":"ready"}' if ready else b'{"status":"not ready"}'
             response = BytesResponse(200 if ready else 503, body, headers)
         elif path == "/metrics" and self.metrics_export.enabled:
@@ -190,6 +231,16 @@ class Gateway:
             response = error_response(_not_found(method, path), headers)
         await response(send, receive)
 
+    async def _redis_reachable(self) -> bool:
+        if self.redis is None:
+            return True
+        try:
+            async with asyncio.timeout(0.5):
+                await self.redis.ping()
+        except (TimeoutError, RedisError, OSError):
+            return False
+        return True
+
     def _model_object(self, name: str) -> dict[str, Any]:
         return {
             "id": name,
@@ -202,6 +253,125 @@ class Gateway:
         """Sample the fleet gauges now (this worker), so a scrape sees its freshest state."""
         if self._sampler is not None:
             self._sampler.sample()
+
+    # -- fleet changes (admin API) ----------------------------------------------------------------
+    async def authorize_admin(self, headers: dict[bytes, bytes]) -> Principal:
+        """The caller's principal if it has the admin role; ApiError 401/403 otherwise."""
+        auth = getattr(self, "authenticator", None)
+        if auth is None:
+            raise ApiError(
+                403, "The admin API needs authentication to be configured (auth section).", code="forbidden"
+            )
+        principal: Principal = await auth.authenticate(headers)
+        if not principal.is_admin:
+            raise ApiError(403, "This endpoint needs the admin role.", code="forbidden")
+        return principal
+
+    async def change_fleet(
+        self,
+        who: Principal,
+        action: str,
+        target: str,
+        before: Any,
+        after: Any,
+        *,
+        updates: dict[str, Any] | None = None,
+        deletes: list[str] | None = None,
+    ) -> None:
+        entry = audit_entry(who.user, action, target, before, after)
+        try:
+            await self.store.change(updates or {}, deletes or [], entry)
+        except RedisError:
+            raise ApiError(
+                503, "Shared state (Redis) is unreachable; the change was not made.", type="server_error"
+            ) from None
+        log.info("admin %s: %s %s %r -> %r", who.user, action, target, before, after)
+
+    def _apply_overrides(self, overrides: Overrides) -> None:
+        if overrides.reload_at > self._reload_seen:
+            if self._reload_seen or overrides.reload_at > self._started_at:
+                self._reread_config()
+            self._reload_seen = overrides.reload_at
+        self.fleet.apply(self.settings.pools, overrides)
+        self._overrides = overrides
+
+    def _reread_config(self) -> None:
+        path = os.environ.get("GATEWAY_CONFIG")
+        if not path:
+            log.warning("reload asked, but this replica has no config file (GATEWAY_CONFIG unset)")
+            return
+        try:
+            fresh = load_settings(path)
+        except Exception as exc:
+            log.error("reload failed, keeping the current config: %s", exc)
+            return
+        self.settings = self.settings.model_copy(update={"pools": fresh.pools, "models": fresh.models})
+        self.models = {m.name: m for m in fresh.models if any(m.name in p.models for p in fresh.pools)}
+        log.info("config reloaded from %s", path)
+
+    async def reload_config(self, who: Principal) -> None:
+        await self.change_fleet(who, "reload", "config", None, None, updates={"reload": time.time()})
+
+    def describe_fleet(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        return [
+            {
+                "name": p.name,
+                "dialect": p.dialect.name,
+                "weight": p.weight,
+                "models": p.models,
+                "tool_calling": p.tool_calling,
+                "structured_output": p.structured_output,
+                "backends": [
+                    {
+                        "name": b.name,
+                        "url": b.url,
+                        "healthy": b.healthy,
+                        "draining": b.draining,
+                        "circuit": b.circuit.state if not b.circuit.is_open(now) else "open",
+                        "in_flight": b.in_flight,
+                        "requests_total": b.requests_total,
+                        "load": None
+                        if b.load is None
+                        else {
+                            "running": b.load.running,
+                            "waiting": b.load.waiting,
+                            "kv_usage": b.load.kv_usage,
+                            "age_s": round(now - b.load_at, 3),
+                        },
+                    }
+                    for b in p.backends.values()
+                ],
+            }
+            for p in self.fleet.pools.values()
+        ]
+
+    def explain(self, body: dict[str, Any], pin: str | None) -> dict[str, Any]:
+        """Where `body` would be routed now, and why (a dry run: no routing state changes)."""
+        assert self.route is not None, "lifespan start-up has not run"
+        model = body.get("model")
+        if not isinstance(model, str) or model not in self.models:
+            raise model_not_found(str(model))
+        features = extract_features(body, self.route.features)
+        try:
+            decision = self.route.router.decide(
+                self.fleet.snapshot(time.monotonic()), features, 0.5, pin=pin, dry_run=True
+            )
+        except RoutingError as exc:
+            return {
+                "routable": False,
+                "error": exc.kind,
+                "reason": exc.reason,
+                "features": _features_dict(features),
+            }
+        return {
+            "routable": True,
+            "pool": decision.pool,
+            "backend": decision.backend,
+            "reason": decision.reason,
+            "affinity": decision.affinity,
+            "features": _features_dict(features),
+        }
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -218,6 +388,18 @@ class Gateway:
                 await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _features_dict(f: RequestFeatures) -> dict[str, Any]:
+    return {
+        "prompt_tokens": f.prompt_tokens,
+        "blocks": len(f.block_hashes),
+        "anchor": f"{f.anchor_hash:016x}",
+        "has_tools": f.has_tools,
+        "tool_choice": f.tool_choice,
+        "structured_output": f.structured_output,
+        "max_tokens": f.max_tokens,
+    }
 
 
 def _not_found(method: str, path: str) -> ApiError:

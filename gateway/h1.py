@@ -324,10 +324,11 @@ class H1Transport:
     """Pooled keep-alive HTTP/1.1 client for all backends (GET and POST). Create inside a running loop."""
 
     def __init__(
-        self, *, connect_timeout_s: float, max_idle_per_host: int = 1024, keepalive_s: float = 30.0
+        self, *, connect_timeout_s: float, max_per_host: int = 1024, keepalive_s: float = 30.0
     ) -> None:
+        """`max_per_host` bounds the idle connections kept per origin (not the concurrent ones)."""
         self._connect_timeout = connect_timeout_s
-        self._max_idle = max_idle_per_host
+        self._max_idle = max_per_host
         self._keepalive = keepalive_s
         self._origins: dict[str, _Origin] = {}
         self._routes: dict[str, tuple[_Origin, bytes]] = {}  # url -> (origin, path)

@@ -18,6 +18,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gateway.admission_settings import AuthSettings, LimitsSettings, SanitiseSettings
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -72,6 +74,8 @@ class UpstreamSettings(_Model):
     timeouts: TimeoutSettings = TimeoutSettings()
     retries: RetrySettings = RetrySettings()
     health: HealthSettings = HealthSettings()
+    #: the HTTP client for the engines (`TRANSPORTS` in gateway/app.py)
+    client: Literal["h1", "aiohttp"] = "h1"
     #: pooled keep-alive connections per backend
     max_connections_per_backend: int = Field(1024, ge=1)
     keepalive_s: float = Field(30.0, gt=0)
@@ -232,6 +236,9 @@ class Settings(_Model):
     redis: RedisSettings = RedisSettings()
     access_log: AccessLogSettings = AccessLogSettings()
     metrics: MetricsSettings = MetricsSettings()
+    auth: AuthSettings = AuthSettings()
+    limits: LimitsSettings = LimitsSettings()
+    sanitise: SanitiseSettings = SanitiseSettings()
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
@@ -275,6 +282,8 @@ def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
         node[path[-1]] = yaml.safe_load(raw)
     if environ.get("REDIS_URL"):
         tree.setdefault("redis", {}).setdefault("url", environ["REDIS_URL"])
+    if environ.get("GATEWAY_JWT_SECRET"):
+        tree.setdefault("auth", {}).setdefault("jwt", {}).setdefault("secret", environ["GATEWAY_JWT_SECRET"])
     return tree
 
 

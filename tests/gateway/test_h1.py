@@ -444,7 +444,7 @@ async def test_slow_reader_keeps_memory_bounded() -> None:
 
 
 async def test_idle_expiry_and_idle_bound() -> None:
-    async with RawServer(answer_all) as srv, client(keepalive_s=0.05, max_idle_per_host=2) as t:
+    async with RawServer(answer_all) as srv, client(keepalive_s=0.05, max_per_host=2) as t:
         await get(t, srv.url + "/")
         await asyncio.sleep(0.1)  # longer than keepalive_s: the pooled connection has expired
         await get(t, srv.url + "/")
