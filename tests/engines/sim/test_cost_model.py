@@ -106,8 +106,11 @@ async def test_queue_beyond_max_num_seqs() -> None:
         async with httpx.AsyncClient(base_url=p.base_url, timeout=10) as client:
             body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
             jobs = [asyncio.create_task(client.post(CHAT, json=body)) for _ in range(2)]
-            await asyncio.sleep(0.08)
-            st = (await client.get("/sim/stats")).json()
+            for _ in range(500):  # until both have arrived (the first runs for ~ 210 ms)
+                st = (await client.get("/sim/stats")).json()
+                if st["waiting"]:
+                    break
+                await asyncio.sleep(0.005)
             text = (await client.get("/metrics")).text
             assert (st["running"], st["waiting"]) == (1, 1)
             assert metric(text, "vllm:num_requests_waiting") == 1
