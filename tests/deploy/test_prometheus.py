@@ -407,12 +407,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 # -- tests without the stack -------------------------------------------------------------------------
-def test_promtool_checks_rules_and_configs(tmp_path: Path) -> None:
+def test_promtool_checks_and_unit_tests_rules_and_configs(tmp_path: Path) -> None:
     promtool = _binary("promtool")
     rules = subprocess.run(
         [promtool, "check", "rules", str(PROM_DIR / "alerts.yml")], capture_output=True, text=True
     )
     assert rules.returncode == 0, rules.stdout + rules.stderr
+    unit = subprocess.run(
+        [promtool, "test", "rules", str(PROM_DIR / "alerts_test.yml")], capture_output=True, text=True
+    )
+    assert unit.returncode == 0, unit.stdout + unit.stderr
     shipped = subprocess.run(
         [promtool, "check", "config", str(PROM_DIR / "prometheus.yml")], capture_output=True, text=True
     )

@@ -242,9 +242,9 @@ def test_observe_request_cost() -> None:
         m.observe_request(ctx, 101.0)
     best = float("inf")
     for _ in range(3):
-        t0 = time.perf_counter()
+        t0 = time.process_time()  # CPU time: robust against other processes on a busy machine
         for _ in range(n):
             m.observe_request(ctx, 101.0)
-        best = min(best, (time.perf_counter() - t0) / n)
-    print(f"observe_request: {best * 1e6:.2f} µs per request (one process)")
+        best = min(best, (time.process_time() - t0) / n)
+    print(f"observe_request: {best * 1e6:.2f} µs CPU per streamed request (one process)")
     assert best < 50e-6
