@@ -1,0 +1,120 @@
+"""`make bench` → `python -m bench [options]`: run the suites, write bench/BENCHMARKS.md and its plots.
+
+    python -m bench                 quick mode (default): every suite, short points, one round (< 5 min)
+    python -m bench --full          several rounds, longer points, both load levels for every workload
+    python -m bench --suite overhead --suite micro     only some suites (the others' last results,
+                                                        from bench/results/*.json, stay in the report)
+    python -m bench --no-peers      skip LiteLLM and the Rust routers
+    python -m bench --gateway-ref HEAD   benchmark a committed gateway (a `git archive` snapshot)
+
+Suites: `overhead` (proxy cost against the peers, bench/overhead.py), `routing` (cache-hit quality and
+TTFT on a simulated fleet, bench/routing.py), `micro` (bench/clients.py, bench/adapters.py and
+bench/transports.py when present). Progress is printed as it goes; everything started is stopped by PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import machine, overhead, peers, report
+from bench.procs import BENCH, ROOT
+
+RESULTS = BENCH / "results"
+SUITES = ("overhead", "routing", "micro")
+
+
+class Progress:
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+
+    def __call__(self, msg: str) -> None:
+        el = time.monotonic() - self.t0
+        print(f"[{int(el // 60):02d}:{el % 60:04.1f}] {msg}", flush=True)
+
+
+def micro(quick: bool, log: Progress) -> dict[str, str]:
+    """Run the micro-benchmarks as subprocesses and keep their printed tables."""
+    out: dict[str, str] = {}
+    runs = {
+        "bench/clients.py": ["-m", "bench.clients", "--requests", "500" if quick else "2000", "--rounds", "1" if quick else "3"],
+        "bench/transports.py": ["-m", "bench.transports", "--requests", "500" if quick else "2000", "--rounds", "1" if quick else "3"],
+        "bench/adapters.py": ["-m", "bench.adapters"],
+    }
+    for name, args in runs.items():
+        if not (ROOT / name).exists():
+            continue
+        log(f"micro: {name}")
+        try:
+            p = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=str(ROOT))
+            text = p.stdout if p.returncode == 0 else f"failed (exit {p.returncode}):\n\n```\n{p.stderr[-1500:]}\n```"
+        except subprocess.TimeoutExpired:
+            text = "timed out after 300 s"
+        cmd = f"`python {' '.join(args)}`"
+        out[name] = f"{cmd}\n\n{text}"
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="the default: short points, one round (< 5 min)")
+    mode.add_argument("--full", action="store_true", help="several rounds, longer points")
+    ap.add_argument("--suite", action="append", choices=SUITES, help="run only these (repeatable)")
+    ap.add_argument("--no-peers", action="store_true", help="skip LiteLLM and the Rust routers")
+    ap.add_argument("--gateway-ref", default=None, help="benchmark a git ref instead of the working tree")
+    ap.add_argument("--out", default=str(BENCH / "BENCHMARKS.md"))
+    a = ap.parse_args(argv)
+    quick = not a.full
+    suites = a.suite or list(SUITES)
+    log = Progress()
+    RESULTS.mkdir(exist_ok=True)
+    run: dict[str, Any] = {"mode": "quick" if quick else "full", "machine": machine.describe(argv)}
+    log(f"bench: {run['mode']} mode, suites {', '.join(suites)}; {run['machine']['nproc']} CPUs, load {run['machine']['loadavg_at_start']}")
+
+    if "overhead" in suites:
+        plan = overhead.QUICK if quick else overhead.FULL
+        plan.with_peers = not a.no_peers
+        log("overhead suite")
+        res = overhead.run(plan, log, a.gateway_ref).to_json()
+        res["mode"] = run["mode"]
+        (RESULTS / "overhead.json").write_text(json.dumps(res, indent=1))
+    if "routing" in suites:
+        try:
+            from bench import routing
+        except ImportError as e:
+            log(f"routing suite not available: {e}")
+        else:
+            log("routing suite")
+            res = routing.run(quick, log, with_peers=not a.no_peers, gateway_ref=a.gateway_ref)
+            res["mode"] = run["mode"]
+            (RESULTS / "routing.json").write_text(json.dumps(res, indent=1))
+    if "micro" in suites:
+        (RESULTS / "micro.json").write_text(json.dumps(micro(quick, log), indent=1))
+
+    for name in ("overhead", "routing", "micro"):
+        f = RESULTS / f"{name}.json"
+        if f.exists():
+            run[name] = json.loads(f.read_text())
+    run["peer_versions"] = {p.label: peers.installed_version(p) for p in peers.PEERS}
+    run["elapsed_s"] = time.monotonic() - log.t0
+    analysis = BENCH / "ANALYSIS.md"
+    if analysis.exists():
+        run["analysis"] = analysis.read_text().strip().splitlines()
+    if run.get("overhead"):
+        report.overhead_plots(run["overhead"])
+    if run.get("routing") and run["routing"].get("rows"):
+        report.routing_plots(run["routing"])
+    report.write(run, Path(a.out))
+    log(f"wrote {a.out} (and plots in bench/plots/)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,316 @@
+"""bench/BENCHMARKS.md and its PNG plots, written from one run's results (plain dicts, also saved as JSON).
+
+Plots go to bench/plots/ (matplotlib, installed into the running venv from PyPI on first use, Agg
+backend). The report states every target as met / missed / not measured, with the figures and the
+py-spy profile summaries that explain the misses.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.procs import BENCH
+from bench.verdicts import CPU_C, Verdict, med, overhead_verdicts, routing_verdicts, slope_us_per_chunk
+
+PLOTS = BENCH / "plots"
+ORDER = ("direct", "gw_bare", "gw_bare2", "gw_full", "sglang_router", "vllm_router", "litellm")
+
+
+def _plt() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "matplotlib"], check=False)
+        import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _f(x: float, fmt: str = "{:.0f}") -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
+
+
+def _keys(o: dict[str, Any]) -> list[str]:
+    return [k for k in ORDER if k in o["targets"]] + [k for k in o["targets"] if k not in ORDER]
+
+
+def _label(o: dict[str, Any], k: str) -> str:
+    return str(o["targets"][k]["label"])
+
+
+# -- plots -----------------------------------------------------------------------------------------
+def overhead_plots(o: dict[str, Any]) -> list[str]:
+    plt = _plt()
+    PLOTS.mkdir(exist_ok=True)
+    ns = o["nonstream"]
+    concs = sorted({p["concurrency"] for p in ns})
+    keys = _keys(o)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for k in keys:
+        if k != "direct":
+            added = [max(1e-3, (med(ns, k, c, "p50_us") - med(ns, "direct", c, "p50_us")) / 1000) for c in concs]
+            a1.plot(concs, added, marker="o", label=_label(o, k))
+        a2.plot(concs, [med(ns, k, c, "cpu_us_per_req") / 1000 for c in concs], marker="o", label=_label(o, k))
+    a1.set(xscale="log", yscale="log", xlabel="concurrency (wrk connections)", ylabel="added p50 latency (ms)",
+           title="Added latency over direct, non-streaming")  # fmt: skip
+    a2.set(xscale="log", yscale="log", xlabel="concurrency (wrk connections)", ylabel="CPU per request (ms)",
+           title="CPU per request of the target's process tree")  # fmt: skip
+    for a in (a1, a2):
+        a.set_xticks(concs, [str(c) for c in concs])
+        a.grid(True, which="both", alpha=0.3)
+    a2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(PLOTS / "overhead.png", dpi=110)
+    plt.close(fig)
+
+    st = o["stream"]
+    sconcs = sorted({p["concurrency"] for p in st})
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for k in keys:
+        a1.plot(sconcs, [med(st, k, c, "p50_us") / 1000 for c in sconcs], marker="o", label=_label(o, k))
+        a2.plot(sconcs, [med(st, k, c, "cpu_us_per_req") / 1000 for c in sconcs], marker="o", label=_label(o, k))
+    a1.set(xscale="log", yscale="log", xlabel="concurrent streams", ylabel="time to first chunk p50 (ms)",
+           title="Streaming (32 chunks): time to first chunk")  # fmt: skip
+    a2.set(xscale="log", yscale="log", xlabel="concurrent streams", ylabel="CPU per stream (ms)",
+           title="CPU per 32-chunk stream")  # fmt: skip
+    for a in (a1, a2):
+        a.set_xticks(sconcs, [str(c) for c in sconcs])
+        a.grid(True, which="both", alpha=0.3)
+    a2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(PLOTS / "streaming.png", dpi=110)
+    plt.close(fig)
+    return ["plots/overhead.png", "plots/streaming.png"]
+
+
+def routing_plots(r: dict[str, Any]) -> list[str]:
+    plt = _plt()
+    PLOTS.mkdir(exist_ok=True)
+    rows = r["rows"]
+    workloads = r["workloads"]
+    routers = list(dict.fromkeys(x["router"] for x in rows))
+    fig, axes = plt.subplots(2, len(workloads), figsize=(4 * len(workloads), 7), squeeze=False)
+    for j, w in enumerate(workloads):
+        for router in routers:
+            pts = sorted((x["load"], x["ttft_p50_ms"], x["ttft_p99_ms"]) for x in rows if x["workload"] == w and x["router"] == router)
+            if not pts:
+                continue
+            loads = [p[0] * 100 for p in pts]
+            axes[0][j].plot(loads, [p[1] for p in pts], marker="o", label=router)
+            axes[1][j].plot(loads, [p[2] for p in pts], marker="o", label=router)
+        axes[0][j].set(title=w, ylabel="TTFT p50 (ms)", yscale="log")
+        axes[1][j].set(xlabel="offered load (% of fleet capacity)", ylabel="TTFT p99 (ms)", yscale="log")
+        for a in (axes[0][j], axes[1][j]):
+            a.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(PLOTS / "routing_ttft.png", dpi=110)
+    plt.close(fig)
+    return ["plots/routing_ttft.png"]
+
+
+# -- markdown --------------------------------------------------------------------------------------
+def verdict_table(vs: list[Verdict]) -> list[str]:
+    lines = ["| issue | target | measured | verdict |", "|---|---|---|---|"]
+    lines += [f"| {v.issue} | {v.target} | {v.measured} | {v.word} |" for v in vs]
+    return lines
+
+
+def overhead_md(o: dict[str, Any]) -> list[str]:
+    ns, st = o["nonstream"], o["stream"]
+    keys = _keys(o)
+    bare_cpu = med(ns, "gw_bare", CPU_C, "cpu_us_per_req")
+    L: list[str] = ["## Overhead suite", ""]
+    L.append(f"Gateway under test: {o.get('gateway_source', '?')}. Simulator: `{' '.join(o.get('sim_argv', []))}`.")
+    plan = o["plan"]
+    L.append(
+        f"Each point: {plan['seconds']:.0f} s, {plan['rounds']} round(s) (median shown), targets alternated "
+        "and their order rotated every round. CPU is user+system time of the target's whole process tree "
+        "(from /proc, before/after), divided by completed requests; for `direct` it is the simulator's own."
+    )
+    L.append("")
+    if o.get("unavailable"):
+        L.append("Not measured: " + "; ".join(f"**{k}** — {v.splitlines()[0][:160]}" for k, v in o["unavailable"].items()))
+        L.append("")
+    L += ["### Non-streaming (wrk, `max_tokens` 16)", ""]
+    for c in sorted({p["concurrency"] for p in ns}):
+        L.append(f"**Concurrency {c}**")
+        L.append("")
+        L.append("| target | req/s | p50 ms | p99 ms | added p50 ms | CPU µs/req | CPU vs ours (bare) | target CPU (cores) | wrk CPU (cores) | errors |")
+        L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for k in keys:
+            cpu = med(ns, k, c, "cpu_us_per_req")
+            bare = med(ns, "gw_bare", c, "cpu_us_per_req")
+            added = med(ns, k, c, "p50_us") - med(ns, "direct", c, "p50_us")
+            errs = sum(p["errors"] for p in ns if p["target"] == k and p["concurrency"] == c)
+            L.append(
+                f"| {_label(o, k)} | {_f(med(ns, k, c, 'rps'), '{:,.0f}')} | {_f(med(ns, k, c, 'p50_us') / 1000, '{:.3f}')} "
+                f"| {_f(med(ns, k, c, 'p99_us') / 1000, '{:.2f}')} | {'' if k == 'direct' else _f(added / 1000, '{:+.3f}')} "
+                f"| {_f(cpu)} | {'' if k == 'direct' else _f(cpu / bare, '{:.2f}×')} | {_f(med(ns, k, c, 'target_cpu_util'), '{:.2f}')} "
+                f"| {_f(med(ns, k, c, 'client_cpu_util'), '{:.2f}')} | {errs} |"
+            )
+        L.append("")
+    L += ["![added latency and CPU per request](plots/overhead.png)", ""]
+    L += ["### Streaming (32 content chunks, `bench.streamclient` in its own process)", ""]
+    for c in sorted({p["concurrency"] for p in st}):
+        L.append(f"**{c} concurrent streams**")
+        L.append("")
+        L.append("| target | streams/s | TTFC p50 ms | TTFC p99 ms | added TTFC p50 ms | total p50 ms | total p99 ms | CPU µs/stream | SSE events/stream | client CPU (cores) | errors |")
+        L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for k in keys:
+            added = med(st, k, c, "p50_us") - med(st, "direct", c, "p50_us")
+            errs = sum(p["errors"] for p in st if p["target"] == k and p["concurrency"] == c)
+            L.append(
+                f"| {_label(o, k)} | {_f(med(st, k, c, 'rps'), '{:,.0f}')} | {_f(med(st, k, c, 'p50_us') / 1000, '{:.3f}')} "
+                f"| {_f(med(st, k, c, 'p99_us') / 1000, '{:.2f}')} | {'' if k == 'direct' else _f(added / 1000, '{:+.3f}')} "
+                f"| {_f(med(st, k, c, 'total_p50_us') / 1000, '{:.2f}')} | {_f(med(st, k, c, 'total_p99_us') / 1000, '{:.2f}')} "
+                f"| {_f(med(st, k, c, 'cpu_us_per_req'))} | {_f(med(st, k, c, 'events_per_stream'), '{:.0f}')} "
+                f"| {_f(med(st, k, c, 'client_cpu_util'), '{:.2f}')} | {errs} |"
+            )
+        L.append("")
+    L.append("CPU per relayed chunk (slope between 128-chunk and 32-chunk streams at c=32, so the per-request cost cancels):")
+    L.append("")
+    L.append("| target | CPU µs per chunk |")
+    L.append("|---|---:|")
+    for k in keys:
+        L.append(f"| {_label(o, k)} | {_f(slope_us_per_chunk(o, k), '{:.1f}')} |")
+    L += ["", "![streaming](plots/streaming.png)", ""]
+    mem = o.get("memory") or {}
+    if mem:
+        held = o["plan"]["held_streams"]
+        L += [f"### Memory: {held:,} slow streams held open (a chunk every {o['plan']['drip_ms']:.0f} ms)", ""]
+        L.append("| target | RSS before MB | RSS with streams open MB | RSS per 1,000 streams MB | time to open all s | errors |")
+        L.append("|---|---:|---:|---:|---:|---:|")
+        for k in keys:
+            m = mem.get(k)
+            if m:
+                L.append(
+                    f"| {_label(o, k)} | {_f(m.get('rss_before_mb', math.nan), '{:.1f}')} | {_f(m.get('rss_during_mb', math.nan), '{:.1f}')} "
+                    f"| {_f(m['rss_delta_mb'], '{:.1f}')} | {_f(m['open_s'], '{:.2f}')} | {m['errors']:.0f} |"
+                )
+        L.append("")
+        L.append("RSS is sampled with the streams open after the earlier phases warmed every process up, so it is "
+                 "the marginal memory of open streams, not the process's footprint.")  # fmt: skip
+        L.append("")
+    many = o.get("many_streams")
+    if many:
+        L.append(
+            f"**{many['streams']:,} concurrent streams through one gateway process** (bare, 1 worker): "
+            f"{many['completed']:,.0f} completed, {many['errors']:,.0f} errors, all open after {many['open_s']:.2f} s, "
+            f"TTFC p50 {many.get('ttfc_p50_ms', math.nan):.1f} ms / p99 {many.get('ttfc_p99_ms', math.nan):.1f} ms, "
+            f"RSS +{many['rss_delta_mb']:.1f} MB per 1,000."
+        )
+        L.append("")
+    L += ["### Ratios (CPU per request at c=16; lower is cheaper)", ""]
+    L.append("| target | CPU µs/req | ÷ ours (bare) | requests per CPU-second |")
+    L.append("|---|---:|---:|---:|")
+    for k in keys:
+        cpu = med(ns, k, CPU_C, "cpu_us_per_req")
+        L.append(f"| {_label(o, k)} | {_f(cpu)} | {_f(cpu / bare_cpu, '{:.2f}×')} | {_f(1e6 / cpu, '{:,.0f}')} |")
+    L.append("")
+    return L
+
+
+def profiles_md(o: dict[str, Any]) -> list[str]:
+    profs = o.get("profiles") or []
+    if not profs:
+        return []
+    L = ["### Profiles of our gateway (py-spy, 250 Hz, one worker)", ""]
+    L.append(
+        "*self* = samples whose innermost Python frame is that function (time spent in C code — sockets, "
+        "uvloop, orjson — is charged to the Python frame that called it; `Runner.run` is the event loop "
+        "itself: polling and callbacks). *inclusive* = samples with the function anywhere on the stack."
+    )
+    L.append("")
+    for p in profs:
+        if p.get("error"):
+            L.append(f"- {p['name']}: profile failed ({p['error']})")
+            continue
+        L.append(f"**{p['name']}** ({p['samples']} samples, raw stacks in `{p.get('raw_path', '')}`, not committed)")
+        L.append("")
+        L.append("| self | function | | inclusive | our function |")
+        L.append("|---:|---|---|---:|---|")
+        rows = max(len(p["self_share"]), len(p["ours_inclusive"]))
+        for i in range(min(rows, 10)):
+            s = p["self_share"][i] if i < len(p["self_share"]) else ("", math.nan)
+            n = p["ours_inclusive"][i] if i < len(p["ours_inclusive"]) else ("", math.nan)
+            L.append(f"| {_f(s[1] * 100, '{:.1f} %')} | `{s[0]}` | | {_f(n[1] * 100, '{:.1f} %')} | `{n[0]}` |")
+        L.append("")
+    return L
+
+
+def routing_md(r: dict[str, Any]) -> list[str]:
+    L = ["## Routing-quality suite", ""]
+    L += r.get("preamble", [])
+    L.append("")
+    if r.get("unavailable"):
+        L.append("Not measured: " + "; ".join(f"**{k}** — {v[:160]}" for k, v in r["unavailable"].items()))
+        L.append("")
+    L.append("| workload | load | router | requests | req/s | TTFT p50 ms | TTFT p99 ms | hit rate (sim counters) | oracle hit rate | ÷ oracle | errors |")
+    L.append("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for x in r["rows"]:
+        L.append(
+            f"| {x['workload']} | {x['load']:.0%} | {x['router']} | {x['requests']} | {x['rps']:.1f} | {x['ttft_p50_ms']:.0f} "
+            f"| {x['ttft_p99_ms']:.0f} | {x['hit_rate']:.1%} | {x['oracle_hit_rate']:.1%} | {x['hit_vs_oracle']:.0%} | {x['errors']} |"
+        )
+    L += ["", "![TTFT vs offered load](plots/routing_ttft.png)", ""]
+    return L
+
+
+def write(run: dict[str, Any], path: Path) -> None:
+    m = run["machine"]
+    o, r = run.get("overhead"), run.get("routing")
+    L = ["# Benchmarks", ""]
+    L.append(
+        "Generated by `make bench` (quick mode, under 5 minutes on 2 cores) or `make bench BENCH_ARGS=--full` "
+        "(several rounds, longer points, the whole routing matrix); `python -m bench --help` lists the options "
+        "(`--suite overhead|routing|micro`, `--no-peers`, `--gateway-ref REF`). Peers are installed from PyPI "
+        "into `bench/.peers/` on first use; logs and raw profiles land in `bench/.work/` (both git-ignored)."
+    )
+    L.append("")
+    L.append(f"- **This run**: `{m['command']}` — {run['mode']} mode, {m['date']}, {run.get('elapsed_s', 0) / 60:.1f} min")
+    L.append(f"- **Machine**: {m['nproc']} CPUs ({m['cpu']}), {m['ram_gib']} GiB RAM, Linux {m['kernel']}; load average at start {m['loadavg_at_start']}")
+    L.append(f"- **Versions**: commit {m['commit']}; Python {m['python']}; {m['wrk']}; " + ", ".join(f"{k} {v}" for k, v in m["packages"].items()))
+    if run.get("peer_versions"):
+        L.append("- **Peers**: " + ", ".join(f"{k} {v or 'not installable'}" for k, v in run["peer_versions"].items()))
+    L.append("")
+    L.append(
+        "> **Noise.** These machines are shared: other engineers run test suites on the same 2 cores while this "
+        "runs, and every target, the simulator and the load generator share those cores too. Absolute figures "
+        "(req/s, ms) move by tens of percent between runs; the comparisons that matter are **ratios taken in the "
+        "same run** with targets alternated (CPU per request is the most stable of them)."
+    )
+    L.append("")
+    verdicts: list[Verdict] = []
+    if o:
+        verdicts += overhead_verdicts(o)
+    if r:
+        verdicts += routing_verdicts(r)
+    if verdicts:
+        L += ["## Targets", ""] + verdict_table(verdicts) + [""]
+        missed = [v for v in verdicts if v.met is False]
+        if missed and o:
+            L.append("Where targets are missed, the profiles below (overhead suite) show where the gateway's CPU goes.")
+            L.append("")
+    if run.get("analysis"):
+        L += ["## What the figures say", ""] + run["analysis"] + [""]
+    if o:
+        L += overhead_md(o)
+        L += profiles_md(o)
+    if r:
+        L += routing_md(r)
+    micro = run.get("micro") or {}
+    if micro:
+        L += ["## Micro-benchmarks (other files in bench/)", ""]
+        for name, text in micro.items():
+            L += [f"### `{name}`", "", text.strip(), ""]
+    sim_md = BENCH / "SIMULATOR.md"
+    if sim_md.exists():
+        L += ["## Simulator throughput (from bench/SIMULATOR.md)", "", sim_md.read_text().strip(), ""]
+    path.write_text("\n".join(L) + "\n")

@@ -1,0 +1,134 @@
+"""The targets from the issues, checked against one run's figures: met, missed, or not measurable yet.
+
+Every check compares figures taken in the same run (medians over its rounds); CPU ratios are the
+robust ones on a shared machine. The concurrency used for a per-request CPU figure is 16 (non-streaming)
+unless the target names another.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+CPU_C = 16
+
+
+@dataclass
+class Verdict:
+    issue: str
+    target: str
+    measured: str
+    met: bool | None  # None: not measurable in this run
+
+    @property
+    def word(self) -> str:
+        return {True: "**met**", False: "**missed**", None: "not measured"}[self.met]
+
+
+def med(points: list[dict[str, Any]], target: str, conc: int, attr: str) -> float:
+    vals = [p[attr] for p in points if p["target"] == target and p["concurrency"] == conc]
+    return statistics.median(vals) if vals else math.nan
+
+
+def _ok(x: float) -> bool:
+    return not math.isnan(x)
+
+
+def slope_us_per_chunk(o: dict[str, Any], target: str) -> float:
+    """CPU per relayed chunk: (CPU of a 128-chunk stream − CPU of a 32-chunk stream) / Δevents, at c=32."""
+    long = [p for p in o["stream_long"] if p["target"] == target]
+    short = [p for p in o["stream"] if p["target"] == target and p["concurrency"] == 32]
+    if not long or not short:
+        return math.nan
+    cl = statistics.median(p["cpu_us_per_req"] for p in long)
+    cs = statistics.median(p["cpu_us_per_req"] for p in short)
+    el = statistics.median(p["events_per_stream"] for p in long)
+    es = statistics.median(p["events_per_stream"] for p in short)
+    return (cl - cs) / (el - es) if el > es else math.nan
+
+
+def overhead_verdicts(o: dict[str, Any]) -> list[Verdict]:
+    ns, st = o["nonstream"], o["stream"]
+    have = set(o["targets"])
+    out: list[Verdict] = []
+
+    def add(issue: str, target: str, value: float, fmt: str, met: bool | None) -> None:
+        out.append(Verdict(issue, target, fmt.format(value) if _ok(value) else "—", met if _ok(value) else None))
+
+    added = med(ns, "gw_bare", 1, "p50_us") - med(ns, "direct", 1, "p50_us")
+    add("#3", "added p50 ≤ 0.3 ms at c=1 (bare, non-streaming)", added / 1000, "{:.3f} ms", added <= 300)
+    cpu_bare = med(ns, "gw_bare", CPU_C, "cpu_us_per_req")
+    add("#3 #8", "bare proxy CPU ≤ 0.2 ms per non-streaming request", cpu_bare / 1000, "{:.3f} ms", cpu_bare <= 200)
+    rps2 = med(ns, "gw_bare2", 64, "rps")
+    add("#3", "≥ 10,000 req/s at c=64 with 2 workers on 2 cores", rps2, "{:,.0f} req/s", rps2 >= 10_000)
+    ttfc = med(st, "gw_bare", 1, "p50_us") - med(st, "direct", 1, "p50_us")
+    add("#3", "streaming: added TTFC p50 ≤ 0.3 ms (c=1)", ttfc / 1000, "{:.3f} ms", ttfc <= 300)
+    chunk = slope_us_per_chunk(o, "gw_bare")
+    add("#3", "CPU ≤ 10 µs per relayed chunk", chunk, "{:.1f} µs", chunk <= 10)
+    many = o.get("many_streams") or {}
+    if many:
+        ok = many.get("errors", 1) == 0 and many.get("completed", 0) == many.get("streams")
+        out.append(Verdict("#3", f"{many['streams']:,} concurrent streams by one process without errors",
+                           f"{many.get('completed', 0):,.0f} completed, {many.get('errors', 0):,.0f} errors", ok))  # fmt: skip
+    else:
+        out.append(Verdict("#3", "2,000 concurrent streams by one process without errors", "—", None))
+    if "gw_full" in have:
+        cpu_full = med(ns, "gw_full", CPU_C, "cpu_us_per_req")
+        add("#8", "full pipeline CPU ≤ 0.4 ms per request", cpu_full / 1000, "{:.3f} ms", cpu_full <= 400)
+        add("#4", "full admission path ≤ 0.2 ms CPU over bare", (cpu_full - cpu_bare) / 1000, "{:.3f} ms",
+            cpu_full - cpu_bare <= 200)  # fmt: skip
+    else:
+        out.append(Verdict("#8", "full pipeline CPU ≤ 0.4 ms per request", "not available yet", None))
+        out.append(Verdict("#4", "full admission path ≤ 0.2 ms CPU over bare", "not available yet", None))
+    lite = med(ns, "litellm", CPU_C, "cpu_us_per_req")
+    add("#8", "≥ 50× LiteLLM's throughput per core (CPU per request ratio)", lite / cpu_bare, "{:.1f}×", lite / cpu_bare >= 50)
+    for key, name in (("sglang_router", "SGLang router"), ("vllm_router", "vLLM router")):
+        rust = med(ns, key, CPU_C, "cpu_us_per_req")
+        add("#8", f"within 2× of the {name}'s CPU per request", cpu_bare / rust, "{:.2f}× theirs", cpu_bare / rust <= 2)
+    sim_rps = max((med(ns, "direct", c, "rps") for c in (1, 16, 64)), default=math.nan)
+    add("#2", "one zero-latency simulator ≥ 5,000 non-streaming req/s", sim_rps, "{:,.0f} req/s", sim_rps >= 5000)
+    mem = (o.get("memory") or {}).get("direct")
+    if mem:
+        held = int(o["plan"]["held_streams"])
+        ok = mem.get("errors", 1) == 0 and mem.get("completed", 0) >= held
+        out.append(Verdict("#2", f"simulator holds ≥ 1,000 concurrent streams ({held:,} held)",
+                           f"{mem.get('completed', 0):,.0f} completed, {mem.get('errors', 0):,.0f} errors", ok))  # fmt: skip
+    return out
+
+
+def routing_verdicts(r: dict[str, Any]) -> list[Verdict]:
+    out: list[Verdict] = []
+    rows = r.get("rows", [])
+
+    def row(workload: str, router: str, load: float) -> dict[str, Any] | None:
+        for x in rows:
+            if x["workload"] == workload and x["router"] == router and abs(x["load"] - load) < 1e-6:
+                return x
+        return None
+
+    heavy = [w for w in r.get("workloads", []) if w != "uniform"]
+    loads = sorted({x["load"] for x in rows})
+    hi = max(loads) if loads else 0.8
+    for w in heavy:
+        ours = [x for x in rows if x["workload"] == w and x["router"] == "ours (prefix_affinity)"]
+        if ours:
+            frac = min(x["hit_vs_oracle"] for x in ours)
+            out.append(Verdict("#5", f"{w}: hit rate ≥ 95 % of the oracle", f"{frac:.0%} (worst load)", frac >= 0.95))
+        for load in loads:
+            a, b = row(w, "ours (prefix_affinity)", load), row(w, "ours (round_robin)", load)
+            if a and b and b["ttft_p99_ms"] > 0:
+                ratio = a["ttft_p99_ms"] / b["ttft_p99_ms"]
+                out.append(Verdict("#5", f"{w} @ {load:.0%}: TTFT p99 ≤ 0.5× round robin", f"{ratio:.2f}×", ratio <= 0.5))
+        for peer in ("sglang-router cache_aware", "vllm-router cache_aware"):
+            a, b = row(w, "ours (prefix_affinity)", hi), row(w, peer, hi)
+            if a and b:
+                ratio = a["ttft_p99_ms"] / b["ttft_p99_ms"] if b["ttft_p99_ms"] else math.nan
+                out.append(Verdict("#8", f"{w} @ {hi:.0%}: TTFT p99 ahead of {peer}", f"{ratio:.2f}× theirs", ratio < 1.0))
+    for load in loads:
+        a, b = row("uniform", "ours (prefix_affinity)", load), row("uniform", "ours (least_load)", load)
+        if a and b and b["ttft_p99_ms"] > 0:
+            ratio = a["ttft_p99_ms"] / b["ttft_p99_ms"]
+            out.append(Verdict("#5", f"uniform @ {load:.0%}: TTFT p99 within ±5 % of least-load", f"{ratio:.2f}×", abs(ratio - 1) <= 0.05))
+    return out
