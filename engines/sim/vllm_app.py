@@ -16,7 +16,6 @@ import orjson
 
 from engines.sim import asgi, tokenizer
 from engines.sim.app_base import Emitter, Prepared, SimApp
-from engines.sim.asgi import Receive, Scope, Send
 from engines.sim.config import SimConfig
 from engines.sim.engine import Run
 from engines.sim.generator import Constraint, Output, pieces
@@ -31,6 +30,7 @@ from engines.sim.request import (
     response_format_constraint,
 )
 from engines.sim.tools import choose_calls, named_function, tool_name
+from engines.sim.vllm_extras import VllmEndpoints
 
 _TYPES = {
     400: "BadRequestError",
@@ -69,16 +69,17 @@ class VllmApp(SimApp):
 
     def __init__(self, cfg: SimConfig) -> None:
         super().__init__(cfg)
+        ext = VllmEndpoints(cfg, self.engine)
         self.routes.update(
             {
-                ("GET", "/health"): self._health,
-                ("GET", "/ping"): self._health,
-                ("GET", "/version"): self._version,
-                ("GET", "/load"): self._load,
-                ("GET", "/metrics"): self._metrics,
-                ("GET", "/v1/models"): self._models,
-                ("POST", "/tokenize"): self._tokenize,
-                ("POST", "/detokenize"): self._detokenize,
+                ("GET", "/health"): ext.health,
+                ("GET", "/ping"): ext.health,
+                ("GET", "/version"): ext.version,
+                ("GET", "/load"): ext.load,
+                ("GET", "/metrics"): ext.metrics,
+                ("GET", "/v1/models"): ext.models,
+                ("POST", "/tokenize"): ext.tokenize,
+                ("POST", "/detokenize"): ext.detokenize,
             }
         )
 
@@ -415,69 +416,3 @@ class VllmApp(SimApp):
             if self.cfg.enable_prompt_tokens_details:
                 usage["prompt_tokens_details"] = {"cached_tokens": run.cached_tokens}
             await emit(b"data: " + head + b'],"usage":' + orjson.dumps(usage) + b"}\n\n")
-
-    # ---- other endpoints -----------------------------------------------------------------------
-    async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
-        status = 503 if self.engine.faults.starting() else 200
-        await asgi.send_bytes(send, status, b"", [])
-
-    async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await asgi.send_json(send, 200, {"version": self.cfg.engine_version})
-
-    async def _load(self, scope: Scope, receive: Receive, send: Send) -> None:
-        s = self.engine.scheduler
-        await asgi.send_json(send, 200, {"server_load": s.running + s.waiting})
-
-    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await asgi.send_bytes(send, 200, self.engine.metrics.render(), asgi.TEXT_HEADERS)
-
-    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
-        cfg = self.cfg
-        card = {
-            "id": cfg.served_model_name,
-            "object": "model",
-            "created": int(self.engine.started),
-            "owned_by": "vllm",
-            "root": cfg.model,
-            "parent": None,
-            "max_model_len": cfg.max_model_len,
-            "permission": [
-                {
-                    "id": f"modelperm-{hex_id()}",
-                    "object": "model_permission",
-                    "created": int(self.engine.started),
-                    "allow_create_engine": False,
-                    "allow_sampling": True,
-                    "allow_logprobs": True,
-                    "allow_search_indices": False,
-                    "allow_view": True,
-                    "allow_fine_tuning": False,
-                    "organization": "*",
-                    "group": None,
-                    "is_blocking": False,
-                }
-            ],
-        }
-        await asgi.send_json(send, 200, {"object": "list", "data": [card]})
-
-    async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = await asgi.read_json(receive)
-        if isinstance(body.get("messages"), list):
-            text = render_chat(
-                body["messages"], body.get("tools"), body.get("add_generation_prompt") is not False
-            )
-        else:
-            text = str(body.get("prompt", ""))
-        ids = tokenizer.encode(text)
-        strs = tokenizer.split(text) if body.get("return_token_strs") else None
-        await asgi.send_json(
-            send,
-            200,
-            {"count": len(ids), "max_model_len": self.cfg.max_model_len, "tokens": ids, "token_strs": strs},
-        )
-
-    async def _detokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = await asgi.read_json(receive)
-        tokens = body.get("tokens")
-        ids = [t for t in tokens if isinstance(t, int)] if isinstance(tokens, list) else []
-        await asgi.send_json(send, 200, {"prompt": tokenizer.decode(ids)})
