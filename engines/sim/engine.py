@@ -52,9 +52,10 @@ class Engine:
         cap = self.cfg.num_cache_blocks * self.cfg.block_size
         return min(1.0, self.scheduler.running_tokens / cap) if cap else 0.0
 
-    def run(self, prompt_ids: list[int], budget_tokens: int) -> Run:
-        """A new request's life; see the module docstring."""
-        return Run(self, prompt_ids, budget_tokens)
+    def run(self, prompt_ids: list[int], budget_tokens: int, account: bool = True) -> Run:
+        """A new request's life; see the module docstring. `account=False` (health probes) keeps it out
+        of `/sim/stats` and the metrics while it still takes a slot and costs time."""
+        return Run(self, prompt_ids, budget_tokens, account)
 
     def sim_stats(self) -> dict[str, object]:
         """Body of `GET /sim/stats`."""
@@ -80,6 +81,7 @@ class Run:
     """One admitted request; see `Engine` for the protocol."""
 
     __slots__ = (
+        "_account",
         "_budget",
         "_engine",
         "_finish",
@@ -92,8 +94,11 @@ class Run:
         "cached_tokens",
     )
 
-    def __init__(self, engine: Engine, prompt_ids: list[int], budget_tokens: int) -> None:
+    def __init__(
+        self, engine: Engine, prompt_ids: list[int], budget_tokens: int, account: bool = True
+    ) -> None:
         self._engine = engine
+        self._account = account
         self._prompt = prompt_ids
         self._budget = len(prompt_ids) + budget_tokens
         self._lease: Lease | None = None
@@ -109,11 +114,12 @@ class Run:
         try:
             await eng.scheduler.admit()
         except asyncio.CancelledError:
-            eng.stats.cancelled_total += 1
+            if self._account:
+                eng.stats.cancelled_total += 1
             raise
         self._t_admit = time.perf_counter()
         eng.scheduler.running_tokens += self._budget
-        lease = eng.cache.acquire(self._prompt)
+        lease = eng.cache.acquire(self._prompt) if self._account else Lease([], 0)
         self._lease = lease
         n = len(self._prompt)
         bs = eng.cfg.block_size
@@ -155,6 +161,8 @@ class Run:
         eng.scheduler.finish()
         if self._lease is not None:
             eng.cache.release(self._lease)
+        if not self._account:
+            return
         stats = eng.stats
         n = len(self._prompt)
         stats.prompt_tokens_total += n

@@ -32,7 +32,7 @@ class SglangEndpoints:
             await asgi.send_bytes(send, 503, b"", [])
             return
         try:
-            async with asyncio.timeout(20), eng.run([self.cfg.eos_token_id], 1) as run:
+            async with asyncio.timeout(20), eng.run([self.cfg.eos_token_id], 1, account=False) as run:
                 await run.prefill()
                 run.finish(1, "length")
         except TimeoutError:

@@ -405,3 +405,12 @@ def test_openai_sdk(sg: str) -> None:
     assert tool.choices[0].message.tool_calls[0].function.name == "get_weather"  # type: ignore[index, union-attr]
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="x", messages=USER, n=None)  # type: ignore[arg-type]
+
+
+def test_health_probe_is_not_counted(plain: str) -> None:
+    before = httpx.get(plain + "/sim/stats").json()
+    for _ in range(3):
+        assert httpx.get(plain + "/health").status_code == 200
+    after = httpx.get(plain + "/sim/stats").json()
+    assert after["completed_total"] == before["completed_total"]
+    assert after["prompt_tokens_total"] == before["prompt_tokens_total"]
