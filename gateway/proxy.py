@@ -60,6 +60,24 @@ class ProxyStage:
         self._on_upstream_error = on_upstream_error
 
     async def __call__(self, ctx: RequestContext) -> Response | None:
+        # Until the answer starts, nothing reads the client's connection: a watcher cancels the
+        # upstream wait when the client goes away, so the engine's request is dropped at once (a
+        # non-streamed generation or a stream still waiting for its first token), not run to its end.
+        task = asyncio.current_task()
+        assert task is not None
+        watch = _DisconnectWatch(ctx, task)
+        try:
+            return await self._attempts(ctx)
+        except asyncio.CancelledError:
+            if not watch.fired:
+                raise
+            task.uncancel()
+            ctx.error_kind = "client_disconnect"
+            return error_response(_client_gone(), ctx.response_headers)
+        finally:
+            watch.stop()
+
+    async def _attempts(self, ctx: RequestContext) -> Response:
         assert ctx.pool is not None and ctx.backend is not None and ctx.model is not None
         dialect = ctx.pool.dialect
         upstream_body = dialect.build_request(ctx.endpoint, ctx.body, ctx.pool.models[ctx.model.name])
@@ -231,6 +249,36 @@ class ProxyStage:
         backend = ctx.backend
         if backend is not None:
             backend.in_flight -= 1
+
+
+class _DisconnectWatch:
+    """Cancels `task` once, when the client disconnects, while `stop()` has not been called."""
+
+    __slots__ = ("_active", "_task", "_watcher", "fired")
+
+    def __init__(self, ctx: RequestContext, task: asyncio.Task[object]) -> None:
+        self._task = task
+        self._active = True
+        self.fired = False
+        self._watcher = asyncio.get_running_loop().create_task(self._watch(ctx))
+
+    async def _watch(self, ctx: RequestContext) -> None:
+        while True:
+            message = await ctx.receive()
+            if message["type"] == "http.disconnect":
+                break
+        if self._active:
+            self.fired = True
+            self._task.cancel()
+
+    def stop(self) -> None:
+        self._active = False
+        self._watcher.cancel()
+
+
+def _client_gone() -> ApiError:
+    # Never seen by the client (it has gone); 499 is the status access logs use for this case.
+    return ApiError(499, "The client closed the connection before the answer started.")
 
 
 def _continuous_usage(ctx: RequestContext) -> bool:

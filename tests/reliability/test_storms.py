@@ -1,0 +1,143 @@
+"""Whole-pool failures: 5xx storms, refused connections, and a backend that dies and comes back.
+
+Each storm puts both backends of a pool into the same failure and sends a burst of requests. The
+gateway must answer every one in OpenAI's error shape (never hang, never a stack trace or a backend
+address), and the upstream attempts the simulators counted must stay within the retry rules:
+at most `max_attempts` per request and, across the burst, at most the retry budget
+(its initial bucket + `budget_ratio` per request + `budget_min_per_s` per second elapsed).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from engines.sim.launcher import SimProcess
+from tests.conftest import fast_sim, single_pool_config
+from tests.reliability.support import chat, events, metric, sim_faults, sim_stats, wait_for
+from tests.support import GatewayProcess
+
+BURST = 60
+RATIO, MIN_PER_S = 0.1, 1.0
+BUCKET = max(10 * MIN_PER_S, 10.0)  # gateway/retry.py: the bucket starts full
+
+
+def _assert_openai_error(r: httpx.Response, sims: list[SimProcess]) -> dict[str, Any]:
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    for sim in sims:
+        assert str(sim.port) not in r.text and "127.0.0.1" not in r.text
+    assert "Traceback" not in r.text
+    return dict(body["error"])
+
+
+@pytest.mark.parametrize("kind", ["503", "429", "500", "refuse"])
+def test_storm_on_every_backend(kind: str) -> None:
+    flags = ["--refuse"] if kind == "refuse" else ["--fault-rate", "1", "--fault-kind", kind]
+    with fast_sim("vllm", *flags) as a, fast_sim("vllm", *flags) as b:
+        config = single_pool_config(
+            "vllm",
+            [a.base_url, b.base_url],
+            upstream={
+                "health": {"interval_s": 3600, "failure_threshold": 1000},
+                "retries": {"max_attempts": 3, "budget_ratio": RATIO, "budget_min_per_s": MIN_PER_S},
+            },
+        )
+        config["routing"]["policy"] = "round_robin"
+        # --refuse closes connections at accept: the gateway starts without a healthy backend.
+        with GatewayProcess(config, ready=kind != "refuse") as gw:
+            started = time.monotonic()
+            with httpx.Client(base_url=gw.base_url, timeout=15) as http:
+
+                def one(i: int) -> httpx.Response:
+                    return http.post("/v1/chat/completions", json=chat(i, stream=i % 2 == 0))
+
+                with ThreadPoolExecutor(8) as pool:
+                    responses = list(pool.map(one, range(BURST)))
+                elapsed = time.monotonic() - started
+                metrics = http.get("/metrics").text
+            # An engine's 429 is the engine being overloaded, not the client's rate limit: 503 (docs/api.md).
+            expected = {"503": 503, "429": 503, "500": 500, "refuse": 503}[kind]
+            for r in responses:
+                assert r.status_code == expected, r.text
+                err = _assert_openai_error(r, [a, b])
+                if expected >= 500:
+                    assert err["type"] == "server_error"
+            if kind == "refuse":
+                # The start-up probe already found both unhealthy: requests are refused at routing,
+                # and any attempt that is made counts as an upstream error.
+                attempts = metric(metrics, "gateway_upstream_errors_total")
+            else:
+                attempts = sim_stats(a.base_url)["requests_total"] + sim_stats(b.base_url)["requests_total"]
+            retries = attempts - (0 if kind == "refuse" else BURST)
+            if kind == "500":
+                # Not a "try elsewhere" status: passed through once, never retried.
+                assert attempts == BURST
+            else:
+                assert attempts <= BURST * 2, "at most one retry per request with two backends"
+                budget = BUCKET + RATIO * BURST + MIN_PER_S * elapsed + 1
+                if kind != "refuse":
+                    assert 0 < retries <= budget, (retries, budget)
+            print(f"\nstorm {kind}: {BURST} requests, {attempts:.0f} upstream attempts in {elapsed:.2f}s")
+
+
+def test_backend_that_dies_and_comes_back() -> None:
+    sim = fast_sim("vllm")
+    port = sim.port
+    with sim:
+        config = single_pool_config(
+            "vllm",
+            [sim.base_url],
+            upstream={"health": {"interval_s": 0.2, "timeout_s": 0.5, "failure_threshold": 2, "open_s": 0.5}},
+        )
+        with GatewayProcess(config) as gw, httpx.Client(base_url=gw.base_url, timeout=10) as http:
+            assert http.post("/v1/chat/completions", json=chat()).status_code == 200
+            sim.stop()
+
+            def circuit_open() -> bool:
+                return metric(http.get("/metrics").text, "gateway_backend_circuit_open") == 1
+
+            wait_for(circuit_open, timeout=5, what="circuit open")
+            for i in range(6):
+                r = http.post("/v1/chat/completions", json=chat(i, stream=i % 2 == 0))
+                assert r.status_code == 503, r.text
+                assert _assert_openai_error(r, [sim])["type"] == "server_error"
+            assert http.get("/readyz").status_code == 503
+
+            back = SimProcess("vllm", port, sim.extra)
+            with back:
+
+                def serving() -> bool:
+                    return http.post("/v1/chat/completions", json=chat()).status_code == 200
+
+                wait_for(serving, timeout=5, interval=0.1, what="traffic back on the revived backend")
+                assert not circuit_open()
+                assert http.get("/readyz").status_code == 200
+                r = http.post("/v1/chat/completions", json=chat(stream=True))
+                assert r.status_code == 200 and events(r.text)[-1] == "[DONE]"
+                assert sim_stats(back.base_url)["completed_total"] >= 2
+
+
+def test_flapping_backend_midstream_errors_are_events_never_hangs() -> None:
+    """Half the streams of a backend crash mid-way: each ends with one error event and [DONE]."""
+    with fast_sim("vllm", "--itl-ms", "2") as sim:
+        config = single_pool_config(
+            "vllm", [sim.base_url], upstream={"health": {"interval_s": 3600, "failure_threshold": 1000}}
+        )
+        with GatewayProcess(config) as gw, httpx.Client(base_url=gw.base_url, timeout=15) as http:
+            outcomes = {"ok": 0, "error_event": 0}
+            for i in range(12):
+                sim_faults(sim.base_url, crash_after=3 if i % 2 else None, crash_mode="cut")
+                r = http.post("/v1/chat/completions", json=chat(i, stream=True, max_tokens=20, min_tokens=20))
+                assert r.status_code == 200
+                evs = events(r.text)
+                assert evs[-1] == "[DONE]"
+                errors = [e for e in evs[:-1] if "error" in orjson.loads(e)]
+                assert len(errors) == (1 if i % 2 else 0)
+                outcomes["error_event" if errors else "ok"] += 1
+            assert outcomes == {"ok": 6, "error_event": 6}
