@@ -13,7 +13,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from redis.asyncio import Redis
@@ -34,7 +34,7 @@ from gateway.metrics_export import CONTENT_TYPE, MetricsExporter
 from gateway.metrics_sampler import MetricsSampler, RedisProbe
 from gateway.pipeline import Pipeline, Stage, run_finalizers
 from gateway.proxy import ProxyStage
-from gateway.redis_client import open_redis
+from gateway.redis_client import connect_redis, describe
 from gateway.request_id import request_id_from
 from gateway.responses import BytesResponse, Receive, Send, error_response
 from gateway.router_factory import build_router
@@ -117,8 +117,9 @@ class Gateway:
                 max_per_host=up.max_connections_per_backend,
                 keepalive_s=up.keepalive_s,
             )
-        if self.settings.redis.url:
-            self.redis = open_redis(self.settings.redis.url)
+        if self.settings.redis.configured:
+            # standalone, sentinel or cluster (redis.mode); a RedisCluster speaks the same commands
+            self.redis = cast(Redis, connect_redis(self.settings.redis))
             self.store = RedisStore(self.redis)
         await self.admission.start(self.redis)
         self.pipeline = self.build_pipeline(self._transport)
@@ -142,7 +143,7 @@ class Gateway:
             len(self.fleet.pools),
             len(self.fleet.backends),
             healthy,
-            "redis" if self.settings.redis.url else "none (this process only)",
+            describe(self.settings.redis),
         )
 
     async def shutdown(self) -> None:
