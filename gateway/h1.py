@@ -33,6 +33,7 @@ import socket
 import ssl
 from collections.abc import Mapping
 from typing import Final, cast
+from urllib.parse import urlsplit
 
 import httptools
 
@@ -60,16 +61,7 @@ class _Origin:
 
     __slots__ = ("host", "idle", "port", "prefix", "ssl")
 
-    def __init__(self, scheme: str, authority: str, ssl_context: ssl.SSLContext | None) -> None:
-        host, port = authority, 443 if scheme == "https" else 80
-        if authority.startswith("["):  # [v6]:port
-            end = authority.index("]")
-            host, rest = authority[1:end], authority[end + 1 :]
-            if rest.startswith(":"):
-                port = int(rest[1:])
-        elif ":" in authority:
-            host, _, p = authority.rpartition(":")
-            port = int(p)
+    def __init__(self, host: str, port: int, authority: str, ssl_context: ssl.SSLContext | None) -> None:
         self.host = host
         self.port = port
         self.ssl = ssl_context
@@ -379,20 +371,21 @@ class H1Transport:
 
     # -- internals --------------------------------------------------------------------------------
     def _route(self, url: str) -> tuple[_Origin, bytes]:
-        scheme, sep, rest = url.partition("://")
-        if not sep or scheme not in ("http", "https"):
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("upstream url must start with http:// or https://")
-        slash = rest.find("/")
-        authority, path = (rest, "/") if slash < 0 else (rest[:slash], rest[slash:])
-        key = scheme + "://" + authority
+        tls = parts.scheme == "https"
+        key = parts.scheme + "://" + parts.netloc
         origin = self._origins.get(key)
         if origin is None:
-            if scheme == "https" and self._ssl is None:
+            if tls and self._ssl is None:
                 self._ssl = ssl.create_default_context()
-            origin = _Origin(scheme, authority, self._ssl if scheme == "https" else None)
+            port = parts.port or (443 if tls else 80)
+            origin = _Origin(parts.hostname, port, parts.netloc, self._ssl if tls else None)
             self._origins[key] = origin
         if len(self._routes) >= _MAX_ROUTES:
             self._routes.clear()
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         route = self._routes[url] = (origin, path.encode("ascii"))
         return route
 

@@ -509,7 +509,7 @@ LENGTH = (
 
 
 def _parse(raw: bytes, cuts: list[int]) -> tuple[int, list[tuple[bytes, bytes]], bytes, bool]:
-    conn = _Connection(_Origin("http", "engine:8000", None))
+    conn = _Connection(_Origin("engine", 8000, "engine:8000", None))
     conn.connection_made(_FakeTransport())  # type: ignore[arg-type]
     conn.start(reused=False)
     edges = [0, *sorted(set(cuts)), len(raw)]
