@@ -153,7 +153,9 @@ class SglangApp(SimApp):
             rendered_tools = tools if tool_choice != "none" else None
             prompt_text = render_chat(messages, rendered_tools, True)
             prompt_ids = tokenizer.encode(prompt_text)
-            if tools and tool_choice != "none":
+            # with another constraint (response_format, schema, regex, ebnf) SGLang drops the tool
+            # constraint (a log warning only): the output follows the other constraint, no tool call
+            if tools and tool_choice != "none" and constraint is None:
                 calls = choose_calls(
                     messages, tools, tool_choice, body.get("parallel_tool_calls") is not False
                 )

@@ -414,3 +414,12 @@ def test_health_probe_is_not_counted(plain: str) -> None:
     after = httpx.get(plain + "/sim/stats").json()
     assert after["completed_total"] == before["completed_total"]
     assert after["prompt_tokens_total"] == before["prompt_tokens_total"]
+
+
+def test_other_constraint_drops_the_tool_constraint(sg: str) -> None:
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    rf = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+    choice = chat(sg, tools=[WEATHER_TOOL], tool_choice=named, response_format=rf).json()["choices"][0]
+    assert choice["message"]["tool_calls"] is None and choice["finish_reason"] == "stop"
+    assert set(json.loads(choice["message"]["content"])) == {"answer"}

@@ -562,3 +562,13 @@ def test_openai_sdk(vl: str) -> None:
         client.chat.completions.create(model="nope", messages=USER)  # type: ignore[arg-type]
     comp = client.completions.create(model="served", prompt="Say hi", max_tokens=3)
     assert comp.choices[0].text and comp.usage is not None and comp.usage.completion_tokens == 3
+
+
+def test_include_reasoning_false_and_token_ids(reasoner: str, vl: str) -> None:
+    hidden = chat(reasoner, include_reasoning=False).json()["choices"][0]["message"]
+    assert hidden["reasoning"] is None and hidden["content"]
+    evs = stream(reasoner, CHAT, {"messages": USER, "include_reasoning": False})
+    assert all("reasoning" not in e["choices"][0]["delta"] for e in evs[:-2] if e["choices"])
+    body = chat(vl, max_tokens=4, return_token_ids=True).json()
+    assert len(body["choices"][0]["token_ids"]) == 4 and body["prompt_token_ids"]
+    assert len(body["prompt_token_ids"]) == body["usage"]["prompt_tokens"]
