@@ -237,7 +237,9 @@ class SglangApp(SimApp):
     # ---- non-streaming -------------------------------------------------------------------------
     def _usage(self, p: Prepared, run: Run, completion: int) -> dict[str, Any]:
         n = len(p.prompt_ids)
-        details = {"cached_tokens": run.cached_tokens} if self.cfg.enable_cache_report else None
+        # SGLang's UsageProcessor reports the details only when something was cached
+        cached = run.cached_tokens
+        details = {"cached_tokens": cached} if self.cfg.enable_cache_report and cached > 0 else None
         reasoning = sum(len(o.reasoning) for o in p.outputs)
         return {
             "prompt_tokens": n,

@@ -64,7 +64,8 @@ def test_repeated_prefix_is_faster_and_counted(slow_prefill: tuple[str, str]) ->
     engine, base = slow_prefill
     cold, cold_usage = ttft(base, "first question")
     warm, warm_usage = ttft(base, "second question")
-    assert cold_usage["prompt_tokens_details"] == {"cached_tokens": 0}
+    # vLLM reports 0 cached tokens; SGLang reports the details only when some were cached
+    assert cold_usage["prompt_tokens_details"] == ({"cached_tokens": 0} if engine == "vllm" else None)
     cached = warm_usage["prompt_tokens_details"]["cached_tokens"]  # type: ignore[index]
     assert cached >= 0.9 * int(warm_usage["prompt_tokens"])  # type: ignore[call-overload]
     assert cold > 0.2 and warm < cold / 2  # ~ 300 ms of prefill vs almost none
