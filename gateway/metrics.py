@@ -89,7 +89,7 @@ def _value(child: Counter) -> _Value:
     """The value cell of a counter child. Incrementing it directly skips the per-call checks of
     `Counter.inc` (amount sign, exemplars), about half of its cost; the amounts here are never
     negative. It is prometheus-client's one- or multi-process value alike."""
-    cell: _Value = child._value  # type: ignore[attr-defined]
+    cell: _Value = child._value
     return cell
 
 
@@ -99,9 +99,9 @@ class _Hist:
     __slots__ = ("_bounds", "_buckets", "_sum")
 
     def __init__(self, child: Histogram) -> None:
-        self._bounds: list[float] = list(child._upper_bounds)  # type: ignore[attr-defined]
-        self._buckets: list[_Value] = list(child._buckets)  # type: ignore[attr-defined]
-        self._sum: _Value = child._sum  # type: ignore[attr-defined]
+        self._bounds: list[float] = list(child._upper_bounds)
+        self._buckets: list[_Value] = list(child._buckets)
+        self._sum: _Value = child._sum
 
     def observe(self, amount: float) -> None:
         self._sum.inc(amount)

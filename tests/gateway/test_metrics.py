@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import subprocess
 import sys
@@ -13,12 +15,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engines.base import Usage
+from gateway.access_log import AccessLog
 from gateway.context import RequestContext
 from gateway.fleet import Fleet
 from gateway.metrics import LIMIT_REASONS, Metrics
 from gateway.metrics_export import MetricsExporter, multiprocess_dir, reap_dead_workers
 from gateway.metrics_sampler import MetricsSampler
-from gateway.settings import MetricsSettings, Settings, parse_settings
+from gateway.settings import AccessLogSettings, MetricsSettings, Settings, parse_settings
 from policies.types import Decision
 
 
@@ -248,3 +251,27 @@ def test_observe_request_cost() -> None:
         best = min(best, (time.process_time() - t0) / n)
     print(f"observe_request: {best * 1e6:.2f} µs CPU per streamed request (one process)")
     assert best < 50e-6
+
+
+def test_access_log_line_has_the_fields_and_no_text(caplog: pytest.LogCaptureFixture) -> None:
+    settings = _settings()
+    fleet = Fleet(settings.pools, settings.upstream.health, 10)
+    ctx = _ctx(fleet, settings, stream=True)
+    ctx.raw_body = b'{"messages": [{"role": "user", "content": "secret prompt"}]}'
+    ctx.route_reason, ctx.affinity, ctx.attempts = "default+affinity:hit", "hit", 2
+    with caplog.at_level(logging.INFO, logger="gateway.access"):
+        AccessLog(AccessLogSettings()).write(ctx, now=101.25)
+        AccessLog(AccessLogSettings(include_text=True)).write(ctx, now=101.25)
+    plain, with_text = (json.loads(r.getMessage()) for r in caplog.records)
+    assert plain["request_id"] == "r" and plain["principal"] == "anonymous"
+    assert (plain["pool"], plain["backend"], plain["status"]) == ("vllm", "v0", 200)
+    assert (
+        plain["prompt_tokens"],
+        plain["completion_tokens"],
+        plain["cached_tokens"],
+        plain["total_tokens"],
+    ) == (10, 21, 4, 31)
+    assert plain["ttft_ms"] == 500.0 and plain["duration_ms"] == 1250.0
+    assert plain["route"] == "default+affinity:hit" and plain["affinity"] == "hit" and plain["attempts"] == 2
+    assert "secret prompt" not in json.dumps(plain)
+    assert "secret prompt" in with_text["request_body"]
