@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, "--port", type=int, default=None, help="default 8000 (vllm) / 30000 (sglang)")
     _add(g, "--model", default="sim-model", help="model path; also the served name by default")
     _add(g, "--served-model-name", default=None, help="name reported by /v1/models")
-    _add(g, "--version", dest="engine_version", default=None, help="reported engine version")
+    _add(g, "--engine-version", default=None, help="reported version (default 0.13.0 vllm, 0.5.6 sglang)")
     _add(g, "--log-level", default="warning")
 
     g = parser.add_argument_group("engine features (same flags as the real engines)")
