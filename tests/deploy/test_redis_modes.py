@@ -9,17 +9,22 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import httpx
 import pytest
 from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
+from engines.sim.launcher import SimProcess
+from gateway.demo import SERVED
 from gateway.redis_client import RedisClient, connect_redis, describe
 from gateway.settings import RedisSettings, parse_settings
 from gateway.state import Overrides, RedisStore, audit_entry
+from gateway.tokens import mint_token
+from tests.conftest import fast_sim
 from tests.deploy.redis_topologies import ClusterSetup, SentinelSetup, _Processes
-from tests.support import RedisServer, free_port
+from tests.support import GatewayProcess, RedisServer, free_port
 
 # ------------------------------------------------------------------ settings
 
@@ -244,3 +249,65 @@ async def test_cluster(cluster_setup: ClusterSetup) -> None:
     finally:
         await client.aclose()
         await other.aclose()
+
+
+# ------------------------------------------------------------------ a whole gateway on each mode
+
+
+SECRET = "redis-modes-secret-" + "r" * 40
+
+
+def _gateway_on(redis: dict[str, Any], sim_url: str) -> GatewayProcess:
+    config: dict[str, Any] = {
+        "server": {"graceful_shutdown_s": 2},
+        "models": [{"name": "m"}],
+        "pools": [
+            {
+                "name": "vllm",
+                "dialect": "vllm",
+                "models": {"m": SERVED["vllm"]},
+                "backends": [{"name": "vllm-0", "url": sim_url}],
+            }
+        ],
+        "upstream": {"health": {"interval_s": 0.5}},
+        "auth": {"jwt": {"secret": SECRET}},
+        "limits": {"tiers": {"default": {"requests_per_minute": 2}}},
+        "redis": redis,
+    }
+    return GatewayProcess(config)
+
+
+def _exercise(gw: GatewayProcess, expect_log: str) -> None:
+    """Limits and admin state through the configured mode, and the start-up log says which."""
+    user = {"authorization": "Bearer " + mint_token(SECRET, f"u{time.time_ns()}")}
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    codes = [
+        httpx.post(gw.base_url + "/v1/chat/completions", json=body, headers=user, timeout=10).status_code
+        for _ in range(3)
+    ]
+    assert codes == [200, 200, 429]
+    admin = {"authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}
+    r = httpx.put(gw.base_url + "/admin/pools/vllm/weight", json={"weight": 0.25}, headers=admin, timeout=10)
+    assert r.json() == {"ok": True, "shared": True}
+    assert expect_log in gw.log()
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimProcess]:
+    with fast_sim("vllm") as s:
+        yield s
+
+
+def test_gateway_on_sentinel(sentinel_setup: SentinelSetup, sim: SimProcess) -> None:
+    redis = {
+        "mode": "sentinel",
+        "sentinels": sentinel_setup.sentinels,
+        "service_name": sentinel_setup.service_name,
+    }
+    with _gateway_on(redis, sim.base_url) as gw:
+        _exercise(gw, f"shared state: sentinel {sentinel_setup.service_name} via")
+
+
+def test_gateway_on_cluster(cluster_setup: ClusterSetup, sim: SimProcess) -> None:
+    with _gateway_on({"mode": "cluster", "nodes": cluster_setup.nodes[1:]}, sim.base_url) as gw:
+        _exercise(gw, "shared state: cluster via")
