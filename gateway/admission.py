@@ -26,6 +26,7 @@ from gateway.jwt_auth import JwtVerifier
 from gateway.limits import FailoverLimiter
 from gateway.limits_local import LocalLimiter
 from gateway.limits_redis import RedisLimiter
+from gateway.redis_wire import RespClient
 from gateway.sanitise import SanitiseStage
 from policies.features import FeatureConfig
 
@@ -82,6 +83,7 @@ class Admission:
             self._on_limiter_event,
         )
         self._redis_limiter: RedisLimiter | None = None
+        self._wire: RespClient | None = None
 
     # -- stages -----------------------------------------------------------------------------------
     def authenticate_stages(self) -> list[AuthenticateStage]:
@@ -117,6 +119,8 @@ class Admission:
         await self.limiter.aclose()
         if self._redis_limiter is not None:
             await self._redis_limiter.aclose()
+        if self._wire is not None:
+            await self._wire.aclose()
         if self.jwks is not None:
             await self.jwks.aclose()
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -31,11 +32,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.limits import StoreDown, Ticket
+from gateway.redis_wire import ReplyError, RespClient, WireDown
 from policies.admission import Outcome, ScopeLimits, Verdict
 
 log = logging.getLogger("gateway.limits")
 
-_OUTAGE = (RedisConnectionError, RedisTimeoutError, OSError)
+_OUTAGE = (RedisConnectionError, RedisTimeoutError, OSError, WireDown)
+#: error replies that mean "Redis cannot serve right now" (restarting, failing over), not a bug
+_TRANSIENT = ("LOADING", "BUSY", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERDOWN")
 
 # KEYS: 4 per scope (req, tok, sum, con). ARGV: window_ms, id, cost, lease_ms, n, then per scope
 # requests, tokens, concurrent (0 = unlimited). Returns {outcome, scope, retry_ms, limit_req,
@@ -178,6 +182,24 @@ return 1
 """
 
 
+class WireScript:
+    """A Lua script over `RespClient`: EVALSHA, and EVAL once when the server lost its script cache
+    (a restarted Redis); the same contract as redis-py's `Script.__call__(keys=, args=)`."""
+
+    def __init__(self, client: RespClient, source: str) -> None:
+        self._client = client
+        self._source = source
+        self._sha = hashlib.sha1(source.encode()).hexdigest()
+
+    async def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            return await self._client.call("EVALSHA", self._sha, len(keys), *keys, *args)
+        except ReplyError as exc:
+            if not str(exc).startswith("NOSCRIPT"):
+                raise
+        return await self._client.call("EVAL", self._source, len(keys), *keys, *args)
+
+
 def scope_keys(scope: ScopeLimits) -> tuple[str, str, str, str]:
     k = scope.key
     return (k + ":req", k + ":tok", k + ":sum", k + ":con")
@@ -185,7 +207,11 @@ def scope_keys(scope: ScopeLimits) -> tuple[str, str, str, str]:
 
 class RedisLimiter:
     """The shared limiter. Contract: `acquire` is one EVALSHA round trip; any connection failure or
-    timeout is raised as `StoreDown` (the caller decides what an outage means)."""
+    timeout is raised as `StoreDown` (the caller decides what an outage means).
+
+    With `wire` (standalone Redis), acquire and finish go over the auto-pipelining connection of
+    gateway/redis_wire.py (~10 µs of CPU instead of ~80 µs through redis-py); the lease renewer and
+    deployments on Sentinel or Cluster use the redis-py client."""
 
     name = "redis"
 
@@ -196,6 +222,7 @@ class RedisLimiter:
         window_s: float,
         lease_s: float,
         observe: Callable[[str, float | None], None] | None = None,
+        wire: RespClient | None = None,
     ) -> None:
         #: `observe(op, seconds)` after each round trip; seconds None when it failed
         self._observe = observe
@@ -203,8 +230,11 @@ class RedisLimiter:
         self._window_ms = int(window_s * 1000)
         self._lease_ms = int(lease_s * 1000)
         self._lease_s = lease_s
-        self._acquire = redis.register_script(ACQUIRE)
-        self._finish = redis.register_script(FINISH)
+        self._acquire: Callable[..., Any] = redis.register_script(ACQUIRE)
+        self._finish: Callable[..., Any] = redis.register_script(FINISH)
+        if wire is not None:
+            self._acquire = WireScript(wire, ACQUIRE)
+            self._finish = WireScript(wire, FINISH)
         self._renew = redis.register_script(RENEW)
         #: concurrency slots this replica holds: id → the `:con` keys
         self._held: dict[str, list[str]] = {}
@@ -228,6 +258,10 @@ class RedisLimiter:
             if observe is not None:
                 observe("limit", None)
             raise StoreDown(str(exc)) from exc
+        except ReplyError as exc:
+            if str(exc).startswith(_TRANSIENT):
+                raise StoreDown(str(exc)) from exc
+            raise
         if observe is not None:
             observe("limit", time.perf_counter() - t0)
         verdict = Verdict(Outcome(int(r[0])), *(int(x) for x in r[1:]))
@@ -253,6 +287,10 @@ class RedisLimiter:
             await self._finish(keys=keys, args=args)
         except _OUTAGE as exc:
             raise StoreDown(str(exc)) from exc
+        except ReplyError as exc:
+            if str(exc).startswith(_TRANSIENT):
+                raise StoreDown(str(exc)) from exc
+            raise
 
     async def _renew_forever(self) -> None:
         period = self._lease_s / 3

@@ -16,6 +16,7 @@ from gateway.limits import Ticket
 from gateway.limits_local import LocalLimiter
 from gateway.limits_redis import RedisLimiter
 from gateway.redis_client import open_redis
+from gateway.redis_wire import RespClient
 from policies.admission import Outcome, ScopeLimits, Verdict
 from tests.support import RedisServer
 
@@ -50,16 +51,19 @@ class Harness:
         return verdict, Ticket(id, tuple(scopes), cost, self.limiter.name)
 
 
-@pytest.fixture(params=["redis", "local"])
+@pytest.fixture(params=["redis-py", "wire", "local"])
 async def harness(request: pytest.FixtureRequest, redis_server: RedisServer) -> AsyncIterator[Harness]:
     if request.param == "local":
         yield Harness(LocalLimiter(window_s=WINDOW_S))
         return
     client = open_redis(redis_server.url)
     await client.flushdb()
-    limiter = RedisLimiter(client, window_s=WINDOW_S, lease_s=30)
+    wire = RespClient(redis_server.url) if request.param == "wire" else None
+    limiter = RedisLimiter(client, window_s=WINDOW_S, lease_s=30, wire=wire)
     yield Harness(limiter)
     await limiter.aclose()
+    if wire is not None:
+        await wire.aclose()
     await client.aclose()
 
 
@@ -152,7 +156,11 @@ async def test_exact_across_replicas(redis_server: RedisServer) -> None:
     """Four limiters (four clients, as four replicas) and 400 concurrent requests: exactly 100 pass."""
     clients = [open_redis(redis_server.url) for _ in range(4)]
     await clients[0].flushdb()
-    limiters = [RedisLimiter(c, window_s=60, lease_s=30) for c in clients]
+    wires = [RespClient(redis_server.url) for _ in range(2)]  # two replicas on each client kind
+    limiters = [
+        RedisLimiter(c, window_s=60, lease_s=30, wire=wires[i] if i < 2 else None)
+        for i, c in enumerate(clients)
+    ]
     scopes = [user(requests=100)]
     verdicts = await asyncio.gather(*(limiters[i % 4].acquire(f"x{i}", scopes, 1) for i in range(400)))
     assert sum(v.admitted for v in verdicts) == 100
@@ -160,6 +168,8 @@ async def test_exact_across_replicas(redis_server: RedisServer) -> None:
     assert await clients[0].zcard("gw:rl:{u:alice}:u:req") == 100
     for c in clients:
         await c.aclose()
+    for w in wires:
+        await w.aclose()
 
 
 async def test_lease_of_a_dead_replica_expires(redis: Redis, redis_server: RedisServer) -> None:
