@@ -131,15 +131,9 @@ class ProxyStage:
             return error_response(upstream_timeout(), ctx.response_headers)
         except UpstreamError as exc:
             raise _Retry(exc.kind, overloaded()) from None
-        dialect = ctx.pool.dialect
         if resp.status != 200:
-            err = dialect.decode_error(resp.status, data, ctx.endpoint)
-            if resp.status in RETRYABLE_STATUS:
-                raise _Retry(f"status_{resp.status}", err)
-            backend.circuit.success()
-            ctx.error_kind = f"engine_{resp.status}"
-            await self._end(ctx, False)
-            return error_response(err, ctx.response_headers)
+            return await self._engine_error(ctx, backend, resp.status, data)
+        dialect = ctx.pool.dialect
         backend.circuit.success()
         try:
             completion = dialect.decode_response(ctx.endpoint, data)
@@ -181,13 +175,7 @@ class ProxyStage:
                 if resp.status != 200:
                     data = await resp.read()
                     resp.close()
-                    err = dialect.decode_error(resp.status, data, ctx.endpoint)
-                    if resp.status in RETRYABLE_STATUS:
-                        raise _Retry(f"status_{resp.status}", err)
-                    backend.circuit.success()
-                    ctx.error_kind = f"engine_{resp.status}"
-                    await self._end(ctx, False)
-                    return error_response(err, ctx.response_headers)
+                    return await self._engine_error(ctx, backend, resp.status, data)
                 chunks = resp.chunks()
                 first = await self._first_events(chunks, splitter, decoder, encoder)
         except TimeoutError:
@@ -241,6 +229,21 @@ class ProxyStage:
             if out or splitter.done:
                 return out
         raise UpstreamError("upstream closed before its first event")
+
+    async def _engine_error(self, ctx: RequestContext, backend: Backend, status: int, data: bytes) -> Response:
+        """The engine answered an error before any byte went out: fail over, or answer it re-shaped."""
+        assert ctx.pool is not None
+        err = ctx.pool.dialect.decode_error(status, data, ctx.endpoint)
+        if status in RETRYABLE_STATUS:
+            raise _Retry(f"status_{status}", err)
+        if status >= 500:
+            backend.circuit.failure(time.monotonic())
+            self._on_upstream_error(ctx, backend, f"status_{status}")
+        else:
+            backend.circuit.success()  # a 4xx is the request's fault, not the backend's
+        ctx.error_kind = f"engine_{status}"
+        await self._end(ctx, False)
+        return error_response(err, ctx.response_headers)
 
     async def _send(self, url: str, body: bytes) -> UpstreamResponse:
         return await self._transport.request("POST", url, body)
