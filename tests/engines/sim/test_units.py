@@ -182,3 +182,23 @@ def test_config_fast_and_fault_state() -> None:
     assert [f.draw_error() for _ in range(8)] == [None, None, None, "429"] * 2
     f.update({"reset": True, "drip_ms": 50})
     assert f.fault_rate == 0 and f.drip_s == 0.05
+
+
+def test_engine_flag_aliases_and_disabled_cache() -> None:
+    cfg = parse_config(
+        [
+            "--engine",
+            "sglang",
+            "--context-length",
+            "1024",
+            "--max-running-requests",
+            "8",
+            "--page-size",
+            "4",
+            "--no-prefix-caching",
+        ]
+    )
+    assert (cfg.max_model_len, cfg.max_num_seqs, cfg.block_size, cfg.prefix_caching) == (1024, 8, 4, False)
+    cache = PrefixCache(4, 100, enabled=cfg.prefix_caching)
+    cache.acquire(list(range(1000, 1040)))
+    assert cache.acquire(list(range(1000, 1040))).cached_tokens == 0 and cache.used_blocks == 0
