@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from engines.sim.launcher import SimProcess
-from gateway.demo import SERVED
+from gateway.demo import SERVED, demo_config
 from gateway.tokens import mint_token
 from tests.conftest import MODEL, fast_sim
 from tests.support import GatewayProcess, RedisServer, wait_until
@@ -30,30 +30,16 @@ USER = {"Authorization": "Bearer " + mint_token(SECRET, "alice")}
 EXPIRED = {"Authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"], ttl_s=-3600)}
 
 
-def fleet_config(urls: dict[str, list[str]], **routing: Any) -> dict[str, Any]:
-    return {
-        "server": {"graceful_shutdown_s": 5},
-        "models": [{"name": MODEL, "context_length": 8192}],
-        "pools": [
-            {
-                "name": engine,
-                "dialect": engine,
-                "weight": 0.5,
-                "models": {MODEL: SERVED[engine]},
-                "backends": [{"name": f"{engine}-{i}", "url": u} for i, u in enumerate(backends)],
-            }
-            for engine, backends in urls.items()
-        ],
-        "routing": {
-            "rules": [
-                {"name": "long-prompt", "min_prompt_tokens": 1500, "pools": ["sglang"]},
-                {"name": "tools", "has_tools": True, "pools": ["sglang"]},
-            ],
-            "scrape_interval_s": 0.5,
-            **routing,
-        },
-        "upstream": {"health": {"interval_s": 0.5}},
-    }
+def fleet_config(urls: dict[str, list[str]]) -> dict[str, Any]:
+    """The demo's two-pool config (gateway/demo.py) serving MODEL, with quicker probes and a lower long-prompt rule."""
+    config = demo_config(urls, port=0)
+    config["models"][0]["name"] = MODEL
+    for pool in config["pools"]:
+        pool["models"] = {MODEL: SERVED[pool["dialect"]]}
+    config["routing"]["rules"][0]["min_prompt_tokens"] = 1500
+    config["routing"]["scrape_interval_s"] = 0.5
+    config["upstream"]["health"]["interval_s"] = 0.5
+    return config
 
 
 @pytest.fixture(scope="module")
