@@ -129,8 +129,6 @@ class AuthSettings(_Model):
     enabled: bool | None = None
     jwt: JwtSettings = JwtSettings()
     api_keys: ApiKeySettings = ApiKeySettings()
-    #: the role that opens `/admin/*`
-    admin_role: str = "admin"
 
     @property
     def active(self) -> bool:
