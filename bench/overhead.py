@@ -393,7 +393,7 @@ class Bench:
         before = tree_rss(t.charge_pid)
         held = HeldStreams(t.chat_url, body_file, t.headers, n)
         try:
-            ready = held.wait_ready(timeout=120)
+            ready = held.wait_ready(timeout=60)
             time.sleep(0.3)
             during = tree_rss(t.charge_pid)
             res = held.finish(timeout=300)

@@ -10,7 +10,9 @@ Installation is `python3 -m venv` + `pip install` (whatever the index resolves; 
 is read back and reported). A peer that fails to install or start is reported as unavailable, never
 fatal. Both Rust routers get `--prometheus-host 127.0.0.1` (their metrics port stays on loopback) and a
 warn log level (otherwise they log every request); LiteLLM gets `LITELLM_LOCAL_MODEL_COST_MAP=True` (it
-would fetch its cost map from the internet at start-up) and telemetry off.
+would fetch its cost map from the internet at start-up), `HF_HUB_OFFLINE=1` (for a llama model name it
+fetches a Hugging Face tokenizer to count streamed tokens, and each stream would wait ~23 s on retries)
+and telemetry off.
 """
 
 from __future__ import annotations
@@ -129,5 +131,12 @@ def litellm_proxy(urls: list[str], model: str, served: str, name: str = "litellm
     cfg.parent.mkdir(parents=True, exist_ok=True)
     cfg.write_text(yaml.safe_dump(config))
     argv = [str(LITELLM.exe), "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port), "--telemetry", "False"]
-    env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False"}
+    # offline: without HF_HUB_OFFLINE every stream waits ~23 s on retries to fetch a llama tokenizer
+    env = {
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_LOG": "ERROR",
+        "LITELLM_TELEMETRY": "False",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
     return Service(name, argv, port, probe="/health/liveliness", env=env, start_timeout=120)

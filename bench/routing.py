@@ -1,0 +1,334 @@
+"""Routing-quality suite: prefix-cache hit rate against the oracle, TTFT and throughput, per router.
+
+The fleet: 4 vLLM-dialect + 4 SGLang-dialect simulators with bounded prefix caches and a cost model
+whose latencies are tens to hundreds of milliseconds (so a shared 2-core machine's noise is small
+against them). Routers, each started fresh for every run in front of the same fleet (whose caches and
+counters are reset by `POST /sim/reset` first): our gateway with `prefix_affinity`, `least_load` and
+`round_robin` (two pools of four, sticky pool choice), `sglang-router` and `vllm-router` with
+`cache_aware` (and, in full mode, `round_robin`).
+
+For each seeded workload (bench/workloads.py) and load level:
+- **oracle**: one pooled LRU prefix cache with the fleet's total capacity replays the trace, using the
+  simulator's own template, tokenizer and block hashing (`engines/sim/prompt.py`, `tokenizer.py`,
+  `prefix_cache.py`) and its rule that the last prompt token is always computed;
+- **capacity** from the cost model: a request's service time is `ttft + prefill × uncached tokens +
+  (output − 1) × itl` with the oracle's hits, and the fleet serves `sims × max_num_seqs` at once, so
+  capacity = that ÷ the mean service time; offered load is a Poisson process at 50 % / 80 % of it;
+- **measured**: hit rate from the simulators' own counters (`/sim/stats`: cached ÷ prompt tokens),
+  TTFT p50/p99 and throughput from the trace client (bench/tracerunner.py, its own process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+import zlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import orjson
+
+from bench import peers
+from bench.procs import ROOT, WORK, Service, ServiceError, free_port
+from bench.targets import gateway_service, gateway_source
+from bench.workloads import WORKLOADS, Request, schedule
+from engines.sim import tokenizer
+from engines.sim.prefix_cache import PrefixCache
+from engines.sim.prompt import render_chat
+from gateway.demo import SERVED
+from gateway.demo import sim_flags as demo_sim_flags
+
+Log = Callable[[str], None]
+PUBLIC = "bench-model"
+SERVED_NAME = SERVED["vllm"]
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    per_engine: int = 4
+    block_size: int = 16
+    cache_blocks: int = 512  # per simulator: 8,192 tokens
+    ttft_ms: float = 20.0
+    prefill_us_per_token: float = 200.0
+    itl_ms: float = 10.0
+    output_tokens: int = 16
+    max_num_seqs: int = 1
+
+    @property
+    def sims(self) -> int:
+        return 2 * self.per_engine
+
+    def flags(self, engine: str) -> list[str]:
+        return [
+            *demo_sim_flags(engine),
+            "--max-model-len", "32768",
+            "--block-size", str(self.block_size),
+            "--num-cache-blocks", str(self.cache_blocks),
+            "--ttft-ms", str(self.ttft_ms),
+            "--prefill-us-per-token", str(self.prefill_us_per_token),
+            "--itl-ms", str(self.itl_ms),
+            "--load-slowdown", "0",
+            "--min-output-tokens", str(self.output_tokens),
+            "--max-output-tokens", str(self.output_tokens),
+            "--max-num-seqs", str(self.max_num_seqs),
+            "--request-log-size", "1",
+        ]  # fmt: skip
+
+    def service_s(self, prompt: int, cached: int) -> float:
+        return (
+            self.ttft_ms / 1e3
+            + (prompt - cached) * self.prefill_us_per_token / 1e6
+            + (self.output_tokens - 1) * self.itl_ms / 1e3
+        )
+
+
+@dataclass(frozen=True)
+class Matrix:
+    workloads: tuple[str, ...]
+    loads: tuple[float, ...]
+    routers: tuple[str, ...]
+    seconds: float
+    uniform_routers: tuple[str, ...]  # on uniform traffic only balance matters
+
+
+OURS = ("ours (prefix_affinity)", "ours (least_load)", "ours (round_robin)")
+QUICK = Matrix(
+    workloads=("shared_prefix", "multi_turn_chat", "uniform"),
+    loads=(0.8,),
+    routers=("ours (prefix_affinity)", "ours (round_robin)", "sglang-router cache_aware", "vllm-router cache_aware"),
+    seconds=6.0,
+    uniform_routers=("ours (prefix_affinity)", "ours (least_load)"),
+)
+FULL = Matrix(
+    workloads=tuple(WORKLOADS),
+    loads=(0.5, 0.8),
+    routers=(*OURS, "sglang-router cache_aware", "sglang-router round_robin", "vllm-router cache_aware",
+             "vllm-router round_robin"),  # fmt: skip
+    seconds=25.0,
+    uniform_routers=(*OURS, "sglang-router cache_aware", "vllm-router cache_aware"),
+)
+
+
+def prompt_ids(req: Request) -> list[int]:
+    return tokenizer.encode(render_chat(req.messages, req.tools))
+
+
+def oracle(trace: list[Request], spec: FleetSpec) -> tuple[float, list[tuple[int, int]]]:
+    """Token-weighted hit rate of one pooled LRU cache of the fleet's capacity; (prompt, cached) per request."""
+    cache = PrefixCache(spec.block_size, spec.cache_blocks * spec.sims)
+    per: list[tuple[int, int]] = []
+    for req in trace:
+        ids = prompt_ids(req)
+        lease = cache.acquire(ids)
+        cache.release(lease)
+        n = len(ids)
+        cached = min(lease.cached_tokens, ((n - 1) // spec.block_size) * spec.block_size) if n else 0
+        per.append((n, cached))
+    total = sum(n for n, _ in per)
+    return (sum(c for _, c in per) / total if total else 0.0), per
+
+
+def capacity(per: list[tuple[int, int]], spec: FleetSpec) -> float:
+    """Requests/s the fleet sustains with the oracle's hits (cost model, all slots busy)."""
+    mean = statistics.fmean(spec.service_s(n, c) for n, c in per)
+    return spec.sims * spec.max_num_seqs / mean
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _post(url: str) -> None:
+    req = urllib.request.Request(url, data=b"{}", headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        r.read()
+
+
+class Suite:
+    def __init__(self, matrix: Matrix, spec: FleetSpec, log: Log, with_peers: bool, gateway_ref: str | None) -> None:
+        self.m = matrix
+        self.spec = spec
+        self.log = log
+        self.with_peers = with_peers
+        self.source = gateway_source(gateway_ref)
+        self.stack = contextlib.ExitStack()
+        self.sims: list[Service] = []
+        self.urls: dict[str, list[str]] = {"vllm": [], "sglang": []}
+        self.rows: list[dict[str, Any]] = []
+        self.unavailable: dict[str, str] = {}
+        self.versions: dict[str, str | None] = {}
+
+    def start_fleet(self) -> None:
+        for engine in ("vllm", "sglang"):
+            for i in range(self.spec.per_engine):
+                port = free_port()
+                argv = [sys.executable, "-m", "engines.sim", "--engine", engine, "--host", "127.0.0.1",
+                        "--port", str(port), *self.spec.flags(engine)]  # fmt: skip
+                svc = self.stack.enter_context(Service(f"fleet-{engine}-{i}", argv, port, probe="/health"))
+                self.sims.append(svc)
+                self.urls[engine].append(svc.base_url)
+        self.log(f"fleet up: {len(self.sims)} simulators ({self.spec.per_engine} vLLM + {self.spec.per_engine} SGLang dialect)")
+
+    def gateway_config(self, policy: str) -> dict[str, Any]:
+        return {
+            "server": {"log_level": "warning", "graceful_shutdown_s": 1},
+            "models": [{"name": PUBLIC, "context_length": 32768}],
+            "pools": [
+                {"name": e, "dialect": e, "weight": 0.5, "models": {PUBLIC: SERVED[e]},
+                 "backends": [{"name": f"{e}-{i}", "url": u} for i, u in enumerate(self.urls[e])]}
+                for e in ("vllm", "sglang")
+            ],  # fmt: skip
+            "routing": {"policy": policy, "scrape_interval_s": 0.5},
+            "upstream": {"health": {"interval_s": 2.0}},
+            "access_log": {"enabled": False},
+        }
+
+    def router(self, name: str) -> tuple[Service, str]:
+        """Start router `name`; its service and the model name to send."""
+        all_urls = self.urls["vllm"] + self.urls["sglang"]
+        if name.startswith("ours"):
+            policy = name[name.index("(") + 1 : -1]
+            return gateway_service(f"routing-gw-{policy}", self.gateway_config(policy), self.source), PUBLIC
+        peer = peers.SGLANG_ROUTER if name.startswith("sglang") else peers.VLLM_ROUTER
+        policy = name.split()[-1]
+        return peers.rust_router(peer, all_urls, policy, f"routing-{peer.key}-{policy}"), SERVED_NAME
+
+    def available(self, name: str) -> bool:
+        if name.startswith("ours"):
+            return True
+        if not self.with_peers:
+            self.unavailable[name] = "peers skipped (--no-peers)"
+            return False
+        peer = peers.SGLANG_ROUTER if name.startswith("sglang") else peers.VLLM_ROUTER
+        if peer.label not in self.versions:
+            self.versions[peer.label] = peers.ensure(peer, self.log)
+        if not self.versions[peer.label]:
+            self.unavailable[name] = "could not be installed"
+            return False
+        return True
+
+    def one(self, workload: str, load: float, router: str, trace: list[Request], times: list[float],
+            oracle_rate: float, cap: float) -> None:  # fmt: skip
+        for s in self.sims:
+            _post(s.base_url + "/sim/reset")
+        try:
+            svc, model = self.router(router)
+            svc.start()
+        except ServiceError as e:
+            self.unavailable[router] = str(e).splitlines()[0][:200]
+            self.log(f"  {router}: did not start")
+            return
+        try:
+            path = WORK / "traces" / f"{workload}-{load:.2f}-{router.replace(' ', '_')}.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "wb") as f:
+                for t, req in zip(times, trace, strict=True):
+                    f.write(orjson.dumps({"t": t, "session": req.session, "body": req.body(model)}) + b"\n")
+            argv = [sys.executable, "-m", "bench.tracerunner", "--url", svc.base_url + "/v1/chat/completions",
+                    "--trace", str(path), "--timeout", "120"]  # fmt: skip
+            out = subprocess.run(argv, capture_output=True, text=True, cwd=str(ROOT), timeout=self.m.seconds * 6 + 200)
+            lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+            if not lines:
+                raise RuntimeError(f"trace client failed: {out.stderr[-500:]}")
+            res = json.loads(lines[-1])
+        finally:
+            svc.stop()
+        stats = [_get(s.base_url + "/sim/stats") for s in self.sims]
+        prompt = sum(s["prompt_tokens_total"] for s in stats)
+        cached = sum(s["cached_tokens_total"] for s in stats)
+        per_sim = [s["requests_total"] for s in stats]
+        ok = [r for r in res["results"] if "ttft" in r]
+        ttft = [r["ttft"] * 1000 for r in ok]
+        ends = [r["sent"] + r["total"] for r in ok]
+        span = (max(ends) - min(r["sent"] for r in ok)) if ok else 0.0
+        hit = cached / prompt if prompt else 0.0
+        row = {
+            "workload": workload, "load": load, "router": router, "requests": len(trace),
+            "completed": len(ok), "errors": len(trace) - len(ok),
+            "offered_rps": len(trace) / times[-1] if times else 0.0, "capacity_rps": cap,
+            "rps": len(ok) / span if span else 0.0,
+            "ttft_p50_ms": _pct(ttft, 50), "ttft_p90_ms": _pct(ttft, 90), "ttft_p99_ms": _pct(ttft, 99),
+            "hit_rate": hit, "oracle_hit_rate": oracle_rate, "hit_vs_oracle": hit / oracle_rate if oracle_rate else 0.0,
+            "per_sim_requests": per_sim, "client_cpu_s": res["client_cpu_s"],
+        }  # fmt: skip
+        self.rows.append(row)
+        self.log(
+            f"  {workload:<17} {load:4.0%} {router:<27} TTFT p50 {row['ttft_p50_ms']:7.0f} ms  p99 {row['ttft_p99_ms']:7.0f} ms"
+            f"  hit {hit:5.1%} ({row['hit_vs_oracle']:4.0%} of oracle)  {row['rps']:5.1f} req/s  errors {row['errors']}"
+        )
+
+    def run(self) -> None:
+        self.start_fleet()
+        for w in self.m.workloads:
+            for load in self.m.loads:
+                probe = WORKLOADS[w](400)
+                rate0, per0 = oracle(probe, self.spec)
+                cap = capacity(per0, self.spec)
+                n = max(50, round(cap * load * self.m.seconds))
+                trace = WORKLOADS[w](n)
+                orate, per = oracle(trace, self.spec)
+                cap = capacity(per, self.spec)
+                times = schedule(n, cap * load, seed=zlib.crc32(f"{w}-{load}".encode()))
+                self.log(
+                    f"{w} @ {load:.0%}: {n} requests at {cap * load:.1f} req/s (capacity {cap:.1f} req/s from the cost "
+                    f"model), mean prompt {statistics.fmean(p for p, _ in per):.0f} tokens, oracle hit rate {orate:.1%}"
+                )
+                routers = self.m.uniform_routers if w == "uniform" else self.m.routers
+                for r in routers:
+                    if self.available(r):
+                        self.one(w, load, r, trace, times, orate, cap)
+
+    def stop(self) -> None:
+        self.stack.close()
+
+
+def run(quick: bool, log: Log, *, with_peers: bool = True, gateway_ref: str | None = None) -> dict[str, Any]:
+    matrix = QUICK if quick else FULL
+    spec = FleetSpec()
+    suite = Suite(matrix, spec, log, with_peers, gateway_ref)
+    try:
+        suite.run()
+    finally:
+        suite.stop()
+    workloads = [w for w in matrix.workloads if any(r["workload"] == w for r in suite.rows)]
+    return {
+        "rows": suite.rows,
+        "workloads": workloads,
+        "unavailable": suite.unavailable,
+        "spec": asdict(spec),
+        "matrix": asdict(matrix),
+        "gateway_source": suite.source.describe,
+        "preamble": preamble(spec, matrix, suite.source.describe),
+    }
+
+
+def preamble(spec: FleetSpec, m: Matrix, source: str) -> list[str]:
+    return [
+        f"Fleet: {spec.per_engine} vLLM-dialect + {spec.per_engine} SGLang-dialect simulators, each with a prefix cache of "
+        f"{spec.cache_blocks} blocks × {spec.block_size} tokens, TTFT {spec.ttft_ms:.0f} ms + {spec.prefill_us_per_token:.0f} µs "
+        f"per uncached prompt token, {spec.output_tokens} output tokens at {spec.itl_ms:.0f} ms each, {spec.max_num_seqs} running "
+        "requests per simulator (then a FIFO queue). Capacity is derived from this cost model with the oracle's cache hits; "
+        "offered load is Poisson at the given share of it, so a router whose hit rate falls short of the oracle's runs the "
+        "fleet above 100 % and its queues (TTFT p99) grow.",
+        "",
+        f"Each run: {m.seconds:.0f} s of arrivals, caches and counters reset, router started fresh. Our gateway: {source}, "
+        "two pools (vLLM, SGLang) of four, weights 0.5/0.5, sticky pool choice, `routing.policy` as named. Hit rate = "
+        "cached ÷ prompt tokens summed over the simulators' own `/sim/stats` counters; oracle = one pooled LRU cache of the "
+        "fleet's total capacity replaying the same trace offline with the simulator's tokenizer and block hashing.",
+        "",
+        "Workloads (bench/workloads.py, seeded): " + ", ".join(f"`{w}`" for w in m.workloads) + ".",
+    ]

@@ -1,0 +1,93 @@
+"""Replay a timed trace against one router, in its own process: open-loop arrivals, ordered sessions.
+
+    python -m bench.tracerunner --url URL --trace FILE [--header K:V] [--timeout S]
+
+The trace is JSON lines `{"t": seconds, "session": id|null, "body": {...}}`. Each request is sent
+at its time `t`, except that a session's turn waits for that session's previous turn to end (a client
+cannot send turn k+1 before it has turn k's answer). Every request streams; the time to first token is
+the time to the first SSE event (the simulators send the role chunk only after prefill). Prints one
+JSON line: per request its scheduled and actual send offset, TTFT, total time and status; plus this
+process's CPU seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+import uvloop
+
+
+async def replay(url: str, trace: list[dict[str, Any]], headers: dict[str, str], timeout: float) -> dict[str, Any]:
+    conn = aiohttp.TCPConnector(limit=0)
+    results: list[dict[str, Any]] = [{} for _ in trace]
+    done: dict[str, asyncio.Event] = {}
+    t0 = time.perf_counter() + 0.2
+
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+
+        async def one(i: int, item: dict[str, Any], prev: asyncio.Event | None, mine: asyncio.Event | None) -> None:
+            res = results[i]
+            try:
+                delay = t0 + item["t"] - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if prev is not None:
+                    await prev.wait()
+                start = time.perf_counter()
+                res["sent"] = start - t0
+                first = 0.0
+                async with session.post(url, data=orjson.dumps(item["body"]), headers=headers) as r:
+                    res["status"] = r.status
+                    async for chunk in r.content.iter_any():
+                        if not first and b"data:" in chunk:
+                            first = time.perf_counter()
+                    end = time.perf_counter()
+                if r.status == 200 and first:
+                    res["ttft"] = first - start
+                    res["total"] = end - start
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                res["error"] = type(e).__name__
+            finally:
+                if mine is not None:
+                    mine.set()
+
+        tasks = []
+        for i, item in enumerate(trace):
+            sid = item.get("session")
+            prev = done.get(sid) if sid else None
+            mine = asyncio.Event() if sid else None
+            if sid and mine is not None:
+                done[sid] = mine
+            tasks.append(asyncio.create_task(one(i, item, prev, mine)))
+        await asyncio.gather(*tasks)
+    wall = time.perf_counter() - t0
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return {"results": results, "wall_s": wall, "client_cpu_s": r.ru_utime + r.ru_stime}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.tracerunner")
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--trace", required=True)
+    ap.add_argument("--header", action="append", default=[])
+    ap.add_argument("--timeout", type=float, default=120.0)
+    a = ap.parse_args()
+    with open(a.trace, "rb") as f:
+        trace = [orjson.loads(line) for line in f if line.strip()]
+    headers = {"content-type": "application/json"}
+    for h in a.header:
+        k, _, v = h.partition(":")
+        headers[k.strip()] = v.strip()
+    uvloop.install()
+    out = asyncio.run(replay(a.url, trace, headers, a.timeout))
+    print(orjson.dumps(out).decode(), flush=True)
+
+
+if __name__ == "__main__":
+    main()
