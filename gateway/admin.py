@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engines.errors import ApiError, invalid_request
 from gateway.context import Principal
+from gateway.openapi import document_public_api
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -197,4 +198,5 @@ def build_admin_app(gw: "Gateway") -> FastAPI:
     async def audit(who: Admin, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> FastAPIResponse:
         return _json(200, {"entries": await gw.store.audit(limit)})
 
+    document_public_api(app, list(gw.models))
     return app
