@@ -8,6 +8,7 @@ so the four dashboards share one layout, one datasource variable and one style. 
 metrics that exist: tests/deploy/test_prometheus.py evaluates each of them against a real
 Prometheus scraping a gateway and both engines' simulators. Variables in queries: `$datasource`
 (the Prometheus datasource), `$pool` (gateway pools, multi-value), `$__rate_interval`.
+`deploy/grafana/check_schema.sh` type-checks the output against Grafana's own schema package.
 """
 
 from __future__ import annotations
@@ -502,7 +503,6 @@ def _variables(with_pool: bool) -> list[dict[str, Any]]:
             "label": "Data source",
             "type": "datasource",
             "query": "prometheus",
-            "current": {},
             "hide": 0,
             "refresh": 1,
             "regex": "",
@@ -516,7 +516,6 @@ def _variables(with_pool: bool) -> list[dict[str, Any]]:
                 "label": "Pool",
                 "type": "query",
                 "datasource": DS,
-                "definition": definition,
                 "query": {"query": definition, "refId": "PoolVariable"},
                 "includeAll": True,
                 "multi": True,
@@ -585,6 +584,10 @@ def build(stem: str) -> dict[str, Any]:
                 "tags": ["llm-gateway"],
                 "asDropdown": True,
                 "includeVars": False,
+                "keepTime": True,
+                "targetBlank": False,
+                "icon": "external link",
+                "tooltip": "",
             }
         ],
         "panels": panels,

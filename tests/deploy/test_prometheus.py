@@ -93,7 +93,7 @@ def panel_exprs() -> list[tuple[str, str]]:
                 out.append((f"{name}: {panel['title']} [{t['refId']}]", t["expr"]))
         for var in dash["templating"]["list"]:
             if var["type"] == "query":
-                m = re.fullmatch(r"label_values\((\w+),\s*(\w+)\)", var["definition"])
+                m = re.fullmatch(r"label_values\((\w+),\s*(\w+)\)", var["query"]["query"])
                 assert m, f"{name}: variable {var['name']}: only label_values(metric, label) is used"
                 out.append((f"{name}: variable {var['name']}", f"count by ({m[2]}) ({m[1]})"))
     return out
