@@ -17,6 +17,7 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -106,8 +107,8 @@ class SimApp(ABC):
         self.engine = Engine(cfg)
         self.zero_latency = cfg.ttft_s == 0 and cfg.prefill_s_per_token == 0 and cfg.itl_s == 0
         self.routes: dict[tuple[str, str], Handler] = {
-            ("POST", "/v1/chat/completions"): self._chat,
-            ("POST", "/v1/completions"): self._completions,
+            ("POST", "/v1/chat/completions"): partial(self._generate, "chat"),
+            ("POST", "/v1/completions"): partial(self._generate, "completion"),
             ("GET", "/sim/stats"): self._sim_stats,
             ("GET", "/sim/requests"): self._sim_requests,
             ("GET", "/sim/faults"): self._sim_faults,
@@ -174,12 +175,6 @@ class SimApp(ABC):
         await asgi.send_bytes(send, status, self.error_body(status, message, param, err_type))
 
     # ---- generation ----------------------------------------------------------------------------
-    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._generate("chat", scope, receive, send)
-
-    async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._generate("completion", scope, receive, send)
-
     async def _generate(self, kind: Kind, scope: Scope, receive: Receive, send: Send) -> None:
         raw = await asgi.read_body(receive)
         eng = self.engine

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Generator
 from types import TracebackType
 
 from engines.sim.config import SimConfig
@@ -24,6 +25,17 @@ from engines.sim.metrics import EngineMetrics, LiveGauges
 from engines.sim.prefix_cache import Lease, PrefixCache
 from engines.sim.scheduler import Scheduler
 from engines.sim.stats import SimStats
+
+
+class _Done:
+    """An awaitable that completes at once (a zero inter-token gap)."""
+
+    def __await__(self) -> Generator[None, None, None]:
+        return
+        yield
+
+
+_DONE = _Done()
 
 
 class Engine:
@@ -134,12 +146,19 @@ class Run:
             await asyncio.sleep(delay)
         self._first = time.perf_counter()
 
-    async def step(self) -> None:
+    def step(self) -> Awaitable[None]:
         """Wait one inter-token gap (the shared decode tick), plus any injected drip delay."""
-        await self._engine.scheduler.decode_step()
+        tick = self._engine.scheduler.decode_step()
         drip = self._engine.faults.drip_s
         if drip > 0:
-            await asyncio.sleep(drip)
+            return self._drip(tick, drip)
+        return tick if tick is not None else _DONE
+
+    @staticmethod
+    async def _drip(tick: asyncio.Future[None] | None, drip: float) -> None:
+        if tick is not None:
+            await tick
+        await asyncio.sleep(drip)
 
     async def decode(self, tokens: int) -> None:
         """Sleep the decode time of `tokens` more tokens after the first."""

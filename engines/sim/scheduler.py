@@ -75,18 +75,19 @@ class Scheduler:
             return 0.0
         return self.itl_s * (1.0 + self.load_slowdown * self.running / self.max_running)
 
-    async def decode_step(self) -> None:
-        """Wait for the next shared decode tick (returns at once when the ITL is zero)."""
+    def decode_step(self) -> asyncio.Future[None] | None:
+        """A future resolved at the next shared decode tick, or None when the ITL is zero.
+        (A plain function returning the future keeps one coroutine frame off every token.)"""
         delay = self.token_time()
         if delay <= 0.0:
-            return
+            return None
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         self._tick_waiters.append(fut)
         if not self._tick_armed:
             self._tick_armed = True
             loop.call_later(delay, self._fire_tick)
-        await fut
+        return fut
 
     def _fire_tick(self) -> None:
         waiters, self._tick_waiters = self._tick_waiters, []

@@ -15,15 +15,16 @@ CHAT = "/v1/chat/completions"
 
 
 def test_startup_delay_flag_and_listen_delay() -> None:
-    with sim("sglang", "--startup-delay", "30") as p:
-        assert httpx.get(p.base_url + "/health").status_code == 503
-        assert httpx.get(p.base_url + "/health_generate").status_code == 503
-    proc = SimProcess("vllm", extra=["--fast", "--listen-delay", "0.8"], wait=False)
-    with proc:
+    late = SimProcess("vllm", extra=["--fast", "--listen-delay", "0.8"], wait=False)
+    with late:  # started first, checked last: both boot at the same time
         with socket.socket() as s:
-            assert s.connect_ex(("127.0.0.1", proc.port)) != 0  # refused: nothing listens yet
-        proc.wait_ready(10)
-        assert httpx.get(proc.base_url + "/health").status_code == 200
+            assert s.connect_ex(("127.0.0.1", late.port)) != 0  # refused: nothing listens yet
+        with sim("sglang", "--startup-delay", "30") as p:
+            assert httpx.get(p.base_url + "/health").status_code == 503
+            assert httpx.get(p.base_url + "/health_generate").status_code == 503
+            assert post(p.base_url, CHAT, {"messages": USER}).status_code == 503
+        late.wait_ready(10)
+        assert httpx.get(late.base_url + "/health").status_code == 200
 
 
 def test_crash_exit_kills_the_process() -> None:

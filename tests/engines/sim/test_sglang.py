@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 
+from engines.sim.launcher import start_all, stop_all
 from tests.engines.sim.helpers import TIME_TOOL, USER, WEATHER_TOOL, metric, post, sim, stream
 
 CHAT = "/v1/chat/completions"
@@ -18,34 +19,46 @@ NULL_DELTA = {"role": None, "content": None, "reasoning_content": None, "tool_ca
 
 
 @pytest.fixture(scope="module")
-def sg() -> Iterator[str]:
+def _sims() -> Iterator[dict[str, str]]:
+    """The module's simulators, started in parallel."""
+    procs = {
+        "sg": sim(
+            "sglang",
+            "--model",
+            "org/sim-7b",
+            "--served-model-name",
+            "served",
+            "--enable-metrics",
+            "--tool-call-parser",
+            "qwen25",
+            "--enable-cache-report",
+        ),
+        "plain": sim("sglang"),
+        "reasoner": sim("sglang", "--reasoning-parser", "qwen3", "--stream-response-default-include-usage"),
+    }
+    start_all(list(procs.values()))
+    try:
+        yield {k: p.base_url for k, p in procs.items()}
+    finally:
+        stop_all(list(procs.values()))
+
+
+@pytest.fixture(scope="module")
+def sg(_sims: dict[str, str]) -> str:
     """Metrics, a tool parser and the cache report on."""
-    with sim(
-        "sglang",
-        "--model",
-        "org/sim-7b",
-        "--served-model-name",
-        "served",
-        "--enable-metrics",
-        "--tool-call-parser",
-        "qwen25",
-        "--enable-cache-report",
-    ) as p:
-        yield p.base_url
+    return _sims["sg"]
 
 
 @pytest.fixture(scope="module")
-def plain() -> Iterator[str]:
+def plain(_sims: dict[str, str]) -> str:
     """No optional flags."""
-    with sim("sglang") as p:
-        yield p.base_url
+    return _sims["plain"]
 
 
 @pytest.fixture(scope="module")
-def reasoner() -> Iterator[str]:
+def reasoner(_sims: dict[str, str]) -> str:
     """Reasoning parser and usage on by default in streams."""
-    with sim("sglang", "--reasoning-parser", "qwen3", "--stream-response-default-include-usage") as p:
-        yield p.base_url
+    return _sims["reasoner"]
 
 
 def chat(base: str, **body: Any) -> httpx.Response:

@@ -11,50 +11,63 @@ import httpx
 import openai
 import pytest
 
+from engines.sim.launcher import start_all, stop_all
 from tests.engines.sim.helpers import TIME_TOOL, USER, WEATHER_TOOL, metric, post, sim, stream
 
 CHAT = "/v1/chat/completions"
 
 
 @pytest.fixture(scope="module")
-def vl() -> Iterator[str]:
+def _sims() -> Iterator[dict[str, str]]:
+    """The module's simulators, started in parallel."""
+    procs = {
+        "vl": sim(
+            "vllm",
+            "--model",
+            "org/sim-7b",
+            "--served-model-name",
+            "served",
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "hermes",
+            "--enable-prompt-tokens-details",
+            "--engine-version",
+            "0.11.2",
+        ),
+        "plain": sim("vllm"),
+        "reasoner": sim(
+            "vllm",
+            "--reasoning-parser",
+            "qwen3",
+            "--enable-force-include-usage",
+            "--exclude-tools-when-tool-choice-none",
+            "--tool-call-parser",
+            "hermes",
+        ),
+    }
+    start_all(list(procs.values()))
+    try:
+        yield {k: p.base_url for k, p in procs.items()}
+    finally:
+        stop_all(list(procs.values()))
+
+
+@pytest.fixture(scope="module")
+def vl(_sims: dict[str, str]) -> str:
     """Tools enabled (hermes), prompt-token details on."""
-    with sim(
-        "vllm",
-        "--model",
-        "org/sim-7b",
-        "--served-model-name",
-        "served",
-        "--enable-auto-tool-choice",
-        "--tool-call-parser",
-        "hermes",
-        "--enable-prompt-tokens-details",
-        "--engine-version",
-        "0.11.2",
-    ) as p:
-        yield p.base_url
+    return _sims["vl"]
 
 
 @pytest.fixture(scope="module")
-def plain() -> Iterator[str]:
+def plain(_sims: dict[str, str]) -> str:
     """No tool flags, no prompt-token details."""
-    with sim("vllm") as p:
-        yield p.base_url
+    return _sims["plain"]
 
 
 @pytest.fixture(scope="module")
-def reasoner() -> Iterator[str]:
+def reasoner(_sims: dict[str, str]) -> str:
     """Reasoning parser, forced usage, tools excluded when tool_choice is none."""
-    with sim(
-        "vllm",
-        "--reasoning-parser",
-        "qwen3",
-        "--enable-force-include-usage",
-        "--exclude-tools-when-tool-choice-none",
-        "--tool-call-parser",
-        "hermes",
-    ) as p:
-        yield p.base_url
+    return _sims["reasoner"]
 
 
 def chat(base: str, **body: Any) -> httpx.Response:
