@@ -10,6 +10,9 @@
 # overrides, GATEWAY_<SECTION>__<FIELD> (docs/configuration.md), e.g. GATEWAY_SERVER__WORKERS=4,
 # REDIS_URL, GATEWAY_JWT_SECRET. The image runs the simulators too: `docker run IMAGE sim --engine vllm`.
 
+# Both stages must run the same Python (the venv links to /usr/local/bin/python3.11 and pip chose
+# wheels and markers for the builder's version): pin a patch release, e.g. 3.11.14, for
+# reproducible builds.
 ARG PYTHON_VERSION=3.11
 
 FROM python:${PYTHON_VERSION} AS builder
