@@ -252,7 +252,8 @@ def test_conversation_turns_stick_to_one_backend_across_replicas(
                 {"role": "system", "content": "You are a helpful assistant. " * 20},
                 {"role": "user", "content": f"conversation {conv}: first question"},
             ]
-            homes = set()
+            homes: set[str] = set()
+            routes: list[str] = []
             for turn in range(4):
                 replica = (a, b)[turn % 2]
                 marker = f"marker-{conv}-{turn}"
@@ -268,7 +269,8 @@ def test_conversation_turns_stick_to_one_backend_across_replicas(
                     {"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]}
                 )
                 homes.add(_backend_of(sims, marker))
-            assert len(homes) == 1, f"conversation {conv} moved between backends: {homes}"
+                routes.append(r.headers["x-gateway-route"])
+            assert len(homes) == 1, f"conversation {conv} moved between backends: {homes} (routes {routes})"
 
 
 def test_uniform_traffic_is_balanced(gateway: GatewayProcess, sims: dict[str, list[SimProcess]]) -> None:
