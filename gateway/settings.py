@@ -37,6 +37,11 @@ class ServerSettings(_Model):
     keepalive_s: float = Field(75.0, gt=0)
     #: largest number of concurrent client connections (503 above); 0 = unlimited
     limit_concurrency: int = Field(0, ge=0)
+    #: largest request head (request line + headers), in bytes (431 above; gateway/http_guard.py)
+    max_header_bytes: int = Field(64 * 1024, ge=4096, le=16 * 1024 * 1024)
+    #: a request head must be complete this many seconds after the connection opened, or after its
+    #: first byte on a kept-alive connection (408 and close otherwise: slow-header attacks)
+    header_timeout_s: float = Field(10.0, gt=0)
     #: log level of the gateway's own logger
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
@@ -167,7 +172,8 @@ class RedisSettings(_Model):
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     #: connect and read timeout of every command: the request path never waits longer on Redis
-    timeout_s: float = Field(0.5, gt=0)
+    #: (1 s: a burst on a small, busy machine can take Redis half a second to answer)
+    timeout_s: float = Field(1.0, gt=0)
     #: connections per process (per node in cluster mode)
     max_connections: int = Field(64, ge=1)
     #: standalone: how long a command waits for a free pooled connection before failing
