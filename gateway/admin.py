@@ -16,9 +16,11 @@ from fastapi import Body, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response as FastAPIResponse
 from pydantic import BaseModel, Field
+from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engines.errors import ApiError, invalid_request
+from gateway.api_keys import ApiKeyRecord, ApiKeys, ApiKeySpec
 from gateway.context import Principal
 from gateway.openapi import document_public_api
 
@@ -41,6 +43,14 @@ class DrainBody(BaseModel):
     draining: bool = True
 
 
+class ApiKeyBody(BaseModel):
+    user: str = Field(min_length=1, max_length=256, description="the principal the key speaks for")
+    tenant: str | None = Field(None, max_length=256)
+    roles: list[str] = Field(default_factory=list, max_length=32)
+    tier: str = Field("default", max_length=64, description="the limits tier (limits.tiers)")
+    name: str = Field("", max_length=128, description="a label for operators")
+
+
 class OkResponse(BaseModel):
     ok: bool = True
     shared: bool = Field(description="true when the change is persisted in Redis and shared by every replica")
@@ -48,6 +58,25 @@ class OkResponse(BaseModel):
 
 def _json(status: int, payload: Any) -> FastAPIResponse:
     return FastAPIResponse(orjson.dumps(payload), status_code=status, media_type="application/json")
+
+
+def _api_keys(gw: "Gateway") -> ApiKeys:
+    if gw.api_keys is None:
+        raise ApiError(404, "API keys are not enabled (auth.api_keys.enabled).", code="api_keys_disabled")
+    return gw.api_keys
+
+
+def _public(record: ApiKeyRecord) -> dict[str, Any]:
+    return {
+        "id": record.id,
+        "hint": record.hint,
+        "user": record.user,
+        "tenant": record.tenant,
+        "roles": list(record.roles),
+        "tier": record.tier,
+        "name": record.name,
+        "created": record.created,
+    }
 
 
 def build_admin_app(gw: "Gateway") -> FastAPI:
@@ -193,6 +222,33 @@ def build_admin_app(gw: "Gateway") -> FastAPI:
     async def reload(who: Admin) -> FastAPIResponse:
         await gw.reload_config(who)
         return _json(200, {"ok": True, "shared": gw.store.shared})
+
+    @app.post("/admin/api-keys", status_code=201, summary="Create an API key (the plaintext is shown once)")
+    async def create_api_key(body: ApiKeyBody, who: Admin) -> FastAPIResponse:
+        keys = _api_keys(gw)
+        spec = ApiKeySpec(
+            user=body.user, tenant=body.tenant, roles=tuple(body.roles), tier=body.tier, name=body.name
+        )
+        try:
+            record, plaintext = await keys.create(spec)
+        except RedisError:
+            raise ApiError(
+                503, "Shared state (Redis) is unreachable; no key was created.", type="server_error"
+            ) from None
+        await gw.audit_only(who, "create_api_key", record.id, None, _public(record))
+        return _json(201, {"key": plaintext, **_public(record), "shared": keys.shared})
+
+    @app.get("/admin/api-keys", summary="API keys (ids, hints and principals; never the keys)")
+    async def list_api_keys(who: Admin) -> FastAPIResponse:
+        return _json(200, {"keys": [_public(r) for r in await _api_keys(gw).list()]})
+
+    @app.delete("/admin/api-keys/{key_id}", response_model=OkResponse, summary="Revoke an API key")
+    async def revoke_api_key(key_id: str, who: Admin) -> FastAPIResponse:
+        keys = _api_keys(gw)
+        if not await keys.revoke(key_id):
+            raise ApiError(404, f"No API key with id {key_id!r}.", code="api_key_not_found")
+        await gw.audit_only(who, "revoke_api_key", key_id, "active", "revoked")
+        return _json(200, {"ok": True, "shared": keys.shared})
 
     @app.get("/admin/audit", summary="Recent admin changes, newest first")
     async def audit(who: Admin, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> FastAPIResponse:

@@ -288,6 +288,10 @@ class Gateway:
             ) from None
         log.info("admin %s: %s %s %r -> %r", who.user, action, target, before, after)
 
+    async def audit_only(self, who: Principal, action: str, target: str, before: Any, after: Any) -> None:
+        """Record an admin action that changed no fleet override (e.g. an API key) in the audit log."""
+        await self.change_fleet(who, action, target, before, after)
+
     def _apply_overrides(self, overrides: Overrides) -> None:
         if overrides.reload_at > self._reload_seen:
             if self._reload_seen or overrides.reload_at > self._started_at:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from engines.sim.launcher import SimProcess
@@ -106,6 +107,9 @@ async def _send_many(
         ("POST", "/admin/routes/explain", _chat("hi")),
         ("POST", "/admin/reload", None),
         ("GET", "/admin/audit", None),
+        ("POST", "/admin/api-keys", {"user": "bob"}),
+        ("GET", "/admin/api-keys", None),
+        ("DELETE", "/admin/api-keys/nope", None),
     ],
 )
 def test_admin_endpoints_need_the_admin_role(
@@ -359,3 +363,26 @@ def test_add_and_remove_backend(gateway: GatewayProcess, urls: dict[str, list[st
         names = {b["name"] for p in http.get("/admin/pools").json()["pools"] for b in p["backends"]}
         assert "vllm-extra" not in names
         assert http.delete("/admin/backends/vllm-extra").status_code == 404
+
+
+def test_api_keys_created_shown_once_used_and_revoked(gateway: GatewayProcess) -> None:
+    with httpx.Client(base_url=gateway.base_url, timeout=10, headers=ADMIN) as http:
+        created = http.post("/admin/api-keys", json={"user": "sdk-user", "tier": "default", "name": "ci"})
+        assert created.status_code == 201, created.text
+        key = created.json()["key"]
+        key_id = created.json()["id"]
+        assert key.startswith("sk-gw-")
+        listed = http.get("/admin/api-keys").text
+        assert key_id in listed and key not in listed, "the plaintext key is shown once, at creation"
+        client = openai.OpenAI(base_url=gateway.base_url + "/v1", api_key=key, max_retries=0)
+        assert client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
+        assert http.delete(f"/admin/api-keys/{key_id}").status_code == 200
+        with pytest.raises(openai.AuthenticationError):
+            client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3
+            )
+        assert http.delete(f"/admin/api-keys/{key_id}").status_code == 404
+        actions = [e["action"] for e in http.get("/admin/audit").json()["entries"]]
+        assert actions[:2] == ["revoke_api_key", "create_api_key"]
