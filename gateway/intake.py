@@ -66,6 +66,10 @@ class ParseStage:
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise invalid_request(f"The request body is not valid UTF-8 (byte {exc.start}).") from None
             raise invalid_request(_BAD_JSON) from None
         if not isinstance(body, dict):
             raise invalid_request("The request body must be a JSON object.")

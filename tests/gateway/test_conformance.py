@@ -312,3 +312,10 @@ def test_health_endpoints(http: httpx.Client) -> None:
     assert http.get("/readyz").status_code == 200
     metrics = http.get("/metrics")
     assert metrics.status_code == 200 and "gateway_requests_total" in metrics.text
+
+
+def test_invalid_utf8_is_a_clear_400(http: httpx.Client) -> None:
+    body = b'{"model": "' + MODEL.encode() + b'", "messages": [{"role": "user", "content": "caf\xe9"}]}'
+    r = http.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert "UTF-8" in r.json()["error"]["message"]
