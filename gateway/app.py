@@ -233,7 +233,10 @@ class Gateway:
         await response(send, receive)
 
     async def _redis_reachable(self) -> bool:
-        if self.redis is None:
+        """Readiness' view of Redis. With `limits.on_redis_error: fail_open` a replica serves through
+        a Redis outage (its own limiter takes over), so Redis does not count: taking every replica out
+        of the load balancer at once would turn a degraded state into an outage."""
+        if self.redis is None or self.settings.limits.on_redis_error == "fail_open":
             return True
         try:
             async with asyncio.timeout(0.5):

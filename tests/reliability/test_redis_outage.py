@@ -3,8 +3,8 @@
 Two gateways share one Redis (append-only file on, as in production): `open` (limits.on_redis_error
 fail_open) and `closed` (fail_closed). Traffic runs on both the whole time. While Redis is down:
 `open` keeps answering 200 (its own limiter decides), `closed` answers 503 in OpenAI's shape,
-admin reads show the last known fleet overrides, an admin change is refused with a clean 503, and
-/readyz says not ready. When Redis is back (same port, same data), both recover without a restart:
+admin reads show the last known fleet overrides, an admin change is refused with a clean 503;
+/readyz stays ready on `open` (it serves) and says not ready on `closed`. When Redis is back (same port, same data), both recover without a restart:
 `closed` serves 200 again, an admin change goes through and reaches the other replica.
 """
 
@@ -168,8 +168,10 @@ def test_redis_stopped_and_restarted_under_traffic() -> None:
                     r = _set_weight(gw, admin, 0.5)
                     assert r.status_code == 503, r.text
                     assert r.json()["error"]["type"] == "server_error"
-                    assert httpx.get(gw.base_url + "/readyz", timeout=5).status_code == 503
                     assert httpx.get(gw.base_url + "/healthz", timeout=5).status_code == 200
+                # Readiness: fail_open keeps serving (stays in the load balancer), fail_closed leaves it.
+                assert httpx.get(gw_open.base_url + "/readyz", timeout=5).status_code == 200
+                assert httpx.get(gw_closed.base_url + "/readyz", timeout=5).status_code == 503
 
                 t_open.phase = t_closed.phase = "restarting"
                 redis.start()
