@@ -18,6 +18,11 @@ from bench.verdicts import CPU_C, Verdict, med, overhead_verdicts, routing_verdi
 
 PLOTS = BENCH / "plots"
 ORDER = ("direct", "gw_bare", "gw_bare2", "gw_full", "sglang_router", "vllm_router", "litellm")
+_COLORS = ("#444444", "#1f77b4", "#17becf", "#2ca02c", "#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2")
+
+
+def _color(names: list[str], name: str) -> str:
+    return _COLORS[names.index(name) % len(_COLORS)]
 
 
 def _plt() -> Any:
@@ -54,10 +59,11 @@ def overhead_plots(o: dict[str, Any]) -> list[str]:
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for k in keys:
         if k != "direct":
-            added = [max(1e-3, (med(ns, k, c, "p50_us") - med(ns, "direct", c, "p50_us")) / 1000) for c in concs]
-            a1.plot(concs, added, marker="o", label=_label(o, k))
-        a2.plot(concs, [med(ns, k, c, "cpu_us_per_req") / 1000 for c in concs], marker="o", label=_label(o, k))
-    a1.set(xscale="log", yscale="log", xlabel="concurrency (wrk connections)", ylabel="added p50 latency (ms)",
+            added = [(med(ns, k, c, "p50_us") - med(ns, "direct", c, "p50_us")) / 1000 for c in concs]
+            a1.plot(concs, added, marker="o", label=_label(o, k), color=_color(keys, k))
+        a2.plot(concs, [med(ns, k, c, "cpu_us_per_req") / 1000 for c in concs], marker="o", label=_label(o, k), color=_color(keys, k))
+    a1.set_yscale("symlog", linthresh=0.1)
+    a1.set(xscale="log", xlabel="concurrency (wrk connections)", ylabel="added p50 latency (ms, symlog)",
            title="Added latency over direct, non-streaming")  # fmt: skip
     a2.set(xscale="log", yscale="log", xlabel="concurrency (wrk connections)", ylabel="CPU per request (ms)",
            title="CPU per request of the target's process tree")  # fmt: skip
@@ -73,8 +79,8 @@ def overhead_plots(o: dict[str, Any]) -> list[str]:
     sconcs = sorted({p["concurrency"] for p in st})
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for k in keys:
-        a1.plot(sconcs, [med(st, k, c, "p50_us") / 1000 for c in sconcs], marker="o", label=_label(o, k))
-        a2.plot(sconcs, [med(st, k, c, "cpu_us_per_req") / 1000 for c in sconcs], marker="o", label=_label(o, k))
+        a1.plot(sconcs, [med(st, k, c, "p50_us") / 1000 for c in sconcs], marker="o", label=_label(o, k), color=_color(keys, k))
+        a2.plot(sconcs, [med(st, k, c, "cpu_us_per_req") / 1000 for c in sconcs], marker="o", label=_label(o, k), color=_color(keys, k))
     a1.set(xscale="log", yscale="log", xlabel="concurrent streams", ylabel="time to first chunk p50 (ms)",
            title="Streaming (32 chunks): time to first chunk")  # fmt: skip
     a2.set(xscale="log", yscale="log", xlabel="concurrent streams", ylabel="CPU per stream (ms)",
@@ -102,14 +108,16 @@ def routing_plots(r: dict[str, Any]) -> list[str]:
             if not pts:
                 continue
             loads = [p[0] * 100 for p in pts]
-            axes[0][j].plot(loads, [p[1] for p in pts], marker="o", label=router)
-            axes[1][j].plot(loads, [p[2] for p in pts], marker="o", label=router)
+            col = _color(routers, router)
+            axes[0][j].plot(loads, [p[1] for p in pts], marker="o", label=router, color=col)
+            axes[1][j].plot(loads, [p[2] for p in pts], marker="o", label=router, color=col)
         axes[0][j].set(title=w, ylabel="TTFT p50 (ms)", yscale="log")
         axes[1][j].set(xlabel="offered load (% of fleet capacity)", ylabel="TTFT p99 (ms)", yscale="log")
         for a in (axes[0][j], axes[1][j]):
             a.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
+    handles = {h.get_label(): h for a in axes[0] for h in a.get_lines()}
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(4, len(handles)), fontsize=8)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(PLOTS / "routing_ttft.png", dpi=110)
     plt.close(fig)
     return ["plots/routing_ttft.png"]
@@ -305,9 +313,11 @@ def write(run: dict[str, Any], path: Path) -> None:
         L += profiles_md(o)
     if r:
         L += routing_md(r)
-    micro = run.get("micro") or {}
+    micro = dict(run.get("micro") or {})
+    date = micro.pop("_date", "")
     if micro:
         L += ["## Micro-benchmarks (other files in bench/)", ""]
+        L += [f"Measured {date or 'in an earlier run'} (`python -m bench --suite micro`; quick mode does not rerun them).", ""]
         for name, text in micro.items():
             L += [f"### `{name}`", "", text.strip(), ""]
     sim_md = BENCH / "SIMULATOR.md"

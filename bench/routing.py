@@ -101,7 +101,7 @@ OURS = ("ours (prefix_affinity)", "ours (least_load)", "ours (round_robin)")
 QUICK = Matrix(
     workloads=("shared_prefix", "multi_turn_chat", "uniform"),
     loads=(0.8,),
-    routers=("ours (prefix_affinity)", "ours (round_robin)", "sglang-router cache_aware", "vllm-router cache_aware"),
+    routers=("ours (prefix_affinity)", "ours (round_robin)", "sglang-router cache_aware"),
     seconds=6.0,
     uniform_routers=("ours (prefix_affinity)", "ours (least_load)"),
 )
@@ -110,7 +110,7 @@ FULL = Matrix(
     loads=(0.5, 0.8),
     routers=(*OURS, "sglang-router cache_aware", "sglang-router round_robin", "vllm-router cache_aware",
              "vllm-router round_robin"),  # fmt: skip
-    seconds=25.0,
+    seconds=20.0,
     uniform_routers=(*OURS, "sglang-router cache_aware", "vllm-router cache_aware"),
 )
 
