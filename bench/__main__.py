@@ -42,8 +42,22 @@ def micro(quick: bool, log: Progress) -> dict[str, str]:
     """Run the micro-benchmarks as subprocesses and keep their printed tables."""
     out: dict[str, str] = {}
     runs = {
-        "bench/clients.py": ["-m", "bench.clients", "--requests", "500" if quick else "2000", "--rounds", "1" if quick else "3"],
-        "bench/transports.py": ["-m", "bench.transports", "--requests", "500" if quick else "2000", "--rounds", "1" if quick else "3"],
+        "bench/clients.py": [
+            "-m",
+            "bench.clients",
+            "--requests",
+            "500" if quick else "2000",
+            "--rounds",
+            "1" if quick else "3",
+        ],
+        "bench/transports.py": [
+            "-m",
+            "bench.transports",
+            "--requests",
+            "500" if quick else "2000",
+            "--rounds",
+            "1" if quick else "3",
+        ],
         "bench/adapters.py": ["-m", "bench.adapters"],
     }
     for name, args in runs.items():
@@ -51,8 +65,14 @@ def micro(quick: bool, log: Progress) -> dict[str, str]:
             continue
         log(f"micro: {name}")
         try:
-            p = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=str(ROOT))
-            text = p.stdout if p.returncode == 0 else f"failed (exit {p.returncode}):\n\n```\n{p.stderr[-1500:]}\n```"
+            p = subprocess.run(
+                [sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=str(ROOT)
+            )
+            text = (
+                p.stdout
+                if p.returncode == 0
+                else f"failed (exit {p.returncode}):\n\n```\n{p.stderr[-1500:]}\n```"
+            )
         except subprocess.TimeoutExpired:
             text = "timed out after 300 s"
         cmd = f"`python {' '.join(args)}`"
@@ -62,7 +82,9 @@ def micro(quick: bool, log: Progress) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="the default: short points, one round (< 5 min)")
     mode.add_argument("--full", action="store_true", help="several rounds, longer points")
@@ -70,14 +92,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-peers", action="store_true", help="skip LiteLLM and the Rust routers")
     ap.add_argument("--gateway-ref", default=None, help="benchmark a git ref instead of the working tree")
     ap.add_argument("--out", default=str(BENCH / "BENCHMARKS.md"))
+    ap.add_argument("--report-only", action="store_true", help="rewrite the report from bench/results/*.json")
     a = ap.parse_args(argv)
     quick = not a.full
     # quick mode leaves the micro-benchmarks out (the report keeps their last figures, dated)
     suites = a.suite or (["overhead", "routing"] if quick else list(SUITES))
+    if a.report_only:
+        suites = []
     log = Progress()
     RESULTS.mkdir(exist_ok=True)
     run: dict[str, Any] = {"mode": "quick" if quick else "full", "machine": machine.describe(argv)}
-    log(f"bench: {run['mode']} mode, suites {', '.join(suites)}; {run['machine']['nproc']} CPUs, load {run['machine']['loadavg_at_start']}")
+    last = RESULTS / "run.json"
+    if a.report_only and last.exists():
+        run = json.loads(last.read_text())  # the machine, date and command of the run that measured
+    log(
+        f"bench: {run['mode']} mode, suites {', '.join(suites)}; {run['machine']['nproc']} CPUs, load {run['machine']['loadavg_at_start']}"
+    )
 
     if "overhead" in suites:
         plan = overhead.QUICK if quick else overhead.FULL
@@ -106,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         if f.exists():
             run[name] = json.loads(f.read_text())
     run["peer_versions"] = {p.label: peers.installed_version(p) for p in peers.PEERS}
-    run["elapsed_s"] = time.monotonic() - log.t0
+    if not a.report_only:
+        run["elapsed_s"] = time.monotonic() - log.t0
+        last.write_text(json.dumps({k: run[k] for k in ("mode", "machine", "elapsed_s")}, indent=1))
     analysis = BENCH / "ANALYSIS.md"
     if analysis.exists():
         run["analysis"] = analysis.read_text().strip().splitlines()

@@ -107,7 +107,9 @@ def run_wrk(url: str, script: Path, concurrency: int, seconds: float, threads: i
                 client_cpu_s=cpu,
                 error_kinds=kinds,
             )
-    raise RuntimeError(f"wrk printed no result (rc {out.returncode}): {out.stdout[-500:]} {out.stderr[-500:]}")
+    raise RuntimeError(
+        f"wrk printed no result (rc {out.returncode}): {out.stdout[-500:]} {out.stderr[-500:]}"
+    )
 
 
 @dataclass
@@ -151,7 +153,13 @@ def run_streams(
     url: str, body_file: Path, headers: dict[str, str], concurrency: int, seconds: float
 ) -> StreamResult:
     """C concurrent workers streaming back to back for `seconds`, in a client process of its own."""
-    argv = _client_argv(url, body_file, headers) + ["--concurrency", str(concurrency), "--duration", str(seconds)]
+    argv = [
+        *_client_argv(url, body_file, headers),
+        "--concurrency",
+        str(concurrency),
+        "--duration",
+        str(seconds),
+    ]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 180, cwd=str(ROOT))
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if not lines:
@@ -163,7 +171,7 @@ class HeldStreams:
     """`n` streams opened at once by a client process; `wait_ready()` returns once all are open."""
 
     def __init__(self, url: str, body_file: Path, headers: dict[str, str], n: int) -> None:
-        argv = _client_argv(url, body_file, headers) + ["--hold", str(n)]
+        argv = [*_client_argv(url, body_file, headers), "--hold", str(n)]
         self.proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT)
         )

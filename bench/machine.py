@@ -54,7 +54,7 @@ def _pkg(name: str) -> str:
 def describe(argv: list[str]) -> dict[str, Any]:
     load1, load5, _ = os.getloadavg()
     return {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "make bench" + (f" BENCH_ARGS='{' '.join(argv)}'" if argv else ""),
         "nproc": os.cpu_count(),
         "cpu": _cpu_model(),
@@ -64,5 +64,7 @@ def describe(argv: list[str]) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "wrk": _version(["wrk", "--version"]),
         "commit": _version(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]),
-        "packages": {p: _pkg(p) for p in ("uvicorn", "uvloop", "httptools", "aiohttp", "httpx", "orjson", "redis")},
+        "packages": {
+            p: _pkg(p) for p in ("uvicorn", "uvloop", "httptools", "aiohttp", "httpx", "orjson", "redis")
+        },
     }

@@ -149,7 +149,7 @@ def _check(target: Target) -> str | None:
                 data = r.read()
                 if r.status != 200 or (stream and b"data:" not in data):
                     return f"status {r.status}: {data[:200]!r}"
-        except Exception as e:  # noqa: BLE001 - any failure makes the target unavailable
+        except Exception as e:
             return f"{type(e).__name__}: {e}"
     return None
 
@@ -202,7 +202,9 @@ class Bench:
         self._gateway("gw_bare", "our gateway, bare", gateway_config("vllm", urls))
         if "gw_bare" not in self.results.targets and self.gateway_ref is None:
             self.source = gateway_source("HEAD")
-            self.log(f"the working tree's gateway fails; falling back to a snapshot of {self.source.describe}")
+            self.log(
+                f"the working tree's gateway fails; falling back to a snapshot of {self.source.describe}"
+            )
             self.results.unavailable.pop("our gateway, bare", None)
             self._gateway("gw_bare", "our gateway, bare", gateway_config("vllm", urls))
         self.results.gateway_source = self.source.describe
@@ -213,7 +215,9 @@ class Bench:
             redis = self.stack.enter_context(RedisServer())
             self.log(f"redis-server up on port {redis.port} (pid {redis.proc.pid if redis.proc else '?'})")
             cfg = gateway_config("vllm", urls, **full_sections(redis.url))
-            self._gateway("gw_full", "our gateway, full pipeline", cfg, {"authorization": f"Bearer {bench_token()}"})
+            self._gateway(
+                "gw_full", "our gateway, full pipeline", cfg, {"authorization": f"Bearer {bench_token()}"}
+            )
         else:
             self.results.unavailable["our gateway, full pipeline"] = (
                 "not available yet: gateway/settings.py has no auth/limits/sanitise sections"
@@ -232,7 +236,9 @@ class Bench:
         self.targets.append(target)
         self.results.targets[target.key] = {"label": target.label, "version": version, "note": target.note}
 
-    def _gateway(self, key: str, label: str, cfg: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+    def _gateway(
+        self, key: str, label: str, cfg: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> None:
         try:
             svc = self.stack.enter_context(gateway_service(f"overhead-{key}", cfg, self.source))
         except ServiceError as e:
@@ -247,8 +253,14 @@ class Bench:
 
     def _peers(self, urls: list[str]) -> None:
         for peer, make in (
-            (peers.SGLANG_ROUTER, lambda: peers.rust_router(peers.SGLANG_ROUTER, urls, "round_robin", "overhead-sglang-router")),
-            (peers.VLLM_ROUTER, lambda: peers.rust_router(peers.VLLM_ROUTER, urls, "round_robin", "overhead-vllm-router")),
+            (
+                peers.SGLANG_ROUTER,
+                lambda: peers.rust_router(peers.SGLANG_ROUTER, urls, "round_robin", "overhead-sglang-router"),
+            ),
+            (
+                peers.VLLM_ROUTER,
+                lambda: peers.rust_router(peers.VLLM_ROUTER, urls, "round_robin", "overhead-vllm-router"),
+            ),
             (peers.LITELLM, lambda: peers.litellm_proxy(urls, MODEL, SERVED_NAME, "overhead-litellm")),
         ):
             version = peers.ensure(peer, self.log)
@@ -266,8 +278,14 @@ class Bench:
             model = MODEL if peer is peers.LITELLM else SERVED_NAME
             key = peer.key.replace("-", "_")
             headers = {"authorization": f"Bearer {peers.LITELLM_KEY}"} if peer is peers.LITELLM else {}
-            note = "master key on (it will not start without one), no database" if peer is peers.LITELLM else "round_robin"
-            self._add(Target(key, label, svc.base_url, model, svc, headers, charge_pid=svc.pid, note=note), version)
+            note = (
+                "master key on (it will not start without one), no database"
+                if peer is peers.LITELLM
+                else "round_robin"
+            )
+            self._add(
+                Target(key, label, svc.base_url, model, svc, headers, charge_pid=svc.pid, note=note), version
+            )
 
     def stop(self) -> None:
         self.stack.close()
@@ -291,7 +309,8 @@ class Bench:
     def nonstream(self) -> None:
         p = self.plan
         scripts = {
-            t.key: write_wrk_script(t.key, _body(t.model, stream=False, max_tokens=16), t.headers) for t in self.targets
+            t.key: write_wrk_script(t.key, _body(t.model, stream=False, max_tokens=16), t.headers)
+            for t in self.targets
         }
         self.log("non-streaming: warm-up")
         for t in self.targets:
@@ -351,7 +370,9 @@ class Bench:
             for t in self._order(rnd, streaming=True):
                 pt = self._stream_point(t, 32, files[t.key, 128])
                 self.results.stream_long.append(pt)
-                self.log(f"  round {rnd + 1}/{p.rounds} 128-chunk streams c=32 {t.label:<30} CPU {pt.cpu_us_per_req:7.0f} µs/stream")
+                self.log(
+                    f"  round {rnd + 1}/{p.rounds} 128-chunk streams c=32 {t.label:<30} CPU {pt.cpu_us_per_req:7.0f} µs/stream"
+                )
 
     def memory(self) -> None:
         p = self.plan
@@ -361,7 +382,9 @@ class Bench:
         try:
             for t in self._order(0, streaming=True):
                 path = WORK / "bodies" / f"{t.key}-stream32.json"
-                self.results.memory[t.key] = self._held(t, path, 200 if t.key in self.slow else p.held_streams)
+                self.results.memory[t.key] = self._held(
+                    t, path, 200 if t.key in self.slow else p.held_streams
+                )
                 m = self.results.memory[t.key]
                 self.log(
                     f"  {p.held_streams} open streams via {t.label:<34} RSS +{m['rss_delta_mb']:6.1f} MB"
@@ -372,7 +395,9 @@ class Bench:
                 path = WORK / "bodies" / "gw_bare-stream32.json"
                 m = self._held(gw, path, p.many_streams)
                 self.results.many_streams = {"target": gw.key, "streams": p.many_streams, **m}
-                self.log(f"  {p.many_streams} concurrent streams via one gateway process: {m['completed']:.0f} completed, {m['errors']:.0f} errors")
+                self.log(
+                    f"  {p.many_streams} concurrent streams via one gateway process: {m['completed']:.0f} completed, {m['errors']:.0f} errors"
+                )
         finally:
             _post(faults, {"drip_ms": 0})
 
@@ -385,12 +410,22 @@ class Bench:
             if t.key not in ("gw_bare", "gw_full"):
                 continue
             script = WORK / "wrk" / f"{t.key}.lua"
-            prof = profile(f"{t.key}-nonstream-c16", t.charge_pid, secs, lambda t=t, s=script: run_wrk(t.chat_url, s, 16, secs + 1))
+            prof = profile(
+                f"{t.key}-nonstream-c16",
+                t.charge_pid,
+                secs,
+                lambda t=t, s=script: run_wrk(t.chat_url, s, 16, secs + 1),
+            )
             self.results.profiles.append(asdict(prof))
             self.log(f"  profile {prof.name}: {prof.samples} samples {prof.error}")
             if t.key == "gw_bare":
                 body = WORK / "bodies" / f"{t.key}-stream32.json"
-                prof = profile(f"{t.key}-stream-c32", t.charge_pid, secs, lambda t=t, b=body: run_streams(t.chat_url, b, t.headers, 32, secs + 1))
+                prof = profile(
+                    f"{t.key}-stream-c32",
+                    t.charge_pid,
+                    secs,
+                    lambda t=t, b=body: run_streams(t.chat_url, b, t.headers, 32, secs + 1),
+                )
                 self.results.profiles.append(asdict(prof))
                 self.log(f"  profile {prof.name}: {prof.samples} samples {prof.error}")
 
@@ -405,7 +440,7 @@ class Bench:
             time.sleep(0.3)
             during = tree_rss(t.charge_pid)
             res = held.finish(timeout=300)
-        except Exception as e:  # noqa: BLE001 - a target that cannot hold the streams is reported, not fatal
+        except Exception as e:
             held.stop()
             self.log(f"  {t.label}: holding {n} streams failed: {e}")
             return {"rss_before_mb": before / 2**20, "rss_delta_mb": float("nan"), "open_s": float("nan"),

@@ -130,7 +130,17 @@ def litellm_proxy(urls: list[str], model: str, served: str, name: str = "litellm
     cfg = WORK / f"{name}.yaml"
     cfg.parent.mkdir(parents=True, exist_ok=True)
     cfg.write_text(yaml.safe_dump(config))
-    argv = [str(LITELLM.exe), "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port), "--telemetry", "False"]
+    argv = [
+        str(LITELLM.exe),
+        "--config",
+        str(cfg),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--telemetry",
+        "False",
+    ]
     # offline: without HF_HUB_OFFLINE every stream waits ~23 s on retries to fetch a llama tokenizer
     env = {
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",

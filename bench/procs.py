@@ -23,7 +23,7 @@ from pathlib import Path
 
 from engines.sim.launcher import free_port
 
-__all__ = ["Service", "ServiceError", "free_port", "tree_cpu", "tree_pids", "tree_rss", "WORK"]
+__all__ = ["WORK", "Service", "ServiceError", "free_port", "tree_cpu", "tree_pids", "tree_rss"]
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent

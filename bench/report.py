@@ -61,7 +61,13 @@ def overhead_plots(o: dict[str, Any]) -> list[str]:
         if k != "direct":
             added = [(med(ns, k, c, "p50_us") - med(ns, "direct", c, "p50_us")) / 1000 for c in concs]
             a1.plot(concs, added, marker="o", label=_label(o, k), color=_color(keys, k))
-        a2.plot(concs, [med(ns, k, c, "cpu_us_per_req") / 1000 for c in concs], marker="o", label=_label(o, k), color=_color(keys, k))
+        a2.plot(
+            concs,
+            [med(ns, k, c, "cpu_us_per_req") / 1000 for c in concs],
+            marker="o",
+            label=_label(o, k),
+            color=_color(keys, k),
+        )
     a1.set_yscale("symlog", linthresh=0.1)
     a1.set(xscale="log", xlabel="concurrency (wrk connections)", ylabel="added p50 latency (ms, symlog)",
            title="Added latency over direct, non-streaming")  # fmt: skip
@@ -79,8 +85,20 @@ def overhead_plots(o: dict[str, Any]) -> list[str]:
     sconcs = sorted({p["concurrency"] for p in st})
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for k in keys:
-        a1.plot(sconcs, [med(st, k, c, "p50_us") / 1000 for c in sconcs], marker="o", label=_label(o, k), color=_color(keys, k))
-        a2.plot(sconcs, [med(st, k, c, "cpu_us_per_req") / 1000 for c in sconcs], marker="o", label=_label(o, k), color=_color(keys, k))
+        a1.plot(
+            sconcs,
+            [med(st, k, c, "p50_us") / 1000 for c in sconcs],
+            marker="o",
+            label=_label(o, k),
+            color=_color(keys, k),
+        )
+        a2.plot(
+            sconcs,
+            [med(st, k, c, "cpu_us_per_req") / 1000 for c in sconcs],
+            marker="o",
+            label=_label(o, k),
+            color=_color(keys, k),
+        )
     a1.set(xscale="log", yscale="log", xlabel="concurrent streams", ylabel="time to first chunk p50 (ms)",
            title="Streaming (32 chunks): time to first chunk")  # fmt: skip
     a2.set(xscale="log", yscale="log", xlabel="concurrent streams", ylabel="CPU per stream (ms)",
@@ -104,7 +122,11 @@ def routing_plots(r: dict[str, Any]) -> list[str]:
     fig, axes = plt.subplots(2, len(workloads), figsize=(4 * len(workloads), 7), squeeze=False)
     for j, w in enumerate(workloads):
         for router in routers:
-            pts = sorted((x["load"], x["ttft_p50_ms"], x["ttft_p99_ms"]) for x in rows if x["workload"] == w and x["router"] == router)
+            pts = sorted(
+                (x["load"], x["ttft_p50_ms"], x["ttft_p99_ms"])
+                for x in rows
+                if x["workload"] == w and x["router"] == router
+            )
             if not pts:
                 continue
             loads = [p[0] * 100 for p in pts]
@@ -116,7 +138,9 @@ def routing_plots(r: dict[str, Any]) -> list[str]:
         for a in (axes[0][j], axes[1][j]):
             a.grid(True, which="both", alpha=0.3)
     handles = {h.get_label(): h for a in axes[0] for h in a.get_lines()}
-    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(4, len(handles)), fontsize=8)
+    fig.legend(
+        list(handles.values()), list(handles), loc="lower center", ncol=min(4, len(handles)), fontsize=8
+    )
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(PLOTS / "routing_ttft.png", dpi=110)
     plt.close(fig)
@@ -135,7 +159,9 @@ def overhead_md(o: dict[str, Any]) -> list[str]:
     keys = _keys(o)
     bare_cpu = med(ns, "gw_bare", CPU_C, "cpu_us_per_req")
     L: list[str] = ["## Overhead suite", ""]
-    L.append(f"Gateway under test: {o.get('gateway_source', '?')}. Simulator: `{' '.join(o.get('sim_argv', []))}`.")
+    L.append(
+        f"Gateway under test: {o.get('gateway_source', '?')}. Simulator: `{' '.join(o.get('sim_argv', []))}`."
+    )
     plan = o["plan"]
     L.append(
         f"Each point: {plan['seconds']:.0f} s, {plan['rounds']} round(s) (median shown), targets alternated "
@@ -144,13 +170,18 @@ def overhead_md(o: dict[str, Any]) -> list[str]:
     )
     L.append("")
     if o.get("unavailable"):
-        L.append("Not measured: " + "; ".join(f"**{k}** — {v.splitlines()[0][:160]}" for k, v in o["unavailable"].items()))
+        L.append(
+            "Not measured: "
+            + "; ".join(f"**{k}** — {v.splitlines()[0][:160]}" for k, v in o["unavailable"].items())
+        )
         L.append("")
     L += ["### Non-streaming (wrk, `max_tokens` 16)", ""]
     for c in sorted({p["concurrency"] for p in ns}):
         L.append(f"**Concurrency {c}**")
         L.append("")
-        L.append("| target | req/s | p50 ms | p99 ms | added p50 ms | CPU µs/req | CPU vs ours (bare) | target CPU (cores) | wrk CPU (cores) | errors |")
+        L.append(
+            "| target | req/s | p50 ms | p99 ms | added p50 ms | CPU µs/req | CPU vs ours (bare) | target CPU (cores) | wrk CPU (cores) | errors |"
+        )
         L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for k in keys:
             cpu = med(ns, k, c, "cpu_us_per_req")
@@ -169,7 +200,9 @@ def overhead_md(o: dict[str, Any]) -> list[str]:
     for c in sorted({p["concurrency"] for p in st}):
         L.append(f"**{c} concurrent streams**")
         L.append("")
-        L.append("| target | streams/s | TTFC p50 ms | TTFC p99 ms | added TTFC p50 ms | total p50 ms | total p99 ms | CPU µs/stream | SSE events/stream | client CPU (cores) | errors |")
+        L.append(
+            "| target | streams/s | TTFC p50 ms | TTFC p99 ms | added TTFC p50 ms | total p50 ms | total p99 ms | CPU µs/stream | SSE events/stream | client CPU (cores) | errors |"
+        )
         L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for k in keys:
             added = med(st, k, c, "p50_us") - med(st, "direct", c, "p50_us")
@@ -182,7 +215,9 @@ def overhead_md(o: dict[str, Any]) -> list[str]:
                 f"| {_f(med(st, k, c, 'client_cpu_util'), '{:.2f}')} | {errs} |"
             )
         L.append("")
-    L.append("CPU per relayed chunk (slope between 128-chunk and 32-chunk streams at c=32, so the per-request cost cancels):")
+    L.append(
+        "CPU per relayed chunk (slope between 128-chunk and 32-chunk streams at c=32, so the per-request cost cancels):"
+    )
     L.append("")
     L.append("| target | CPU µs per chunk |")
     L.append("|---|---:|")
@@ -192,8 +227,13 @@ def overhead_md(o: dict[str, Any]) -> list[str]:
     mem = o.get("memory") or {}
     if mem:
         held = o["plan"]["held_streams"]
-        L += [f"### Memory: {held:,} slow streams held open (a chunk every {o['plan']['drip_ms']:.0f} ms)", ""]
-        L.append("| target | RSS before MB | RSS with streams open MB | RSS per 1,000 streams MB | time to open all s | errors |")
+        L += [
+            f"### Memory: {held:,} slow streams held open (a chunk every {o['plan']['drip_ms']:.0f} ms)",
+            "",
+        ]
+        L.append(
+            "| target | RSS before MB | RSS with streams open MB | RSS per 1,000 streams MB | time to open all s | errors |"
+        )
         L.append("|---|---:|---:|---:|---:|---:|")
         for k in keys:
             m = mem.get(k)
@@ -220,7 +260,9 @@ def overhead_md(o: dict[str, Any]) -> list[str]:
     L.append("|---|---:|---:|---:|")
     for k in keys:
         cpu = med(ns, k, CPU_C, "cpu_us_per_req")
-        L.append(f"| {_label(o, k)} | {_f(cpu)} | {_f(cpu / bare_cpu, '{:.2f}×')} | {_f(1e6 / cpu, '{:,.0f}')} |")
+        L.append(
+            f"| {_label(o, k)} | {_f(cpu)} | {_f(cpu / bare_cpu, '{:.2f}×')} | {_f(1e6 / cpu, '{:,.0f}')} |"
+        )
     L.append("")
     return L
 
@@ -240,7 +282,9 @@ def profiles_md(o: dict[str, Any]) -> list[str]:
         if p.get("error"):
             L.append(f"- {p['name']}: profile failed ({p['error']})")
             continue
-        L.append(f"**{p['name']}** ({p['samples']} samples, raw stacks in `{p.get('raw_path', '')}`, not committed)")
+        L.append(
+            f"**{p['name']}** ({p['samples']} samples, raw stacks in `{p.get('raw_path', '')}`, not committed)"
+        )
         L.append("")
         L.append("| self | function | | inclusive | our function |")
         L.append("|---:|---|---|---:|---|")
@@ -248,7 +292,9 @@ def profiles_md(o: dict[str, Any]) -> list[str]:
         for i in range(min(rows, 10)):
             s = p["self_share"][i] if i < len(p["self_share"]) else ("", math.nan)
             n = p["ours_inclusive"][i] if i < len(p["ours_inclusive"]) else ("", math.nan)
-            L.append(f"| {_f(s[1] * 100, '{:.1f} %')} | `{s[0]}` | | {_f(n[1] * 100, '{:.1f} %')} | `{n[0]}` |")
+            L.append(
+                f"| {_f(s[1] * 100, '{:.1f} %')} | `{s[0]}` | | {_f(n[1] * 100, '{:.1f} %')} | `{n[0]}` |"
+            )
         L.append("")
     return L
 
@@ -260,7 +306,9 @@ def routing_md(r: dict[str, Any]) -> list[str]:
     if r.get("unavailable"):
         L.append("Not measured: " + "; ".join(f"**{k}** — {v[:160]}" for k, v in r["unavailable"].items()))
         L.append("")
-    L.append("| workload | load | router | requests | req/s | TTFT p50 ms | TTFT p99 ms | hit rate (sim counters) | oracle hit rate | ÷ oracle | errors |")
+    L.append(
+        "| workload | load | router | requests | req/s | TTFT p50 ms | TTFT p99 ms | hit rate (sim counters) | oracle hit rate | ÷ oracle | errors |"
+    )
     L.append("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for x in r["rows"]:
         L.append(
@@ -282,11 +330,21 @@ def write(run: dict[str, Any], path: Path) -> None:
         "into `bench/.peers/` on first use; logs and raw profiles land in `bench/.work/` (both git-ignored)."
     )
     L.append("")
-    L.append(f"- **This run**: `{m['command']}` — {run['mode']} mode, {m['date']}, {run.get('elapsed_s', 0) / 60:.1f} min")
-    L.append(f"- **Machine**: {m['nproc']} CPUs ({m['cpu']}), {m['ram_gib']} GiB RAM, Linux {m['kernel']}; load average at start {m['loadavg_at_start']}")
-    L.append(f"- **Versions**: commit {m['commit']}; Python {m['python']}; {m['wrk']}; " + ", ".join(f"{k} {v}" for k, v in m["packages"].items()))
+    L.append(
+        f"- **This run**: `{m['command']}` — {run['mode']} mode, {m['date']}, {run.get('elapsed_s', 0) / 60:.1f} min"
+    )
+    L.append(
+        f"- **Machine**: {m['nproc']} CPUs ({m['cpu']}), {m['ram_gib']} GiB RAM, Linux {m['kernel']}; load average at start {m['loadavg_at_start']}"
+    )
+    L.append(
+        f"- **Versions**: commit {m['commit']}; Python {m['python']}; {m['wrk']}; "
+        + ", ".join(f"{k} {v}" for k, v in m["packages"].items())
+    )
     if run.get("peer_versions"):
-        L.append("- **Peers**: " + ", ".join(f"{k} {v or 'not installable'}" for k, v in run["peer_versions"].items()))
+        L.append(
+            "- **Peers**: "
+            + ", ".join(f"{k} {v or 'not installable'}" for k, v in run["peer_versions"].items())
+        )
     L.append("")
     L.append(
         "> **Noise.** These machines are shared: other engineers run test suites on the same 2 cores while this "
@@ -301,10 +359,12 @@ def write(run: dict[str, Any], path: Path) -> None:
     if r:
         verdicts += routing_verdicts(r)
     if verdicts:
-        L += ["## Targets", ""] + verdict_table(verdicts) + [""]
+        L += ["## Targets", "", *verdict_table(verdicts), ""]
         missed = [v for v in verdicts if v.met is False]
         if missed and o:
-            L.append("Where targets are missed, the profiles below (overhead suite) show where the gateway's CPU goes.")
+            L.append(
+                "Where targets are missed, the profiles below (overhead suite) show where the gateway's CPU goes."
+            )
             L.append("")
     if run.get("analysis"):
         L += ["## What the figures say", ""] + run["analysis"] + [""]
@@ -317,7 +377,10 @@ def write(run: dict[str, Any], path: Path) -> None:
     date = micro.pop("_date", "")
     if micro:
         L += ["## Micro-benchmarks (other files in bench/)", ""]
-        L += [f"Measured {date or 'in an earlier run'} (`python -m bench --suite micro`; quick mode does not rerun them).", ""]
+        L += [
+            f"Measured {date or 'in an earlier run'} (`python -m bench --suite micro`; quick mode does not rerun them).",
+            "",
+        ]
         for name, text in micro.items():
             L += [f"### `{name}`", "", text.strip(), ""]
     sim_md = BENCH / "SIMULATOR.md"

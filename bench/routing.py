@@ -25,7 +25,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 import urllib.request
 import zlib
 from collections.abc import Callable
@@ -108,8 +107,13 @@ QUICK = Matrix(
 FULL = Matrix(
     workloads=tuple(WORKLOADS),
     loads=(0.5, 0.8),
-    routers=(*OURS, "sglang-router cache_aware", "sglang-router round_robin", "vllm-router cache_aware",
-             "vllm-router round_robin"),  # fmt: skip
+    routers=(
+        *OURS,
+        "sglang-router cache_aware",
+        "sglang-router round_robin",
+        "vllm-router cache_aware",
+        "vllm-router round_robin",
+    ),
     seconds=20.0,
     uniform_routers=(*OURS, "sglang-router cache_aware", "vllm-router cache_aware"),
 )
@@ -159,7 +163,9 @@ def _post(url: str) -> None:
 
 
 class Suite:
-    def __init__(self, matrix: Matrix, spec: FleetSpec, log: Log, with_peers: bool, gateway_ref: str | None) -> None:
+    def __init__(
+        self, matrix: Matrix, spec: FleetSpec, log: Log, with_peers: bool, gateway_ref: str | None
+    ) -> None:
         self.m = matrix
         self.spec = spec
         self.log = log
@@ -181,17 +187,24 @@ class Suite:
                 svc = self.stack.enter_context(Service(f"fleet-{engine}-{i}", argv, port, probe="/health"))
                 self.sims.append(svc)
                 self.urls[engine].append(svc.base_url)
-        self.log(f"fleet up: {len(self.sims)} simulators ({self.spec.per_engine} vLLM + {self.spec.per_engine} SGLang dialect)")
+        self.log(
+            f"fleet up: {len(self.sims)} simulators ({self.spec.per_engine} vLLM + {self.spec.per_engine} SGLang dialect)"
+        )
 
     def gateway_config(self, policy: str) -> dict[str, Any]:
         return {
             "server": {"log_level": "warning", "graceful_shutdown_s": 1},
             "models": [{"name": PUBLIC, "context_length": 32768}],
             "pools": [
-                {"name": e, "dialect": e, "weight": 0.5, "models": {PUBLIC: SERVED[e]},
-                 "backends": [{"name": f"{e}-{i}", "url": u} for i, u in enumerate(self.urls[e])]}
+                {
+                    "name": e,
+                    "dialect": e,
+                    "weight": 0.5,
+                    "models": {PUBLIC: SERVED[e]},
+                    "backends": [{"name": f"{e}-{i}", "url": u} for i, u in enumerate(self.urls[e])],
+                }
                 for e in ("vllm", "sglang")
-            ],  # fmt: skip
+            ],
             "routing": {"policy": policy, "scrape_interval_s": 0.5},
             "upstream": {"health": {"interval_s": 2.0}},
             "access_log": {"enabled": False},
@@ -221,8 +234,16 @@ class Suite:
             return False
         return True
 
-    def one(self, workload: str, load: float, router: str, trace: list[Request], times: list[float],
-            oracle_rate: float, cap: float) -> None:  # fmt: skip
+    def one(
+        self,
+        workload: str,
+        load: float,
+        router: str,
+        trace: list[Request],
+        times: list[float],
+        oracle_rate: float,
+        cap: float,
+    ) -> None:
         for s in self.sims:
             _post(s.base_url + "/sim/reset")
         try:
@@ -240,7 +261,9 @@ class Suite:
                     f.write(orjson.dumps({"t": t, "session": req.session, "body": req.body(model)}) + b"\n")
             argv = [sys.executable, "-m", "bench.tracerunner", "--url", svc.base_url + "/v1/chat/completions",
                     "--trace", str(path), "--timeout", "120"]  # fmt: skip
-            out = subprocess.run(argv, capture_output=True, text=True, cwd=str(ROOT), timeout=self.m.seconds * 6 + 200)
+            out = subprocess.run(
+                argv, capture_output=True, text=True, cwd=str(ROOT), timeout=self.m.seconds * 6 + 200
+            )
             lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
             if not lines:
                 raise RuntimeError(f"trace client failed: {out.stderr[-500:]}")
@@ -275,8 +298,7 @@ class Suite:
         self.start_fleet()
         for w in self.m.workloads:
             for load in self.m.loads:
-                probe = WORKLOADS[w](400)
-                rate0, per0 = oracle(probe, self.spec)
+                _, per0 = oracle(WORKLOADS[w](400), self.spec)
                 cap = capacity(per0, self.spec)
                 n = max(50, round(cap * load * self.m.seconds))
                 trace = WORKLOADS[w](n)

@@ -66,7 +66,7 @@ async def one_stream(
                         on_first.set()
                 events += chunk.count(b"data:")
         end = time.perf_counter()
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+    except (TimeoutError, aiohttp.ClientError, OSError) as e:
         stats.fail(type(e).__name__)
         return
     finally:
@@ -116,9 +116,7 @@ async def run_hold(url: str, body: bytes, headers: dict[str, str], n: int) -> No
     cpu0, t0 = _cpu(), time.perf_counter()
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
         firsts = [asyncio.Event() for _ in range(n)]
-        tasks = [
-            asyncio.create_task(one_stream(session, url, body, headers, stats, ev)) for ev in firsts
-        ]
+        tasks = [asyncio.create_task(one_stream(session, url, body, headers, stats, ev)) for ev in firsts]
         await asyncio.gather(*(ev.wait() for ev in firsts))
         ready = {"open_s": time.perf_counter() - t0, "errors_so_far": stats.errors}
         print("READY " + orjson.dumps(ready).decode(), flush=True)

@@ -27,7 +27,11 @@ from gateway.tokens import mint_token
 from tests.conftest import MODEL, single_pool_config
 
 JWT_SECRET = "bench-secret-not-for-production-0123456789abcdef"
-GENEROUS = {"requests_per_minute": 1_000_000_000, "tokens_per_minute": 1_000_000_000_000, "concurrent_requests": 1_000_000}
+GENEROUS = {
+    "requests_per_minute": 1_000_000_000,
+    "tokens_per_minute": 1_000_000_000_000,
+    "concurrent_requests": 1_000_000,
+}
 
 
 @dataclass
@@ -79,7 +83,9 @@ def full_pipeline_available(source: GatewaySource) -> bool:
         "print(all(n in Settings.model_fields for n in ('auth', 'limits', 'sanitise')))"
     )
     env = {**os.environ, "PYTHONPATH": str(source.path)}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=source.path)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=source.path
+    )
     return out.stdout.strip() == "True"
 
 
@@ -126,12 +132,12 @@ def bench_token() -> str:
 
 __all__ = [
     "MODEL",
+    "GatewaySource",
     "Target",
     "bench_token",
-    "GatewaySource",
     "full_pipeline_available",
-    "gateway_source",
     "full_sections",
     "gateway_config",
     "gateway_service",
+    "gateway_source",
 ]

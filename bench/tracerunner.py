@@ -23,15 +23,21 @@ import orjson
 import uvloop
 
 
-async def replay(url: str, trace: list[dict[str, Any]], headers: dict[str, str], timeout: float) -> dict[str, Any]:
+async def replay(
+    url: str, trace: list[dict[str, Any]], headers: dict[str, str], timeout_s: float
+) -> dict[str, Any]:
     conn = aiohttp.TCPConnector(limit=0)
     results: list[dict[str, Any]] = [{} for _ in trace]
     done: dict[str, asyncio.Event] = {}
     t0 = time.perf_counter() + 0.2
 
-    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+    async with aiohttp.ClientSession(
+        connector=conn, timeout=aiohttp.ClientTimeout(total=timeout_s)
+    ) as session:
 
-        async def one(i: int, item: dict[str, Any], prev: asyncio.Event | None, mine: asyncio.Event | None) -> None:
+        async def one(
+            i: int, item: dict[str, Any], prev: asyncio.Event | None, mine: asyncio.Event | None
+        ) -> None:
             res = results[i]
             try:
                 delay = t0 + item["t"] - time.perf_counter()
@@ -51,7 +57,7 @@ async def replay(url: str, trace: list[dict[str, Any]], headers: dict[str, str],
                 if r.status == 200 and first:
                     res["ttft"] = first - start
                     res["total"] = end - start
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            except (TimeoutError, aiohttp.ClientError, OSError) as e:
                 res["error"] = type(e).__name__
             finally:
                 if mine is not None:

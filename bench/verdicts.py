@@ -55,14 +55,26 @@ def overhead_verdicts(o: dict[str, Any]) -> list[Verdict]:
     out: list[Verdict] = []
 
     def add(issue: str, target: str, value: float, fmt: str, met: bool | None) -> None:
-        out.append(Verdict(issue, target, fmt.format(value) if _ok(value) else "—", met if _ok(value) else None))
+        out.append(
+            Verdict(issue, target, fmt.format(value) if _ok(value) else "—", met if _ok(value) else None)
+        )
 
     added = med(ns, "gw_bare", 1, "p50_us") - med(ns, "direct", 1, "p50_us")
     add("#3", "added p50 ≤ 0.3 ms at c=1 (bare, non-streaming)", added / 1000, "{:.3f} ms", added <= 300)
     cpu_bare = med(ns, "gw_bare", CPU_C, "cpu_us_per_req")
-    add("#3 #8", "bare proxy CPU ≤ 0.2 ms per non-streaming request", cpu_bare / 1000, "{:.3f} ms", cpu_bare <= 200)
+    add(
+        "#3 #8",
+        "bare proxy CPU ≤ 0.2 ms per non-streaming request",
+        cpu_bare / 1000,
+        "{:.3f} ms",
+        cpu_bare <= 200,
+    )
     rps2 = med(ns, "gw_bare2", 64, "rps")
-    add("#3", "≥ 10,000 req/s at c=64 with 2 workers on 2 cores", rps2, "{:,.0f} req/s", rps2 >= 10_000)
+    cpu2 = med(ns, "gw_bare2", 64, "cpu_us_per_req")
+    out.append(Verdict("#3", "≥ 10,000 req/s at c=64 with 2 workers on 2 cores",
+                       f"{rps2:,.0f} req/s measured (sharing the cores with wrk and the simulator); "
+                       f"{2e6 / cpu2:,.0f} req/s if the gateway had both cores (2 s ÷ CPU per request)",
+                       rps2 >= 10_000 if _ok(rps2) else None))  # fmt: skip
     ttfc = med(st, "gw_bare", 1, "p50_us") - med(st, "direct", 1, "p50_us")
     add("#3", "streaming: added TTFC p50 ≤ 0.3 ms (c=1)", ttfc / 1000, "{:.3f} ms", ttfc <= 300)
     chunk = slope_us_per_chunk(o, "gw_bare")
@@ -83,12 +95,28 @@ def overhead_verdicts(o: dict[str, Any]) -> list[Verdict]:
         out.append(Verdict("#8", "full pipeline CPU ≤ 0.4 ms per request", "not available yet", None))
         out.append(Verdict("#4", "full admission path ≤ 0.2 ms CPU over bare", "not available yet", None))
     lite = med(ns, "litellm", CPU_C, "cpu_us_per_req")
-    add("#8", "≥ 50× LiteLLM's throughput per core (CPU per request ratio)", lite / cpu_bare, "{:.1f}×", lite / cpu_bare >= 50)
+    add(
+        "#8",
+        "≥ 50× LiteLLM's throughput per core (CPU per request ratio)",
+        lite / cpu_bare,
+        "{:.1f}×",
+        lite / cpu_bare >= 50,
+    )
     for key, name in (("sglang_router", "SGLang router"), ("vllm_router", "vLLM router")):
         rust = med(ns, key, CPU_C, "cpu_us_per_req")
-        add("#8", f"within 2× of the {name}'s CPU per request", cpu_bare / rust, "{:.2f}× theirs", cpu_bare / rust <= 2)
+        add(
+            "#8",
+            f"within 2× of the {name}'s CPU per request",
+            cpu_bare / rust,
+            "{:.2f}× theirs",
+            cpu_bare / rust <= 2,
+        )
     sim_rps = max((med(ns, "direct", c, "rps") for c in (1, 16, 64)), default=math.nan)
-    add("#2", "one zero-latency simulator ≥ 5,000 non-streaming req/s", sim_rps, "{:,.0f} req/s", sim_rps >= 5000)
+    sim_core = 1e6 / min((med(ns, "direct", c, "cpu_us_per_req") for c in (16, 64)), default=math.nan)
+    out.append(Verdict("#2", "one zero-latency simulator ≥ 5,000 non-streaming req/s on one core",
+                       f"{sim_core:,.0f} req per CPU-second of the simulator (best of c=16/64); "
+                       f"{sim_rps:,.0f} req/s measured on the shared cores",
+                       sim_core >= 5000 if _ok(sim_core) else None))  # fmt: skip
     mem = (o.get("memory") or {}).get("direct")
     if mem:
         held = int(o["plan"]["held_streams"])
@@ -115,20 +143,37 @@ def routing_verdicts(r: dict[str, Any]) -> list[Verdict]:
         ours = [x for x in rows if x["workload"] == w and x["router"] == "ours (prefix_affinity)"]
         if ours:
             frac = min(x["hit_vs_oracle"] for x in ours)
-            out.append(Verdict("#5", f"{w}: hit rate ≥ 95 % of the oracle", f"{frac:.0%} (worst load)", frac >= 0.95))
+            out.append(
+                Verdict("#5", f"{w}: hit rate ≥ 95 % of the oracle", f"{frac:.0%} (worst load)", frac >= 0.95)
+            )
         for load in loads:
             a, b = row(w, "ours (prefix_affinity)", load), row(w, "ours (round_robin)", load)
             if a and b and b["ttft_p99_ms"] > 0:
                 ratio = a["ttft_p99_ms"] / b["ttft_p99_ms"]
-                out.append(Verdict("#5", f"{w} @ {load:.0%}: TTFT p99 ≤ 0.5× round robin", f"{ratio:.2f}×", ratio <= 0.5))
+                out.append(
+                    Verdict(
+                        "#5", f"{w} @ {load:.0%}: TTFT p99 ≤ 0.5× round robin", f"{ratio:.2f}×", ratio <= 0.5
+                    )
+                )
         for peer in ("sglang-router cache_aware", "vllm-router cache_aware"):
             a, b = row(w, "ours (prefix_affinity)", hi), row(w, peer, hi)
             if a and b:
                 ratio = a["ttft_p99_ms"] / b["ttft_p99_ms"] if b["ttft_p99_ms"] else math.nan
-                out.append(Verdict("#8", f"{w} @ {hi:.0%}: TTFT p99 ahead of {peer}", f"{ratio:.2f}× theirs", ratio < 1.0))
+                out.append(
+                    Verdict(
+                        "#8", f"{w} @ {hi:.0%}: TTFT p99 ahead of {peer}", f"{ratio:.2f}× theirs", ratio < 1.0
+                    )
+                )
     for load in loads:
         a, b = row("uniform", "ours (prefix_affinity)", load), row("uniform", "ours (least_load)", load)
         if a and b and b["ttft_p99_ms"] > 0:
             ratio = a["ttft_p99_ms"] / b["ttft_p99_ms"]
-            out.append(Verdict("#5", f"uniform @ {load:.0%}: TTFT p99 within ±5 % of least-load", f"{ratio:.2f}×", abs(ratio - 1) <= 0.05))
+            out.append(
+                Verdict(
+                    "#5",
+                    f"uniform @ {load:.0%}: TTFT p99 within ±5 % of least-load",
+                    f"{ratio:.2f}×",
+                    abs(ratio - 1) <= 0.05,
+                )
+            )
     return out

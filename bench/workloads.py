@@ -123,14 +123,20 @@ def shared_prefix(
     out = []
     for _ in range(total):
         p = rng.randrange(num_prefixes)
-        msgs = [{"role": "system", "content": prefixes[p]}, {"role": "user", "content": w.text(suffix_tokens)}]
+        msgs = [
+            {"role": "system", "content": prefixes[p]},
+            {"role": "user", "content": w.text(suffix_tokens)},
+        ]
         out.append(Request(msgs, meta={"prefix": p}))
     return out
 
 
 def _tool(rng: random.Random, w: Words, i: int) -> dict[str, Any]:
     props = {
-        f"arg_{j}": {"type": rng.choice(["string", "integer", "boolean"]), "description": w.text(rng.randint(8, 20))}
+        f"arg_{j}": {
+            "type": rng.choice(["string", "integer", "boolean"]),
+            "description": w.text(rng.randint(8, 20)),
+        }
         for j in range(rng.randint(2, 5))
     }
     return {
@@ -200,7 +206,9 @@ def long_document_qa(
     return out
 
 
-def uniform_random(total: int, seed: int = 5, *, prompt_tokens: tuple[int, int] = (200, 1500)) -> list[Request]:
+def uniform_random(
+    total: int, seed: int = 5, *, prompt_tokens: tuple[int, int] = (200, 1500)
+) -> list[Request]:
     """Unrelated prompts of random length: nothing to gain from affinity, only balance matters."""
     rng = random.Random(seed)
     w = Words(rng)
