@@ -13,6 +13,7 @@ from typing import Any
 import uvicorn
 
 from gateway.app import Gateway
+from gateway.http_guard import GuardedHttpToolsProtocol, configure_guard
 from gateway.metrics_export import multiprocess_dir
 from gateway.settings import Settings, load_settings
 
@@ -28,16 +29,18 @@ def create_app() -> Gateway:
     """uvicorn factory for worker processes: settings from the file named by GATEWAY_CONFIG."""
     settings = load_settings(os.environ["GATEWAY_CONFIG"])
     configure_logging(settings.server.log_level)
+    configure_guard(settings.server)
     return Gateway(settings)
 
 
 def uvicorn_kwargs(settings: Settings) -> dict[str, Any]:
     s = settings.server
+    configure_guard(s)
     kwargs: dict[str, Any] = {
         "host": s.host,
         "port": s.port,
         "loop": "uvloop",
-        "http": "httptools",
+        "http": GuardedHttpToolsProtocol,
         "lifespan": "on",
         "access_log": False,
         "server_header": False,
