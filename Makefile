@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench services venv clean
+.PHONY: demo test lint bench soak services venv clean
 
 venv: $(STAMP)
 
@@ -31,6 +31,11 @@ lint: $(STAMP)
 
 bench: $(STAMP) services
 	$(PY) -m bench $(BENCH_ARGS)
+
+# Bounded soak (not in CI): 10 minutes, 500 concurrent streams, churn and faults; figures in docs/soak/.
+# Shorter: make soak SOAK_ARGS="--minutes 3"
+soak: $(STAMP)
+	$(PY) scripts/soak.py $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
