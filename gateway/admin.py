@@ -198,8 +198,11 @@ def build_admin_app(gw: "Gateway") -> FastAPI:
     async def drain_post(name: str, who: Admin) -> FastAPIResponse:
         return await drain(name, who, DrainBody(draining=True))
 
-    @app.api_route(
-        "/admin/routes/explain", methods=["GET", "POST"], summary="Dry-run routing for a request body"
+    @app.post("/admin/routes/explain", summary="Dry-run routing for a request body")
+    @app.get(
+        "/admin/routes/explain",
+        summary="Dry-run routing for a request body (sent as the body)",
+        operation_id="explain_get",
     )
     async def explain(request: Request, who: Admin) -> FastAPIResponse:
         raw = await request.body()

@@ -50,7 +50,10 @@ class Admission:
             registry=r,
         )
         self._limiter_down = Gauge(
-            "gateway_limiter_redis_down", "1 while the shared limiter's Redis is unreachable.", registry=r
+            "gateway_limiter_redis_down",
+            "1 while the shared limiter's Redis is unreachable.",
+            registry=r,
+            multiprocess_mode="livemax",
         )
         self._limiter_outages = Counter(
             "gateway_limiter_redis_outages", "Times the shared limiter lost Redis.", registry=r

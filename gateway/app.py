@@ -36,7 +36,7 @@ from gateway.pipeline import Pipeline, Stage, run_finalizers
 from gateway.proxy import ProxyStage
 from gateway.redis_client import connect_redis, describe
 from gateway.request_id import request_id_from
-from gateway.responses import BytesResponse, Receive, Send, error_response
+from gateway.responses import BytesResponse, Message, Receive, Send, error_response
 from gateway.router_factory import build_router
 from gateway.routing import RouteStage
 from gateway.settings import Settings, load_settings
@@ -167,7 +167,7 @@ class Gateway:
             if endpoint is not None and scope["method"] == "POST":
                 await self._proxy(scope, receive, send, endpoint)
             elif path.startswith("/admin/") or path in ("/docs", "/openapi.json"):
-                await self._admin_app(scope, receive, send)
+                await self._admin_app(scope, receive, _with_request_id(send, dict(scope["headers"])))
             else:
                 await self._small(scope, receive, send, path)
         elif kind == "lifespan":
@@ -396,6 +396,18 @@ class Gateway:
                 await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _with_request_id(send: Send, headers: dict[bytes, bytes]) -> Send:
+    """`send` that adds `x-request-id` to the response start (for the admin app's answers)."""
+    rid = request_id_from(headers).encode()
+
+    async def wrapped(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", ()), (b"x-request-id", rid)]
+        await send(message)
+
+    return wrapped
 
 
 def _features_dict(f: RequestFeatures) -> dict[str, Any]:

@@ -177,7 +177,19 @@ class StreamRelay:
             return False
         self.ctx.usage = encoder.usage
         await send({"type": "http.response.body", "body": encoder.finish(), "more_body": False})
+        await self._drain_tail()
         return True
+
+    async def _drain_tail(self) -> None:
+        """Read the engine's last bytes after `[DONE]` (the chunked-body terminator usually follows in
+        the next segment), so the connection goes back to the pool instead of being dropped. The client
+        has its whole answer already; this only delays the accounting by a moment, at most 50 ms."""
+        try:
+            async with asyncio.timeout(0.05):
+                async for _ in self._chunks:
+                    pass
+        except (TimeoutError, UpstreamError):
+            pass
 
     async def _end_with_error(self, send: Send, err: ApiError, prefix: bytes = b"") -> None:
         self.ctx.usage = self._encoder.usage

@@ -19,6 +19,7 @@ config file on every replica was last asked for.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -148,7 +149,9 @@ class RedisStore:
     async def stop(self) -> None:
         for t in self._tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:
+            # Bounded: closing a pub/sub connection to a sick Redis must not hold up shutdown.
+            await asyncio.wait(self._tasks, timeout=2.0)
         self._tasks = []
 
     async def _load(self) -> Overrides:
@@ -174,7 +177,9 @@ class RedisStore:
                         if message.get("type") == "message":
                             await self._refresh()
                 finally:
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    with contextlib.suppress(Exception):
+                        async with asyncio.timeout(1.0):
+                            await pubsub.aclose()  # type: ignore[no-untyped-call]
             except asyncio.CancelledError:
                 raise
             except (RedisError, OSError):
