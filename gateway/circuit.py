@@ -52,7 +52,11 @@ class CircuitBreaker:
         self._trial_out = False
 
     def failure(self, now: float) -> None:
-        if self.state == "half_open":
+        # Routing lets requests through once `open_s` has elapsed (`is_open` turns False) without
+        # calling `allow`, so a failure then is a failed trial too: open again, or the breaker would
+        # stay "open" yet let everything through until a success (a fast-failing backend then draws
+        # traffic under least-load routing).
+        if self.state == "half_open" or (self.state == "open" and now - self._opened_at >= self.open_s):
             self._open(now)
             return
         self._failures += 1

@@ -9,6 +9,7 @@ at most `max_attempts` per request and, across the burst, at most the retry budg
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -141,3 +142,66 @@ def test_flapping_backend_midstream_errors_are_events_never_hangs() -> None:
                 assert len(errors) == (1 if i % 2 else 0)
                 outcomes["error_event" if errors else "ok"] += 1
             assert outcomes == {"ok": 6, "error_event": 6}
+
+
+def test_circuit_reopens_when_a_request_after_the_open_period_fails() -> None:
+    from gateway.circuit import CircuitBreaker
+
+    c = CircuitBreaker(failure_threshold=3, open_s=2.0)
+    for _ in range(3):
+        c.failure(10.0)
+    assert c.is_open(11.0)
+    # Routing lets traffic through once the open period is over (is_open turns False) ...
+    assert not c.is_open(12.5)
+    # ... and a failure then re-opens the circuit for another period (it used to stay passable).
+    c.failure(12.5)
+    assert c.is_open(13.0) and c.is_open(14.4)
+    assert not c.is_open(14.6)
+    c.success()
+    assert c.state == "closed" and not c.is_open(14.6)
+
+
+def test_5xx_burst_on_one_backend_is_isolated_under_least_load() -> None:
+    """A backend failing fast looks least loaded; its circuit must keep the traffic away from it."""
+    sims = [fast_sim("vllm", "--itl-ms", "20") for _ in range(3)]
+    for s in sims:
+        s.start()
+    try:
+        config = single_pool_config(
+            "vllm",
+            [s.base_url for s in sims],
+            upstream={"health": {"interval_s": 3600, "failure_threshold": 3, "open_s": 1.0}},
+        )
+        config["routing"]["policy"] = "least_load"
+        with GatewayProcess(config) as gw:
+            statuses: dict[int, int] = {}
+            stop = threading.Event()
+
+            def client() -> None:
+                with httpx.Client(base_url=gw.base_url, timeout=20) as http:
+                    while not stop.is_set():
+                        r = http.post("/v1/chat/completions", json=chat(max_tokens=10, stream=True))
+                        statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+
+            threads = [threading.Thread(target=client) for _ in range(16)]
+            for t in threads:
+                t.start()
+            try:
+                time.sleep(1.0)
+                before = sim_stats(sims[0].base_url)["requests_total"]
+                sim_faults(sims[0].base_url, fault_rate=1, fault_kind="503")
+                time.sleep(3.0)
+                during = sim_stats(sims[0].base_url)["requests_total"] - before
+                sim_faults(sims[0].base_url, reset=True)
+            finally:
+                stop.set()
+                for t in threads:
+                    t.join(20)
+            print(f"\n503 burst on 1 of 3 (least_load): {statuses}; failing backend got {during} requests")
+            # Before the fix in gateway/circuit.py: ~1000 requests in 3 s and most clients got 503.
+            assert during <= 20, during
+            assert statuses.get(503, 0) <= 3, statuses
+            assert statuses.get(200, 0) > 50
+    finally:
+        for s in sims:
+            s.stop()
