@@ -35,7 +35,7 @@ RedisClient: TypeAlias = Redis | RedisCluster
 
 
 def open_redis(
-    url: str, *, timeout_s: float = 0.5, max_connections: int = 64, pool_wait_s: float = 2.0
+    url: str, *, timeout_s: float = 1.0, max_connections: int = 64, pool_wait_s: float = 2.0
 ) -> Redis:
     """A client for `url` (`redis://`, `rediss://`, `unix://`). Connections open lazily."""
     pool = BlockingConnectionPool.from_url(
