@@ -1,6 +1,6 @@
 """The admin REST API (`/admin/*`, admin role only), OpenAPI-documented at `/docs` and `/openapi.json`.
 
-Every change goes through `Gateway.change_fleet`, which persists it (Redis when configured), records
+Every change goes through `FleetControl.change_fleet` (gateway/control.py), which persists it (Redis when configured), records
 an audit entry (who, what, when, before → after) and reaches every replica within a second. Reads
 show this replica's view. Responses here may name backend URLs: they are for operators, behind the
 admin role; client-facing responses never do.
@@ -114,20 +114,20 @@ def build_admin_app(gw: "Gateway") -> FastAPI:
 
     async def admin(request: Request) -> Principal:
         headers = {k.lower(): v for k, v in request.headers.raw}
-        return await gw.authorize_admin(headers)
+        return await gw.control.authorize_admin(headers)
 
     Admin = Annotated[Principal, Depends(admin)]
 
     @app.get("/admin/pools", summary="Pools with weights, backends, health, in-flight and recent load")
     async def pools(who: Admin) -> FastAPIResponse:
-        return _json(200, {"pools": gw.describe_fleet(), "shared_state": gw.store.shared})
+        return _json(200, {"pools": gw.control.describe_fleet(), "shared_state": gw.store.shared})
 
     @app.put("/admin/pools/{pool}/weight", response_model=OkResponse, summary="Set a pool's routing weight")
     async def set_weight(pool: str, body: WeightBody, who: Admin) -> FastAPIResponse:
         current = gw.fleet.pools.get(pool)
         if current is None:
             raise ApiError(404, f"No pool named {pool!r}.", code="pool_not_found")
-        await gw.change_fleet(
+        await gw.control.change_fleet(
             who, "set_weight", pool, current.weight, body.weight, updates={f"weight:{pool}": body.weight}
         )
         return _json(200, {"ok": True, "shared": gw.store.shared})
@@ -144,7 +144,7 @@ def build_admin_app(gw: "Gateway") -> FastAPI:
         if body.name in gw.fleet.backends:
             raise ApiError(409, f"A backend named {body.name!r} exists.", code="backend_exists")
         url = body.url.rstrip("/")
-        await gw.change_fleet(
+        await gw.control.change_fleet(
             who,
             "add_backend",
             body.name,
@@ -165,7 +165,7 @@ def build_admin_app(gw: "Gateway") -> FastAPI:
         if backend is None:
             raise ApiError(404, f"No backend named {name!r}.", code="backend_not_found")
         before = {"pool": backend.pool, "url": backend.url}
-        await gw.change_fleet(
+        await gw.control.change_fleet(
             who,
             "remove_backend",
             name,
@@ -189,9 +189,13 @@ def build_admin_app(gw: "Gateway") -> FastAPI:
         if backend is None:
             raise ApiError(404, f"No backend named {name!r}.", code="backend_not_found")
         if body.draining:
-            await gw.change_fleet(who, "drain", name, backend.draining, True, updates={f"drain:{name}": True})
+            await gw.control.change_fleet(
+                who, "drain", name, backend.draining, True, updates={f"drain:{name}": True}
+            )
         else:
-            await gw.change_fleet(who, "undrain", name, backend.draining, False, deletes=[f"drain:{name}"])
+            await gw.control.change_fleet(
+                who, "undrain", name, backend.draining, False, deletes=[f"drain:{name}"]
+            )
         return _json(200, {"ok": True, "shared": gw.store.shared})
 
     @app.post("/admin/backends/{name}/drain", response_model=OkResponse, summary="Drain a backend")
@@ -215,7 +219,7 @@ def build_admin_app(gw: "Gateway") -> FastAPI:
         if not isinstance(body, dict):
             raise invalid_request("The body must be a JSON object.")
         pin = request.headers.get("x-gateway-pool")
-        return _json(200, gw.explain(body, pin))
+        return _json(200, gw.control.explain(body, pin))
 
     @app.post(
         "/admin/reload",
@@ -223,7 +227,7 @@ def build_admin_app(gw: "Gateway") -> FastAPI:
         summary="Re-read the config file (pools and backends) on every replica",
     )
     async def reload(who: Admin) -> FastAPIResponse:
-        await gw.reload_config(who)
+        await gw.control.reload_config(who)
         return _json(200, {"ok": True, "shared": gw.store.shared})
 
     @app.post("/admin/api-keys", status_code=201, summary="Create an API key (the plaintext is shown once)")
@@ -238,7 +242,7 @@ def build_admin_app(gw: "Gateway") -> FastAPI:
             raise ApiError(
                 503, "Shared state (Redis) is unreachable; no key was created.", type="server_error"
             ) from None
-        await gw.audit_only(who, "create_api_key", record.id, None, _public(record))
+        await gw.control.audit_only(who, "create_api_key", record.id, None, _public(record))
         return _json(201, {"key": plaintext, **_public(record), "shared": keys.shared})
 
     @app.get("/admin/api-keys", summary="API keys (ids, hints and principals; never the keys)")
@@ -250,7 +254,7 @@ def build_admin_app(gw: "Gateway") -> FastAPI:
         keys = _api_keys(gw)
         if not await keys.revoke(key_id):
             raise ApiError(404, f"No API key with id {key_id!r}.", code="api_key_not_found")
-        await gw.audit_only(who, "revoke_api_key", key_id, "active", "revoked")
+        await gw.control.audit_only(who, "revoke_api_key", key_id, "active", "revoked")
         return _json(200, {"ok": True, "shared": keys.shared})
 
     @app.get("/admin/audit", summary="Recent admin changes, newest first")

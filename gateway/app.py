@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -24,7 +23,8 @@ from engines.errors import ApiError, model_not_found
 from gateway.access_log import AccessLog
 from gateway.admin import build_admin_app
 from gateway.admission import Admission
-from gateway.context import Principal, RequestContext
+from gateway.context import RequestContext
+from gateway.control import FleetControl
 from gateway.fleet import Fleet
 from gateway.h1 import H1Transport
 from gateway.health import HealthChecker
@@ -39,11 +39,9 @@ from gateway.request_id import request_id_from
 from gateway.responses import BytesResponse, Message, Receive, Send, error_response
 from gateway.router_factory import build_router
 from gateway.routing import RouteStage
-from gateway.settings import Settings, load_settings
-from gateway.state import MemoryStore, Overrides, RedisStore, Store, audit_entry
+from gateway.settings import Settings
+from gateway.state import MemoryStore, RedisStore, Store
 from gateway.upstream import AiohttpTransport, Transport
-from policies.features import extract_features
-from policies.types import RequestFeatures, RoutingError
 
 log = logging.getLogger("gateway")
 
@@ -73,15 +71,14 @@ class Gateway:
         self.redis: Redis | None = None
         self.store: Store = MemoryStore()
         self.route: RouteStage | None = None
-        self._reload_seen = 0.0
-        self._started_at = time.time()
-        self._overrides = Overrides()
         self.admission = Admission(settings, self.metrics)
-        #: None when auth is off; `authorize_admin` refuses /admin/* then
+        #: None when auth is off; `FleetControl.authorize_admin` refuses /admin/* then
         self.authenticator = self.admission.authenticator
         self.auth_enabled = self.authenticator is not None
         #: API keys (create / revoke / list) for the admin API
         self.api_keys = self.admission.api_keys
+        #: the operator's verbs (admin API): fleet changes, audit, reload, explain
+        self.control = FleetControl(self)
         self._admin_app = build_admin_app(self)
         for pool in self.fleet.pools.values():
             self.metrics.pool_weight.labels(pool.name).set(pool.weight)
@@ -123,7 +120,8 @@ class Gateway:
             self.store = RedisStore(self.redis)
         await self.admission.start(self.redis)
         self.pipeline = self.build_pipeline(self._transport)
-        self._apply_overrides(await self.store.start(self._apply_overrides))
+        control = self.control
+        control.apply_overrides(await self.store.start(control.apply_overrides))
         self._health = HealthChecker(
             self.fleet,
             self._transport,
@@ -258,129 +256,6 @@ class Gateway:
         if self._sampler is not None:
             self._sampler.sample()
 
-    # -- fleet changes (admin API) ----------------------------------------------------------------
-    async def authorize_admin(self, headers: dict[bytes, bytes]) -> Principal:
-        """The caller's principal if it has the admin role; ApiError 401/403 otherwise."""
-        auth = getattr(self, "authenticator", None)
-        if auth is None:
-            raise ApiError(
-                403, "The admin API needs authentication to be configured (auth section).", code="forbidden"
-            )
-        principal: Principal = await auth.authenticate(headers)
-        if not principal.is_admin:
-            raise ApiError(403, "This endpoint needs the admin role.", code="forbidden")
-        return principal
-
-    async def change_fleet(
-        self,
-        who: Principal,
-        action: str,
-        target: str,
-        before: Any,
-        after: Any,
-        *,
-        updates: dict[str, Any] | None = None,
-        deletes: list[str] | None = None,
-    ) -> None:
-        entry = audit_entry(who.user, action, target, before, after)
-        try:
-            await self.store.change(updates or {}, deletes or [], entry)
-        except RedisError:
-            raise ApiError(
-                503, "Shared state (Redis) is unreachable; the change was not made.", type="server_error"
-            ) from None
-        log.info("admin %s: %s %s %r -> %r", who.user, action, target, before, after)
-
-    async def audit_only(self, who: Principal, action: str, target: str, before: Any, after: Any) -> None:
-        """Record an admin action that changed no fleet override (e.g. an API key) in the audit log."""
-        await self.change_fleet(who, action, target, before, after)
-
-    def _apply_overrides(self, overrides: Overrides) -> None:
-        if overrides.reload_at > self._reload_seen:
-            if self._reload_seen or overrides.reload_at > self._started_at:
-                self._reread_config()
-            self._reload_seen = overrides.reload_at
-        self.fleet.apply(self.settings.pools, overrides)
-        self._overrides = overrides
-
-    def _reread_config(self) -> None:
-        path = os.environ.get("GATEWAY_CONFIG")
-        if not path:
-            log.warning("reload asked, but this replica has no config file (GATEWAY_CONFIG unset)")
-            return
-        try:
-            fresh = load_settings(path)
-        except Exception as exc:
-            log.error("reload failed, keeping the current config: %s", exc)
-            return
-        self.settings = self.settings.model_copy(update={"pools": fresh.pools, "models": fresh.models})
-        self.models = {m.name: m for m in fresh.models if any(m.name in p.models for p in fresh.pools)}
-        log.info("config reloaded from %s", path)
-
-    async def reload_config(self, who: Principal) -> None:
-        await self.change_fleet(who, "reload", "config", None, None, updates={"reload": time.time()})
-
-    def describe_fleet(self) -> list[dict[str, Any]]:
-        now = time.monotonic()
-        return [
-            {
-                "name": p.name,
-                "dialect": p.dialect.name,
-                "weight": p.weight,
-                "models": p.models,
-                "tool_calling": p.tool_calling,
-                "structured_output": p.structured_output,
-                "backends": [
-                    {
-                        "name": b.name,
-                        "url": b.url,
-                        "healthy": b.healthy,
-                        "draining": b.draining,
-                        "circuit": b.circuit.state if not b.circuit.is_open(now) else "open",
-                        "in_flight": b.in_flight,
-                        "requests_total": b.requests_total,
-                        "load": None
-                        if b.load is None
-                        else {
-                            "running": b.load.running,
-                            "waiting": b.load.waiting,
-                            "kv_usage": b.load.kv_usage,
-                            "age_s": round(now - b.load_at, 3),
-                        },
-                    }
-                    for b in p.backends.values()
-                ],
-            }
-            for p in self.fleet.pools.values()
-        ]
-
-    def explain(self, body: dict[str, Any], pin: str | None) -> dict[str, Any]:
-        """Where `body` would be routed now, and why (a dry run: no routing state changes)."""
-        assert self.route is not None, "lifespan start-up has not run"
-        model = body.get("model")
-        if not isinstance(model, str) or model not in self.models:
-            raise model_not_found(str(model))
-        features = extract_features(body, self.route.features)
-        try:
-            decision = self.route.router.decide(
-                self.fleet.snapshot(time.monotonic()), features, 0.5, pin=pin, dry_run=True
-            )
-        except RoutingError as exc:
-            return {
-                "routable": False,
-                "error": exc.kind,
-                "reason": exc.reason,
-                "features": _features_dict(features),
-            }
-        return {
-            "routable": True,
-            "pool": decision.pool,
-            "backend": decision.backend,
-            "reason": decision.reason,
-            "affinity": decision.affinity,
-            "features": _features_dict(features),
-        }
-
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
             message = await receive()
@@ -408,18 +283,6 @@ def _with_request_id(send: Send, headers: dict[bytes, bytes]) -> Send:
         await send(message)
 
     return wrapped
-
-
-def _features_dict(f: RequestFeatures) -> dict[str, Any]:
-    return {
-        "prompt_tokens": f.prompt_tokens,
-        "blocks": len(f.block_hashes),
-        "anchor": f"{f.anchor_hash:016x}",
-        "has_tools": f.has_tools,
-        "tool_choice": f.tool_choice,
-        "structured_output": f.structured_output,
-        "max_tokens": f.max_tokens,
-    }
 
 
 def _not_found(method: str, path: str) -> ApiError:
