@@ -106,11 +106,18 @@ class Admission:
     async def start(self, redis: Redis | None) -> None:
         limits = self._settings.limits
         if redis is not None:
+            rs = self._settings.redis
+            if rs.mode == "standalone" and rs.url:
+                # The hot path's two scripts go over one auto-pipelining connection (redis_wire.py).
+                self._wire = RespClient(
+                    rs.url, timeout_s=max(rs.timeout_s, 1.0), username=rs.username, password=rs.password
+                )
             self._redis_limiter = RedisLimiter(
                 redis,
                 window_s=limits.window_s,
                 lease_s=limits.concurrency_lease_s,
                 observe=self._observe_redis,
+                wire=self._wire,
             )
             self.limiter.bind(self._redis_limiter, redis.ping)
             self.api_keys.bind(RedisBackend(redis))
