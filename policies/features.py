@@ -95,10 +95,10 @@ def extract_features(
     """
     exact_tokens: int | None = None
     if "messages" in body:
-        rendered, preamble_end, anchor_end = render_chat(body)
+        rendered, preamble_end, anchor_end, history_end = _render_chat(body)
     else:
         rendered, exact_tokens = render_prompt(body.get("prompt"))
-        preamble_end, anchor_end = 0, len(rendered)
+        preamble_end, anchor_end, history_end = 0, len(rendered), 0
     prompt_tokens = exact_tokens if exact_tokens is not None else -(-len(rendered) // config.bytes_per_token)
     tools = body.get("tools")
     return RequestFeatures(
@@ -107,6 +107,7 @@ def extract_features(
         block_hashes=block_hashes(rendered, config.block_bytes, config.max_blocks),
         anchor_hash=anchor_hash(rendered, anchor_end, config),
         preamble_blocks=min(preamble_end // config.block_bytes, config.max_blocks),
+        history_blocks=min(history_end // config.block_bytes, config.max_blocks),
         has_tools=bool(tools),
         tool_choice=_tool_choice(body.get("tool_choice"), bool(tools)),
         structured_output=_structured_output(body),
@@ -118,6 +119,13 @@ def extract_features(
 def render_chat(body: Mapping[str, Any]) -> tuple[bytes, int, int]:
     """The canonical bytes of a chat request and the byte offsets where its preamble (tool schemas,
     system and developer messages) and its anchor (preamble + first other message) end."""
+    rendered, preamble_end, anchor_end, _ = _render_chat(body)
+    return rendered, preamble_end, anchor_end
+
+
+def _render_chat(body: Mapping[str, Any]) -> tuple[bytes, int, int, int]:
+    """`render_chat` plus the offset where the last message starts (the end of the history an earlier
+    turn of the same conversation has already sent; the preamble's end for a first turn)."""
     parts: list[bytes] = []
     size = 0
     tools = body.get("tools")
@@ -125,12 +133,13 @@ def render_chat(body: Mapping[str, Any]) -> tuple[bytes, int, int]:
         part = b"T" + _dumps(tools)
         parts.append(part)
         size += len(part)
-    preamble_end = anchor_end = -1
+    preamble_end = anchor_end = last_start = -1
     for message in body.get("messages") or ():
         part = b"\n" + _render_message(message)
         if anchor_end < 0 and message.get("role") not in _PREAMBLE_ROLES:
             preamble_end = size
             anchor_end = size + len(part)
+        last_start = size
         parts.append(part)
         size += len(part)
     response_format = body.get("response_format")
@@ -138,8 +147,8 @@ def render_chat(body: Mapping[str, Any]) -> tuple[bytes, int, int]:
         parts.append(b"\nR" + _dumps(response_format))
     rendered = b"".join(parts)
     if anchor_end < 0:
-        return rendered, size, size
-    return rendered, preamble_end, anchor_end
+        return rendered, size, size, size
+    return rendered, preamble_end, anchor_end, max(last_start, preamble_end)
 
 
 def _render_message(message: Mapping[str, Any]) -> bytes:

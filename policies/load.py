@@ -2,13 +2,15 @@
 
 The score combines what the gateway knows first-hand with what the engine last reported::
 
-    active = max(in_flight, running)        # in_flight: this replica's own, fresh count;
-                                            # running: the engine's count over all replicas, one
-                                            # scrape old (None -> in_flight alone)
-    score  = active + queue_weight * queue_depth + kv_weight * kv_usage
+    engine = running + queue_weight * queue_depth    # the engine's count over all replicas, one
+                                                     # scrape old (None values count as 0)
+    score  = max(in_flight, engine) + kv_weight * kv_usage
 
-Unknown (None) engine values count as 0, so a fleet without scraped metrics is balanced on in-flight
-counts alone. `kv_weight` turns a full KV cache (1.0) into the equivalent of that many queued requests.
+`in_flight` is this replica's own, fresh count of requests sent and not finished: it already includes
+the ones waiting in the engine's queue, so the engine's queue is not added to it (that counted a
+single replica's queued requests twice); the engine's figure wins when other replicas keep the
+engine busier than this one knows. A fleet without scraped metrics is balanced on in-flight counts
+alone. `kv_weight` turns a full KV cache (1.0) into the equivalent of that many requests.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ class LoadModel:
 
     def score(self, backend: BackendView) -> float:
         active = float(backend.in_flight)
-        if backend.running is not None and backend.running > active:
-            active = backend.running
+        engine = backend.running or 0.0
         if backend.queue_depth:
-            active += self.queue_weight * backend.queue_depth
+            engine += self.queue_weight * backend.queue_depth
+        if engine > active:
+            active = engine
         if backend.kv_usage:
             active += self.kv_weight * backend.kv_usage
         return active

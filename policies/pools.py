@@ -69,6 +69,18 @@ class Rule:
 
 
 @dataclass(frozen=True, slots=True)
+class PoolBalance:
+    """Bounded load for the sticky pool choice (see the module docstring, 6). The load of a pool is
+    this replica's own in-flight count over its routable backends: fresh, and never inflated by an
+    engine scrape that still counts requests which have finished (which at low load would move a
+    conversation to another pool for nothing). Every replica balances its own share of the traffic,
+    so the fleet's total is balanced too."""
+
+    load_factor: float = 0.25
+    load_slack: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
 class PoolChoice:
     pool: PoolView
     reason: str
@@ -90,6 +102,7 @@ def choose_pool(
     pin: str | None = None,
     sticky_key: int | None = None,
     name_hash: NameHashes | None = None,
+    balance: PoolBalance | None = None,
 ) -> PoolChoice:
     """The pool for this request (see the module docstring); raises `RoutingError`."""
     model = features.model
@@ -128,7 +141,7 @@ def choose_pool(
     if len(candidates) == 1:
         return PoolChoice(candidates[0], label)
     if sticky_key is not None:
-        chosen = _rendezvous(candidates, sticky_key, name_hash or NameHashes())
+        chosen = _rendezvous(candidates, sticky_key, name_hash or NameHashes(), balance)
     else:
         chosen = _cumulative(candidates, rand)
     return PoolChoice(chosen, f"{label}+weights")
@@ -145,11 +158,35 @@ def _cumulative(pools: Sequence[PoolView], rand: float) -> PoolView:
     return pools[-1]
 
 
-def _rendezvous(pools: Sequence[PoolView], key: int, name_hash: NameHashes) -> PoolView:
-    best = pools[0]
-    best_score = -1.0
-    for p in pools:
-        score = p.weight / -math.log(unit_float(mix64(key ^ name_hash(p.name))))
-        if score > best_score:
-            best, best_score = p, score
-    return best
+def _rendezvous(
+    pools: Sequence[PoolView], key: int, name_hash: NameHashes, balance: PoolBalance | None = None
+) -> PoolView:
+    if balance is None:
+        best = pools[0]
+        best_score = -1.0
+        for p in pools:
+            score = p.weight / -math.log(unit_float(mix64(key ^ name_hash(p.name))))
+            if score > best_score:
+                best, best_score = p, score
+        return best
+    ordered = sorted(
+        pools,
+        key=lambda p: (p.weight / -math.log(unit_float(mix64(key ^ name_hash(p.name)))), p.name),
+        reverse=True,
+    )
+    loads: list[float] = []
+    sizes: list[int] = []
+    for p in ordered:
+        members = p.routable_backends
+        loads.append(float(sum(b.in_flight for b in members)))
+        sizes.append(len(members))
+    total = math.fsum(loads) + 1.0
+    weights = math.fsum(p.weight for p in ordered)
+    size = sum(sizes)
+    stretch = 1.0 + balance.load_factor
+    for i, p in enumerate(ordered):
+        bound = stretch * total * max(p.weight / weights, sizes[i] / size) + balance.load_slack
+        if loads[i] + 1.0 <= bound:
+            return p
+    # every pool is over its share and busier than average: the least loaded per backend
+    return ordered[min(range(len(ordered)), key=lambda i: (loads[i] + 1.0) / sizes[i])]

@@ -1,30 +1,38 @@
-"""Prefix affinity ("ours"): bounded-load rendezvous hashing on the conversation anchor, refined by a
-bounded local prefix index.
+"""Prefix affinity ("ours"): bounded-load rendezvous hashing on a prefix *group*, with a cost rule that
+trades a warm cache against a queue, refined by a bounded local prefix index.
 
-1. Key. `features.anchor_hash` (tool schemas + system prompt + first user message; optionally mixed
-   with `session_key`). Every turn of a conversation has the same anchor, so every turn has the same
-   key; conversations that share only a system prompt have different keys and spread over the pool.
+1. Key (`routing_key`). When the preamble (tool schemas + system/developer messages) is at least
+   `group_min_blocks` long, the key is the chained hash of its last block,
+   `block_hashes[preamble_blocks - 1]`: every request that shares that preamble (whatever its
+   question, whichever turn) has the same key, so a long shared prefix concentrates on few backends
+   instead of being cached by all of them. Otherwise the key is the conversation anchor (tool schemas
+   + system prompt + first user message; optionally mixed with `session_key`): conversations that
+   share only a short system prompt spread. Either way every turn of a conversation has the same key.
+   The router uses the same key for the pool choice, so a group is not duplicated across pools.
 2. Rendezvous (HRW) order. Each routable backend scores `mix64(key ^ hash64(name))`; the highest is the
-   conversation's *home*, the rest is its ordered list of fallbacks. Every gateway replica with the
-   same snapshot computes the same order without talking to the others, and removing a backend only
-   moves the conversations whose home it was.
-3. Bounded load. A backend *fits* when
+   key's *home*, the rest its ordered fallbacks. Every replica with the same snapshot computes the same
+   order without talking to the others; removing a backend only moves the keys whose home it was.
+3. Expected warm blocks. The home is assumed to hold what earlier turns sent (`history_blocks`; in
+   group mode at least the preamble) - the same assumption on every replica. When this replica's
+   `PrefixIndex` knows a prefix of this request past the preamble (it routed an earlier turn, the same
+   document, a spill), the index's depths replace that assumption; it also knows which backends were
+   sent a group's preamble (the preamble's last block is recorded). In anchor mode only blocks past
+   the preamble count (a short shared system prompt is assumed warm everywhere).
+4. Choice. `cost = in_flight - warm blocks / blocks_per_request` (a cached block saves prefill; a
+   queued request costs a service time; `in_flight` is this replica's own fresh count - the engine's
+   scraped figures are global but up to a scrape old, and at low load they still count requests
+   that have finished, so they only enter through the bound). Among backends that *fit* - not saturated and
    `score + 1 <= ceil((1 + load_factor) * (total + 1) / n) + load_slack` (consistent hashing with
-   bounded loads, Mirrokni et al. 2018, plus an absolute slack so that at low load one extra request
-   does not throw away a warm cache) and it is not saturated (engine queue, KV use or max concurrency
-   over the thresholds of `LoadModel`). The first fitting backend in HRW order
-   wins; if that is not the home, the decision is a *spill*. If none fits, the least loaded one wins.
-4. Index refinement. The local `PrefixIndex` remembers which backend this replica sent each prefix to
-   (only the blocks past the preamble: a shared system prompt/tool schema is what HRW is meant to
-   spread, not something to follow). If it knows a prefix of this request on some other backend that
-   is at least `index_min_gain_blocks` deeper than what it knows on the home (the same long document asked
-   different questions, a forked conversation, a conversation that spilled earlier), that backend is
-   preferred when it fits (`affinity:index`). When the home already holds the deepest known prefix,
-   nothing changes, so replicas disagree only where one of them knows strictly more.
+   bounded loads, Mirrokni et al. 2018: nothing runs far above the average) - of those whose cost is
+   within `tolerance` of the cheapest, the warmest wins, the first in HRW order on ties. So with nothing warm (uniform traffic, first
+   turns) this is join-the-shortest-queue with the HRW order breaking ties; a warm home keeps its
+   requests until its queue is longer than the prefill it saves; an overloaded group spills to the
+   next backends of its own HRW order (the same on every replica), which then become warm too.
+   If nothing fits, the least loaded backend wins.
 
-Reasons: `affinity:hit` (home; the index knows a prefix past the preamble there, or the index is
-disabled), `affinity:miss` (home; nothing of this conversation known there yet), `affinity:index` (a warmer non-home
-backend), `affinity:spill` (home skipped for load).
+Reasons: `affinity:hit` (home; the index knows a prefix of this request there, or the index is
+disabled), `affinity:miss` (home; nothing known there yet), `affinity:index` (a non-home backend the
+index knows to be warmer than the home), `affinity:spill` (home skipped for load).
 """
 
 from __future__ import annotations
@@ -43,27 +51,56 @@ from policies.types import BackendChoice, BackendView, PoolView, RequestFeatures
 @dataclass(frozen=True, slots=True)
 class PrefixAffinityConfig:
     kind: Literal["prefix_affinity"] = "prefix_affinity"
+    group_min_blocks: int = 32
+    blocks_per_request: float = 8.0
+    tolerance: float = 0.5
     load_factor: float = 0.25
     load_slack: float = 1.0
     load: LoadModel = DEFAULT_LOAD_MODEL
     index_entries: int = 65536
     index_max_holders: int = 4
-    index_min_gain_blocks: int = 4
     session_in_key: bool = False
 
     def __post_init__(self) -> None:
-        if self.load_factor < 0 or self.load_slack < 0:
-            raise ValueError("load_factor and load_slack must be >= 0")
-        if self.index_min_gain_blocks < 1:
-            raise ValueError("index_min_gain_blocks must be >= 1")
+        if self.load_factor < 0 or self.load_slack < 0 or self.tolerance < 0:
+            raise ValueError("load_factor, load_slack and tolerance must be >= 0")
+        if self.group_min_blocks < 1:
+            raise ValueError("group_min_blocks must be >= 1")
+        if not self.blocks_per_request > 0:
+            raise ValueError("blocks_per_request must be > 0")
+
+
+DEFAULT_CONFIG = PrefixAffinityConfig()
+
+
+def grouped(features: RequestFeatures, config: PrefixAffinityConfig = DEFAULT_CONFIG) -> bool:
+    """The request's preamble is long enough to be its routing key."""
+    return features.preamble_blocks >= config.group_min_blocks
+
+
+def routing_key(features: RequestFeatures, config: PrefixAffinityConfig = DEFAULT_CONFIG) -> int:
+    """The rendezvous key: the preamble's chained block hash when it is long (group mode), else the
+    conversation anchor (mixed with `session_key` if configured). Identical for every turn of a
+    conversation and on every replica."""
+    if grouped(features, config):
+        return features.block_hashes[features.preamble_blocks - 1]
+    key = features.anchor_hash
+    if config.session_in_key and features.session_key:
+        key = mix64(key ^ str_hash64(features.session_key))
+    return key
 
 
 class PrefixAffinity(BackendPolicy):
-    def __init__(self, config: PrefixAffinityConfig = PrefixAffinityConfig()) -> None:
+    def __init__(self, config: PrefixAffinityConfig = DEFAULT_CONFIG) -> None:
         self._config = config
         self._load = config.load
+        self._value = 1.0 / config.blocks_per_request
         self._index = PrefixIndex(config.index_entries, config.index_max_holders)
         self._names = NameHashes()
+
+    @property
+    def config(self) -> PrefixAffinityConfig:
+        return self._config
 
     @property
     def index(self) -> PrefixIndex:
@@ -71,10 +108,7 @@ class PrefixAffinity(BackendPolicy):
 
     def key(self, features: RequestFeatures) -> int:
         """The rendezvous key of a request (identical across turns of one conversation)."""
-        key = features.anchor_hash
-        if self._config.session_in_key and features.session_key:
-            key = mix64(key ^ str_hash64(features.session_key))
-        return key
+        return routing_key(features, self._config)
 
     def rank(self, pool: PoolView, features: RequestFeatures) -> list[BackendView]:
         """The pool's routable backends in rendezvous order for this request (home first)."""
@@ -89,57 +123,65 @@ class PrefixAffinity(BackendPolicy):
         n = len(ranked)
         if n == 0:
             raise ValueError(f"pool {pool.name!r} has no routable backend")
+        config = self._config
         load = self._load
         scores = [load.score(b) for b in ranked]
-        config = self._config
-        capacity = math.ceil((1.0 + config.load_factor) * (sum(scores) + 1.0) / n) + config.load_slack
-        fits = [scores[i] + 1.0 <= capacity and not load.saturated(ranked[i]) for i in range(n)]
-        home = ranked[0]
+        bound = math.ceil((1.0 + config.load_factor) * (sum(scores) + 1.0) / n) + config.load_slack
+        fits = [scores[i] + 1.0 <= bound and not load.saturated(ranked[i]) for i in range(n)]
 
-        indexed = self._index.max_entries > 0
-        home_known = not indexed
-        holders: tuple[str, ...] = ()
+        # Expected warm blocks per backend (see the module docstring, 3).
+        group = grouped(features, config)
         preamble = features.preamble_blocks
-        if indexed and len(features.block_hashes) > preamble:
-            depth, holders = self._index.longest_match(
-                features.block_hashes, {b.name for b in ranked}, above=preamble
+        base = 0 if group else preamble
+        warm = [0] * n
+        indexed = self._index.max_entries > 0
+        deep = False
+        if indexed and features.block_hashes:
+            depths = self._index.depths(
+                features.block_hashes, {b.name: None for b in ranked}, above=max(0, preamble - 1)
             )
-            if home.name in holders:
-                home_known = True
-            elif depth:
-                home_depth = self._index.depth_for(
-                    features.block_hashes, home.name, below=depth, above=preamble
-                )
-                home_known = home_depth > 0
-                if depth - max(home_depth, preamble) >= self._config.index_min_gain_blocks:
-                    for i in range(1, n):
-                        if fits[i] and ranked[i].name in holders:
-                            return BackendChoice(ranked[i].name, "affinity:index", "hit")
+            if depths:
+                for i in range(n):
+                    d = depths.get(ranked[i].name, 0)
+                    if d > base:
+                        warm[i] = d - base
+                deep = max(depths.values()) > preamble
+        known_home = warm[0] > 0
+        if not deep:
+            prior = max(features.history_blocks, preamble) if group else features.history_blocks
+            if prior - base > warm[0]:
+                warm[0] = prior - base
+        elif group and preamble > warm[0]:
+            warm[0] = preamble
 
-        if fits[0]:
-            return _home(home.name, home_known)
-        # Spill: a fitting backend that holds the deepest known prefix, else the next in HRW order.
-        for i in range(1, n):
-            if fits[i] and ranked[i].name in holders:
-                return BackendChoice(ranked[i].name, "affinity:spill", "spill")
-        for i in range(1, n):
-            if fits[i]:
-                return BackendChoice(ranked[i].name, "affinity:spill", "spill")
-        least = min(range(n), key=scores.__getitem__)
-        if least == 0:
-            return _home(home.name, home_known)
-        return BackendChoice(ranked[least].name, "affinity:spill", "spill")
+        candidates = [i for i in range(n) if fits[i]]
+        if not candidates:
+            least = min(range(n), key=scores.__getitem__)
+            chosen = least
+        else:
+            value = self._value
+            # this replica's own, fresh in-flight counts: a scrape that still counts a finished
+            # request must not push a conversation off its home at low load (the engine's figures,
+            # stale but global, bound the choice through `fits`)
+            costs = [ranked[i].in_flight - value * warm[i] for i in range(n)]
+            limit = min(costs[i] for i in candidates) + config.tolerance
+            chosen = -1
+            for i in candidates:  # HRW order: the warmest within the tolerance, the earliest on ties
+                if costs[i] <= limit and (chosen < 0 or warm[i] > warm[chosen]):
+                    chosen = i
+        if chosen == 0:
+            if known_home or not indexed:
+                return BackendChoice(ranked[0].name, "affinity:hit", "hit")
+            return BackendChoice(ranked[0].name, "affinity:miss", "miss")
+        if warm[chosen] > warm[0]:
+            return BackendChoice(ranked[chosen].name, "affinity:index", "hit")
+        return BackendChoice(ranked[chosen].name, "affinity:spill", "spill")
 
     def on_routed(self, pool: PoolView, features: RequestFeatures, choice: BackendChoice) -> None:
-        # The preamble (shared system prompt, tool schemas) is not indexed: rendezvous hashing spreads
-        # it on purpose, and skipping it keeps long agent prompts cheap to record.
-        self._index.insert(features.block_hashes[features.preamble_blocks :], choice.backend)
-
-
-def _home(name: str, known: bool) -> BackendChoice:
-    if known:
-        return BackendChoice(name, "affinity:hit", "hit")
-    return BackendChoice(name, "affinity:miss", "miss")
+        # The preamble's last block (it identifies the whole preamble: which backends were sent this
+        # group) and every block past it. Earlier preamble blocks add nothing and would cost time.
+        start = features.preamble_blocks - 1 if features.preamble_blocks else 0
+        self._index.insert(features.block_hashes[start:], choice.backend)
 
 
 def _first_two(entry: tuple[int, str, BackendView]) -> tuple[int, str]:

@@ -20,7 +20,7 @@ Lookups never change the index (dry runs are safe); `insert` refreshes recency.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Container, Sequence
+from collections.abc import Collection, Container, Sequence
 
 
 class PrefixIndex:
@@ -84,6 +84,25 @@ class PrefixIndex:
             if holders is not None and backend in holders:
                 return depth
         return 0
+
+    def depths(
+        self, block_hashes: Sequence[int], names: Collection[str], *, above: int = 0
+    ) -> dict[str, int]:
+        """For each backend in `names`, the deepest prefix (in blocks, deeper than `above`) it is
+        recorded to hold; backends with none are absent. One scan from the deepest block down, which
+        stops once every backend in `names` has been found."""
+        out: dict[str, int] = {}
+        want = len(names)
+        get = self._entries.get
+        for depth in range(len(block_hashes), above, -1):
+            holders = get(block_hashes[depth - 1])
+            if holders is not None:
+                for x in holders:
+                    if x in names and x not in out:
+                        out[x] = depth
+                if len(out) >= want:
+                    break
+        return out
 
     def clear(self) -> None:
         self._entries.clear()

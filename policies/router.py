@@ -15,8 +15,9 @@ from typing import Literal
 from policies.factory import PolicyConfig, make_policy
 from policies.hashing import NameHashes, mix64
 from policies.policy import BackendPolicy
-from policies.pools import Rule, choose_pool
-from policies.prefix_affinity import PrefixAffinityConfig
+from policies.pools import PoolBalance, Rule, choose_pool
+from policies.prefix_affinity import DEFAULT_CONFIG as DEFAULT_AFFINITY_CONFIG
+from policies.prefix_affinity import PrefixAffinityConfig, routing_key
 from policies.types import Decision, FleetSnapshot, PoolView, RequestFeatures, RoutingError
 
 PoolChoiceMode = Literal["sticky", "random"]
@@ -28,8 +29,9 @@ DEFAULT_POLICY_CONFIG: PolicyConfig = PrefixAffinityConfig()
 class Router:
     """Pool rules + weights + one backend policy.
 
-    `pool_choice="sticky"` (default) makes the weighted pool choice a function of the conversation
-    anchor, so every turn of a conversation stays in the same pool (and so on the same backend), from
+    `pool_choice="sticky"` (default) makes the weighted pool choice a function of the routing key of
+    `policies.prefix_affinity.routing_key` (a long shared preamble, else the conversation anchor), so
+    a prefix group stays in one pool and every turn of a conversation stays in the same pool (and so on the same backend), from
     any replica; over many conversations the split follows the weights. `"random"` draws the pool with
     `rand` on every request (the split follows the weights even for identical requests, but the turns
     of one conversation can land in different pools).
@@ -47,6 +49,14 @@ class Router:
         self.pool_choice: PoolChoiceMode = pool_choice
         self.policy: BackendPolicy = make_policy(policy_config)
         self._pool_names = NameHashes()
+        # The sticky pool choice hashes the same key as prefix affinity (a long shared preamble, else
+        # the conversation anchor), so a prefix group lives in one pool, not in every pool.
+        self._key_config = (
+            policy_config if isinstance(policy_config, PrefixAffinityConfig) else DEFAULT_AFFINITY_CONFIG
+        )
+        # ... with bounded load across pools, so a pool that drew more groups than its share does not
+        # queue while the other idles (the same load model and bound as the backend policy).
+        self._balance = PoolBalance(self._key_config.load_factor, self._key_config.load_slack)
 
     def decide(
         self,
@@ -65,7 +75,11 @@ class Router:
         """
         if exclude:
             snapshot = _without(snapshot, exclude)
-        sticky_key = mix64(features.anchor_hash ^ _POOL_SALT) if self.pool_choice == "sticky" else None
+        sticky_key = (
+            mix64(routing_key(features, self._key_config) ^ _POOL_SALT)
+            if self.pool_choice == "sticky"
+            else None
+        )
         pool_choice = choose_pool(
             snapshot,
             features,
@@ -74,6 +88,7 @@ class Router:
             pin=pin,
             sticky_key=sticky_key,
             name_hash=self._pool_names,
+            balance=self._balance,
         )
         pool = pool_choice.pool
         choice = self.policy.select(pool, features, rand)

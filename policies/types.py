@@ -32,7 +32,9 @@ class RequestFeatures:
     `anchor_hash` identifies the conversation's opening (tool schemas, system prompt, first user
     message): identical for every turn of one conversation, different between conversations.
     `preamble_blocks` counts the leading blocks that lie wholly inside the preamble (tool schemas and
-    system/developer messages), i.e. the part many conversations share.
+    system/developer messages), i.e. the part many conversations share. `history_blocks` counts the
+    leading blocks that lie wholly before the last message: what an earlier turn of the same
+    conversation has already sent (the preamble for a first turn; 0 for completions prompts).
     """
 
     model: str
@@ -45,6 +47,7 @@ class RequestFeatures:
     structured_output: bool
     session_key: str | None = None
     max_tokens: int | None = None
+    history_blocks: int = 0
 
     @property
     def needs_tool_parser(self) -> bool:

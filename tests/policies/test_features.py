@@ -121,6 +121,19 @@ def test_preamble_and_anchor_offsets() -> None:
     assert preamble_end == anchor_end == len(rendered)
 
 
+def test_history_blocks_end_where_the_last_message_starts() -> None:
+    rng = random.Random(7)
+    first = features(conversation(rng, system=text(rng, 300), words=200))
+    assert first.history_blocks == first.preamble_blocks > 0  # a first turn has no history yet
+    messages = conversation(rng, system=text(rng, 300), turns=3, words=200)
+    later = features(messages)
+    before_last = features(messages[:-1])
+    # everything before the last (user) message: what the previous turn sent, plus its answer
+    assert later.preamble_blocks < later.history_blocks <= len(before_last.block_hashes)
+    assert later.history_blocks >= len(before_last.block_hashes) - 1
+    assert extract_features({"model": "m", "prompt": "x" * 4000}).history_blocks == 0
+
+
 def test_long_anchor_hash_includes_the_tail() -> None:
     config = FeatureConfig(anchor_max_bytes=256, anchor_tail_bytes=64)
     head = "x" * 2000

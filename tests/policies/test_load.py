@@ -8,10 +8,20 @@ def test_score_combines_active_queue_and_kv() -> None:
     model = LoadModel(queue_weight=2.0, kv_weight=4.0)
     assert model.score(BackendView("a")) == 0.0
     assert model.score(BackendView("a", in_flight=3)) == 3.0
-    # running (all replicas) beats this replica's in-flight when larger
+    # the engine's count (all replicas) beats this replica's in-flight when larger
     assert model.score(BackendView("a", in_flight=3, running=5.0)) == 5.0
     assert model.score(BackendView("a", in_flight=3, running=1.0)) == 3.0
-    assert model.score(BackendView("a", in_flight=1, queue_depth=2.0, kv_usage=0.5)) == 1 + 4 + 2
+    # the engine's queue is part of the engine's count: running + queue_weight * queue
+    assert model.score(BackendView("a", in_flight=1, running=1.0, queue_depth=2.0, kv_usage=0.5)) == 1 + 4 + 2
+    assert model.score(BackendView("a", in_flight=1, queue_depth=2.0)) == 4.0
+
+
+def test_queued_requests_of_this_replica_are_not_counted_twice() -> None:
+    """One replica sent 5 requests; the engine runs 1 and queues 4: that is a load of 5, not 9."""
+    model = LoadModel()
+    assert model.score(BackendView("a", in_flight=5, running=1.0, queue_depth=4.0)) == 5.0
+    # other replicas' requests show up in the engine's figures
+    assert model.score(BackendView("a", in_flight=2, running=1.0, queue_depth=6.0)) == 7.0
 
 
 def test_unknown_engine_metrics_count_as_zero() -> None:

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from policies.hashing import mix64
-from policies.pools import Rule, capable, choose_pool
+from policies.pools import PoolBalance, Rule, capable, choose_pool
 from policies.types import BackendView, RequestFeatures, RoutingError
 from tests.policies.fleet import backends, fleet, pool
 
@@ -41,6 +41,71 @@ def test_sticky_weighted_split_matches_weights_over_conversations(weights: dict[
     n = 4000
     counts = Counter(choose_pool(snap, F, (), 0.0, sticky_key=mix64(k)).pool.name for k in range(n))
     assert _chi2(counts, weights, n) < CHI2_CRIT[len(weights) - 1]
+
+
+BALANCE = PoolBalance(load_factor=0.25, load_slack=1.0)
+
+
+@pytest.mark.parametrize("weights", [{"a": 0.5, "b": 0.5}, {"a": 0.7, "b": 0.2, "c": 0.1}])
+def test_balanced_sticky_choice_is_the_weighted_rendezvous_when_load_is_even(
+    weights: dict[str, float],
+) -> None:
+    idle = fleet(*(pool(name, weight=w) for name, w in weights.items()))
+    # load in proportion to the weights (per backend: equal pool sizes)
+    even = fleet(
+        *(
+            pool(name, weight=w, members=backends(name, 4, in_flight=round(w * 40)))
+            for name, w in weights.items()
+        )
+    )
+    for k in range(2000):
+        plain = choose_pool(idle, F, (), 0.0, sticky_key=mix64(k)).pool.name
+        assert choose_pool(idle, F, (), 0.0, sticky_key=mix64(k), balance=BALANCE).pool.name == plain
+        assert choose_pool(even, F, (), 0.0, sticky_key=mix64(k), balance=BALANCE).pool.name == plain
+
+
+def test_balanced_sticky_choice_spills_from_an_overloaded_pool_in_rendezvous_order() -> None:
+    hot = fleet(
+        pool("a", members=backends("a", 4, in_flight=6)),
+        pool("b", members=backends("b", 4, in_flight=1)),
+        pool("c", members=backends("c", 4, in_flight=1)),
+    )
+    for k in range(500):
+        key = mix64(k)
+        home = choose_pool(hot, F, (), 0.0, sticky_key=key).pool.name
+        chosen = choose_pool(hot, F, (), 0.0, sticky_key=key, balance=BALANCE).pool.name
+        if home != "a":
+            assert chosen == home  # keys at home in a pool with room stay
+        else:
+            assert chosen != "a"
+            # the next pool in the key's own order, as every replica computes it
+            without_a = fleet(*(p for p in hot.pools if p.name != "a"))
+            assert chosen == choose_pool(without_a, F, (), 0.0, sticky_key=key).pool.name
+
+
+def test_balance_ignores_stale_engine_counts() -> None:
+    """At low load a scrape still counting a finished request must not move anyone."""
+    snap = fleet(
+        pool("a", members=backends("a", 2, running=1.0, queue_depth=3.0, kv_usage=0.5)),
+        pool("b", members=backends("b", 2)),
+    )
+    for k in range(500):
+        key = mix64(k)
+        plain = choose_pool(snap, F, (), 0.0, sticky_key=key).pool.name
+        assert choose_pool(snap, F, (), 0.0, sticky_key=key, balance=BALANCE).pool.name == plain
+
+
+def test_balance_does_not_spill_to_a_pool_that_is_busier_per_backend() -> None:
+    """Weights 0.8/0.2 on equal pools: the light pool runs fewer requests per backend even when it
+    carries more than its share of requests; moving its requests to the heavy pool helps nobody."""
+    snap = fleet(
+        pool("heavy", weight=0.8, members=backends("heavy", 2, in_flight=10)),
+        pool("light", weight=0.2, members=backends("light", 2, in_flight=4)),  # 8 of 28 > 1.25 x 20 %
+    )
+    keys = [mix64(k) for k in range(2000)]
+    plain = Counter(choose_pool(snap, F, (), 0.0, sticky_key=k).pool.name for k in keys)
+    balanced = Counter(choose_pool(snap, F, (), 0.0, sticky_key=k, balance=BALANCE).pool.name for k in keys)
+    assert balanced == plain
 
 
 def test_sticky_weight_change_moves_only_the_needed_share() -> None:

@@ -228,10 +228,12 @@ def test_session_key_mixing_is_optional() -> None:
     assert mixed.key(f) == f.anchor_hash
 
 
-def test_load_slack_tolerates_a_little_imbalance_at_low_load() -> None:
+def test_load_slack_bounds_how_far_a_warm_home_may_run_above_the_average() -> None:
     rng = random.Random(15)
     p = pool("a", 4)
-    f = features(conversation(rng, system="s"))
+    # a later turn with a long history: the home's warm cache is worth more than two queued requests
+    f = features(conversation(rng, system="s", turns=4, words=300))
+    assert f.history_blocks >= 2 * 32
     home = PrefixAffinity(NO_INDEX).select(p, f, 0.0).backend
     busier = _with_load(p, home, in_flight=2)  # capacity ceil(1.25 * 3 / 4) = 1 (+ slack)
     strict = PrefixAffinity(PrefixAffinityConfig(index_entries=0, load_slack=0.0))
@@ -240,10 +242,121 @@ def test_load_slack_tolerates_a_little_imbalance_at_low_load() -> None:
     assert slack.select(busier, f, 0.0).backend == home
 
 
+def test_a_warm_home_keeps_its_conversation_until_its_queue_costs_more_than_the_prefill() -> None:
+    rng = random.Random(16)
+    p = pool("a", 4)
+    policy = PrefixAffinity(PrefixAffinityConfig(index_entries=0, load_slack=100.0))
+    f = features(conversation(rng, system="s", turns=4, words=300))
+    warm_requests = f.history_blocks / policy.config.blocks_per_request  # what the history is worth
+    home = policy.select(p, f, 0.0).backend
+    below = int(warm_requests + policy.config.tolerance)
+    assert policy.select(_with_load(p, home, in_flight=below), f, 0.0).backend == home
+    moved = policy.select(_with_load(p, home, in_flight=below + 1), f, 0.0)
+    assert (moved.reason, moved.affinity) == ("affinity:spill", "spill")
+
+
+def test_first_turns_with_nothing_warm_join_the_shortest_queue() -> None:
+    """Nothing to gain from affinity: the least loaded backend, the rendezvous order breaking ties."""
+    rng = random.Random(17)
+    p = pool("a", 4)
+    policy = PrefixAffinity()
+    f = features(conversation(rng, system="s", words=300))
+    order = [b.name for b in policy.rank(p, f)]
+    assert policy.select(p, f, 0.0).backend == order[0]
+    members = tuple(
+        dataclasses.replace(b, in_flight={order[0]: 1, order[1]: 1, order[2]: 0, order[3]: 0}[b.name])
+        for b in p.backends
+    )
+    assert policy.select(pool("a", members=members), f, 0.0).backend == order[2]
+
+
+def test_a_long_shared_preamble_is_the_key_whatever_the_question() -> None:
+    rng = random.Random(18)
+    p = pool("a", 8)
+    system = text(rng, 1200)  # a long shared system prompt (agent prompt, few-shot examples)
+    a, b = PrefixAffinity(), PrefixAffinity()
+    requests = [features(conversation(rng, system=system)) for _ in range(50)]
+    assert requests[0].preamble_blocks >= a.config.group_min_blocks
+    keys = {a.key(f) for f in requests}
+    assert keys == {requests[0].block_hashes[requests[0].preamble_blocks - 1]}
+    # no load: all of them on the group's home, from any replica
+    homes = {_route(a, p, f).backend for f in requests} | {b.select(p, f, 0.0).backend for f in requests}
+    assert len(homes) == 1
+    # a short shared system prompt is not a group: conversations keep their own anchors and spread
+    short = [features(conversation(rng, system=text(rng, 50))) for _ in range(50)]
+    assert len({a.key(f) for f in short}) == 50
+    assert len({a.select(p, f, 0.0).backend for f in short}) == 8
+
+
+def test_a_group_under_load_spills_in_its_own_rendezvous_order_within_the_bound() -> None:
+    """8,000 requests sharing a long system prompt: with no load they would all go home; as load
+    accumulates, bounded load spreads them, the group's next backends first (the same order on
+    every replica), and no backend runs above (1 + load_factor) x the average + slack."""
+    rng = random.Random(19)
+    members = list(backends("a", 8))
+    config = PrefixAffinityConfig(load=LoadModel(queue_high=None))
+    a, b = PrefixAffinity(config), PrefixAffinity(config)
+    system = text(rng, 1200)
+    order = [
+        m.name for m in a.rank(pool("a", members=tuple(members)), features(conversation(rng, system=system)))
+    ]
+    first_seen: list[str] = []
+    for i in range(8000):
+        p = pool("a", members=tuple(members))
+        f = features(conversation(rng, system=system, words=10))
+        name = _route(a, p, f).backend
+        assert b.select(p, f, 0.0).backend == name or i > 0  # replicas agree on the fresh path
+        if name not in first_seen:
+            first_seen.append(name)
+        members = [
+            dataclasses.replace(m, in_flight=m.in_flight + 1) if m.name == name else m for m in members
+        ]
+    loads = [m.in_flight for m in members]
+    assert first_seen == order[: len(first_seen)]  # spreads in the group's own HRW order
+    assert len(first_seen) == 8
+    assert max(loads) <= 1.25 * 8000 / 8 + 1 + config.load_slack
+
+
+def test_a_group_spill_prefers_a_backend_already_sent_the_preamble() -> None:
+    rng = random.Random(20)
+    p = pool("a", 4)
+    policy = PrefixAffinity()
+    system = text(rng, 1200)
+    order = [b.name for b in policy.rank(p, features(conversation(rng, system=system)))]
+    # the home is over the bound (6 + 1 > ceil(1.25 * 10 / 4) + 1) and its first fallback busier than
+    # the rest: the spill goes to the third, which then holds the preamble
+    busy = pool(
+        "a", members=tuple(BackendView(n, in_flight={order[0]: 6, order[1]: 3}.get(n, 0)) for n in order)
+    )
+    first = _route(policy, busy, features(conversation(rng, system=system)))
+    assert (first.backend, first.affinity) == (order[2], "spill")
+    # now equally loaded fallbacks: the one known to hold the preamble wins over the HRW order
+    even = pool("a", members=tuple(BackendView(n, in_flight=6 if n == order[0] else 0) for n in order))
+    again = policy.select(even, features(conversation(rng, system=system)), 0.0)
+    assert again.backend == order[2]
+
+
+def test_turns_of_a_conversation_with_a_long_preamble_stay_on_one_backend() -> None:
+    rng = random.Random(21)
+    p = pool("a", 8)
+    system = text(rng, 1200)
+    for _ in range(10):
+        replicas = [PrefixAffinity() for _ in range(3)]
+        messages = conversation(rng, system=system)
+        homes = {
+            _route(replicas[t % 3], p, features(messages := grow(rng, messages))).backend for t in range(6)
+        }
+        assert len(homes) == 1
+
+
 def test_config_validation() -> None:
     with pytest.raises(ValueError):
         PrefixAffinityConfig(load_slack=-1.0)
     with pytest.raises(ValueError):
         PrefixAffinityConfig(load_factor=-0.1)
     with pytest.raises(ValueError):
-        PrefixAffinityConfig(index_min_gain_blocks=0)
+        PrefixAffinityConfig(group_min_blocks=0)
+    with pytest.raises(ValueError):
+        PrefixAffinityConfig(blocks_per_request=0.0)
+    with pytest.raises(ValueError):
+        PrefixAffinityConfig(tolerance=-0.5)

@@ -25,6 +25,19 @@ def test_longest_match_and_depth() -> None:
     assert index.depth_for([1, 2, 3, 4], "c") == 0
 
 
+def test_depths_per_backend_in_one_scan() -> None:
+    index = PrefixIndex(100)
+    index.insert([1, 2, 3, 4], "a")
+    index.insert([1, 2, 9], "b")
+    assert index.depths([1, 2, 3, 4, 5], ALL) == {"a": 4, "b": 2}
+    assert index.depths([1, 2, 9, 10], {"a", "b"}) == {"b": 3, "a": 2}
+    assert index.depths([1, 2, 3, 4], {"b"}) == {"b": 2}
+    # only prefixes deeper than `above` count
+    assert index.depths([1, 2, 3, 4], ALL, above=2) == {"a": 4}
+    assert index.depths([7, 8], ALL) == {}
+    assert len(index) == 5  # lookups add nothing
+
+
 def test_holders_most_recent_first_and_capped() -> None:
     index = PrefixIndex(100, max_holders=2)
     for name in ("a", "b", "c", "b"):

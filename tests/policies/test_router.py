@@ -69,6 +69,42 @@ def test_weighted_split_over_2000_conversations_sticky_and_random() -> None:
         assert chi2 < 10.83, (mode, counts)  # p = 0.001, 1 degree of freedom
 
 
+def test_a_long_shared_preamble_keeps_its_group_in_one_pool() -> None:
+    """The sticky pool choice hashes the same key as the backend policy: requests sharing a long
+    system prompt go to one pool (and one backend there) instead of warming both pools."""
+    rng = random.Random(40)
+    snap = _fleet()
+    router = Router()
+    for _ in range(6):
+        system = text(rng, 1200)
+        seen = {
+            (d.pool, d.backend)
+            for d in (
+                router.decide(snap, features(conversation(rng, system=system)), rng.random())
+                for _ in range(30)
+            )
+        }
+        assert len(seen) == 1
+    # short system prompts: conversations still split by weight over both pools
+    pools = Counter(
+        router.decide(snap, features(conversation(rng, system="s")), 0.5).pool for _ in range(400)
+    )
+    assert min(pools.values()) > 150
+
+
+def test_an_overloaded_pool_spills_its_new_requests_to_the_other() -> None:
+    rng = random.Random(41)
+    router = Router()
+    f = features(conversation(rng, system=text(rng, 1200)))
+    home = router.decide(_fleet(), f, 0.5).pool
+    other = "sglang" if home == "vllm" else "vllm"
+    busy = fleet(
+        pool(home, members=backends(home, 4, in_flight=5), dialect=home),
+        pool(other, members=backends(other, 4, in_flight=1), dialect=other),
+    )
+    assert router.decide(busy, f, 0.5).pool == other
+
+
 def test_random_mode_splits_identical_requests_by_weight() -> None:
     rng = random.Random(4)
     snap = _fleet(vllm=0.5, sglang=0.5)
