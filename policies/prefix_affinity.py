@@ -52,6 +52,7 @@ from policies.types import BackendChoice, BackendView, PoolView, RequestFeatures
 class PrefixAffinityConfig:
     kind: Literal["prefix_affinity"] = "prefix_affinity"
     group_min_blocks: int = 32
+    group_choices: int = 2
     blocks_per_request: float = 8.0
     tolerance: float = 0.5
     load_factor: float = 0.25
@@ -64,8 +65,8 @@ class PrefixAffinityConfig:
     def __post_init__(self) -> None:
         if self.load_factor < 0 or self.load_slack < 0 or self.tolerance < 0:
             raise ValueError("load_factor, load_slack and tolerance must be >= 0")
-        if self.group_min_blocks < 1:
-            raise ValueError("group_min_blocks must be >= 1")
+        if self.group_min_blocks < 1 or self.group_choices < 1:
+            raise ValueError("group_min_blocks and group_choices must be >= 1")
         if not self.blocks_per_request > 0:
             raise ValueError("blocks_per_request must be > 0")
 
@@ -135,24 +136,28 @@ class PrefixAffinity(BackendPolicy):
         base = 0 if group else preamble
         warm = [0] * n
         indexed = self._index.max_entries > 0
-        deep = False
+        deep = known = False
         if indexed and features.block_hashes:
             depths = self._index.depths(
                 features.block_hashes, {b.name: None for b in ranked}, above=max(0, preamble - 1)
             )
             if depths:
+                known = True
                 for i in range(n):
                     d = depths.get(ranked[i].name, 0)
                     if d > base:
                         warm[i] = d - base
                 deep = max(depths.values()) > preamble
         known_home = warm[0] > 0
-        if not deep:
-            prior = max(features.history_blocks, preamble) if group else features.history_blocks
-            if prior - base > warm[0]:
-                warm[0] = prior - base
-        elif group and preamble > warm[0]:
-            warm[0] = preamble
+        if group:
+            if not known:
+                # Nothing of this group known here: assume other replicas may have warmed any of its
+                # first `group_choices` backends; the load picks among them (power of d choices).
+                prior = max(features.history_blocks, preamble)
+                for i in range(min(config.group_choices, n)):
+                    warm[i] = prior
+        elif not deep and features.history_blocks - base > warm[0]:
+            warm[0] = features.history_blocks - base
 
         candidates = [i for i in range(n) if fits[i]]
         if not candidates:

@@ -317,23 +317,26 @@ def test_a_group_under_load_spills_in_its_own_rendezvous_order_within_the_bound(
     assert max(loads) <= 1.25 * 8000 / 8 + 1 + config.load_slack
 
 
-def test_a_group_spill_prefers_a_backend_already_sent_the_preamble() -> None:
+def test_a_new_group_goes_to_the_less_loaded_of_its_first_choices_and_then_stays_there() -> None:
     rng = random.Random(20)
     p = pool("a", 4)
     policy = PrefixAffinity()
     system = text(rng, 1200)
     order = [b.name for b in policy.rank(p, features(conversation(rng, system=system)))]
-    # the home is over the bound (6 + 1 > ceil(1.25 * 10 / 4) + 1) and its first fallback busier than
-    # the rest: the spill goes to the third, which then holds the preamble
-    busy = pool(
-        "a", members=tuple(BackendView(n, in_flight={order[0]: 6, order[1]: 3}.get(n, 0)) for n in order)
-    )
-    first = _route(policy, busy, features(conversation(rng, system=system)))
-    assert (first.backend, first.affinity) == (order[2], "spill")
-    # now equally loaded fallbacks: the one known to hold the preamble wins over the HRW order
-    even = pool("a", members=tuple(BackendView(n, in_flight=6 if n == order[0] else 0) for n in order))
-    again = policy.select(even, features(conversation(rng, system=system)), 0.0)
-    assert again.backend == order[2]
+
+    def loads(**by_rank: int) -> PoolView:
+        return pool(
+            "a", members=tuple(BackendView(n, in_flight=by_rank.get(f"r{i}", 0)) for i, n in enumerate(order))
+        )
+
+    # unknown here: either of its first two backends may be warm (another replica); the less loaded
+    first = _route(policy, loads(r0=6), features(conversation(rng, system=system)))
+    assert (first.backend, first.affinity) == (order[1], "spill")
+    # now known on order[1]: it keeps the group while it has room, even against an idle backend
+    again = policy.select(loads(r0=6, r1=2), features(conversation(rng, system=system)), 0.0)
+    assert (again.backend, again.reason) == (order[1], "affinity:index")
+    # a fresh replica with no load agrees on the home
+    assert PrefixAffinity().select(p, features(conversation(rng, system=system)), 0.0).backend == order[0]
 
 
 def test_turns_of_a_conversation_with_a_long_preamble_stay_on_one_backend() -> None:
@@ -356,6 +359,8 @@ def test_config_validation() -> None:
         PrefixAffinityConfig(load_factor=-0.1)
     with pytest.raises(ValueError):
         PrefixAffinityConfig(group_min_blocks=0)
+    with pytest.raises(ValueError):
+        PrefixAffinityConfig(group_choices=0)
     with pytest.raises(ValueError):
         PrefixAffinityConfig(blocks_per_request=0.0)
     with pytest.raises(ValueError):
