@@ -169,17 +169,20 @@ def _rendezvous(
             if score > best_score:
                 best, best_score = p, score
         return best
-    ordered = sorted(
-        pools,
-        key=lambda p: (p.weight / -math.log(unit_float(mix64(key ^ name_hash(p.name)))), p.name),
-        reverse=True,
-    )
-    loads: list[float] = []
-    sizes: list[int] = []
-    for p in ordered:
-        members = p.routable_backends
-        loads.append(float(sum(b.in_flight for b in members)))
-        sizes.append(len(members))
+    scored: list[tuple[float, str, PoolView, float, int]] = []
+    for p in pools:
+        score = p.weight / -math.log(unit_float(mix64(key ^ name_hash(p.name))))
+        in_flight = 0
+        size = 0
+        for b in p.backends:
+            if b.routable:
+                in_flight += b.in_flight
+                size += 1
+        scored.append((score, p.name, p, float(in_flight), size))
+    scored.sort(reverse=True, key=_score_and_name)
+    ordered = [entry[2] for entry in scored]
+    loads = [entry[3] for entry in scored]
+    sizes = [entry[4] for entry in scored]
     total = math.fsum(loads) + 1.0
     weights = math.fsum(p.weight for p in ordered)
     size = sum(sizes)
@@ -190,3 +193,7 @@ def _rendezvous(
             return p
     # every pool is over its share and busier than average: the least loaded per backend
     return ordered[min(range(len(ordered)), key=lambda i: (loads[i] + 1.0) / sizes[i])]
+
+
+def _score_and_name(entry: tuple[float, str, PoolView, float, int]) -> tuple[float, str]:
+    return entry[0], entry[1]

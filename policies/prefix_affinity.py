@@ -12,12 +12,14 @@ trades a warm cache against a queue, refined by a bounded local prefix index.
 2. Rendezvous (HRW) order. Each routable backend scores `mix64(key ^ hash64(name))`; the highest is the
    key's *home*, the rest its ordered fallbacks. Every replica with the same snapshot computes the same
    order without talking to the others; removing a backend only moves the keys whose home it was.
-3. Expected warm blocks. The home is assumed to hold what earlier turns sent (`history_blocks`; in
-   group mode at least the preamble) - the same assumption on every replica. When this replica's
-   `PrefixIndex` knows a prefix of this request past the preamble (it routed an earlier turn, the same
-   document, a spill), the index's depths replace that assumption; it also knows which backends were
-   sent a group's preamble (the preamble's last block is recorded). In anchor mode only blocks past
-   the preamble count (a short shared system prompt is assumed warm everywhere).
+3. Expected warm blocks. Anchor mode: only blocks past the preamble count (a short shared system
+   prompt is assumed warm everywhere); when this replica's `PrefixIndex` knows a prefix of the
+   request past the preamble (an earlier turn, the same document, a spill) its depths are used,
+   otherwise the home is assumed to hold the history (`history_blocks`) - the same assumption on every
+   replica. Group mode: all blocks count; the index (which records the preamble's last block and
+   every block after it) is used when it knows anything of the request, otherwise each of the
+   group's first `group_choices` backends is assumed to hold it (another replica may have placed the
+   group on either), so a new group goes to the less loaded of them.
 4. Choice. `cost = in_flight - warm blocks / blocks_per_request` (a cached block saves prefill; a
    queued request costs a service time; `in_flight` is this replica's own fresh count - the engine's
    scraped figures are global but up to a scrape old, and at low load they still count requests

@@ -20,7 +20,7 @@ Lookups never change the index (dry runs are safe); `insert` refreshes recency.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Container, Sequence
+from collections.abc import Container, Sequence
 
 
 class PrefixIndex:
@@ -85,22 +85,26 @@ class PrefixIndex:
                 return depth
         return 0
 
-    def depths(
-        self, block_hashes: Sequence[int], names: Collection[str], *, above: int = 0
-    ) -> dict[str, int]:
-        """For each backend in `names`, the deepest prefix (in blocks, deeper than `above`) it is
-        recorded to hold; backends with none are absent. One scan from the deepest block down, which
-        stops once every backend in `names` has been found."""
+    def depths(self, block_hashes: Sequence[int], names: Container[str], *, above: int = 0) -> dict[str, int]:
+        """Recorded depths (in blocks, deeper than `above`) per backend in `names`: the holders of the
+        deepest known prefix, and the holders of the shallowest prefix considered (block `above + 1`,
+        e.g. the preamble's last block) at that depth. Backends with neither are absent. One scan
+        from the deepest block down, stopping at the first hit."""
         out: dict[str, int] = {}
-        want = len(names)
         get = self._entries.get
         for depth in range(len(block_hashes), above, -1):
             holders = get(block_hashes[depth - 1])
             if holders is not None:
                 for x in holders:
-                    if x in names and x not in out:
+                    if x in names:
                         out[x] = depth
-                if len(out) >= want:
+                if out:
+                    if depth > above + 1:
+                        floor = get(block_hashes[above])
+                        if floor is not None:
+                            for x in floor:
+                                if x in names and x not in out:
+                                    out[x] = above + 1
                     break
         return out
 

@@ -25,14 +25,16 @@ def test_longest_match_and_depth() -> None:
     assert index.depth_for([1, 2, 3, 4], "c") == 0
 
 
-def test_depths_per_backend_in_one_scan() -> None:
+def test_depths_deepest_holders_and_the_floor_block() -> None:
     index = PrefixIndex(100)
     index.insert([1, 2, 3, 4], "a")
     index.insert([1, 2, 9], "b")
-    assert index.depths([1, 2, 3, 4, 5], ALL) == {"a": 4, "b": 2}
-    assert index.depths([1, 2, 9, 10], {"a", "b"}) == {"b": 3, "a": 2}
+    # the deepest known prefix's holders, plus the holders of the first block considered
+    assert index.depths([1, 2, 3, 4, 5], ALL) == {"a": 4, "b": 1}
+    assert index.depths([1, 2, 9, 10], {"a", "b"}) == {"b": 3, "a": 1}
     assert index.depths([1, 2, 3, 4], {"b"}) == {"b": 2}
-    # only prefixes deeper than `above` count
+    # the floor is block `above + 1` (e.g. the preamble's last block); shallower blocks do not count
+    assert index.depths([1, 2, 3, 4], ALL, above=1) == {"a": 4, "b": 2}
     assert index.depths([1, 2, 3, 4], ALL, above=2) == {"a": 4}
     assert index.depths([7, 8], ALL) == {}
     assert len(index) == 5  # lookups add nothing
