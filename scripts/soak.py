@@ -15,8 +15,8 @@ Every 5 s it samples the gateway's RSS and open file descriptors, the latency of
 (event-loop lag: the probe waits behind everything else on the loop), and the outcome counters.
 
 Pass criteria (the issue's): RSS growth < 10 % from the end of warm-up (first 20 % of the run, at
-least 60 s) to the end; no file-descriptor growth (the level after the load stops, compared with the
-level before it started); zero gateway-originated 5xx (a 500 `server_error` from the gateway itself:
+least 60 s) to the end; no file-descriptor growth (the level once the load has stopped and pooled
+connections idled out, compared with the idle level before it started); zero gateway-originated 5xx (a 500 `server_error` from the gateway itself:
 engine-caused 503s during a fault are counted apart); every stream either completed, ended with an
 error event then `[DONE]`, or was abandoned by the client on purpose — none truncated or hung.
 Writes `<out>/latest.json` (figures and the time series) and `<out>/latest.md` (a table), which
@@ -284,6 +284,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     fault_log: list[dict[str, Any]] = []
     try:
         base = gw.base_url
+        # The idle steady state: health probes and scrapes keep one pooled connection each per
+        # backend, opened in the first seconds; the baseline is taken once they are there.
+        await asyncio.sleep(5)
         before_fds = fds(gw.pid)
         before_rss = rss_mb(gw.pid)
         token = mint_token(SECRET, "soak", ttl_s=duration + 3600)
