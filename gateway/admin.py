@@ -87,6 +87,8 @@ def build_admin_app(gw: "Gateway") -> FastAPI:
         openapi_url="/openapi.json",
         docs_url="/docs",
         redoc_url=None,
+        # No slash redirects: their Location would be built from the client's Host header.
+        redirect_slashes=False,
     )
 
     @app.exception_handler(ApiError)

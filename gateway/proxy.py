@@ -24,6 +24,7 @@ from gateway.settings import UpstreamSettings
 from gateway.upstream import Transport, UpstreamError, UpstreamResponse
 
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+_BACKEND_FAULTS_MID_STREAM = frozenset({"upstream_broken", "idle_timeout"})
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 #: picks another backend for a retry, never one in `exclude`; raises ApiError when none is left
@@ -88,6 +89,14 @@ class ProxyStage:
         while True:
             backend = ctx.backend
             tried.add(backend.name)
+            if not backend.circuit.allow(time.monotonic()):
+                # Half-open and its one trial request is already out: take another backend.
+                try:
+                    self._reroute(ctx, tried)
+                except ApiError:
+                    ctx.error_kind = "no_backend"
+                    raise last_error from None
+                continue
             ctx.attempts += 1
             backend.in_flight += 1
             backend.requests_total += 1
@@ -194,7 +203,7 @@ class ProxyStage:
             ctx.error_kind = "engine_error"
             await self._end(ctx, False)
             return error_response(err, ctx.response_headers)
-        backend.circuit.success()
+        # The backend's verdict comes when the stream ends (`_end`): a stream cut midway is a failure.
         ctx.first_token_at = asyncio.get_running_loop().time()
         return StreamRelay(
             ctx,
@@ -230,7 +239,9 @@ class ProxyStage:
                 return out
         raise UpstreamError("upstream closed before its first event")
 
-    async def _engine_error(self, ctx: RequestContext, backend: Backend, status: int, data: bytes) -> Response:
+    async def _engine_error(
+        self, ctx: RequestContext, backend: Backend, status: int, data: bytes
+    ) -> Response:
         """The engine answered an error before any byte went out: fail over, or answer it re-shaped."""
         assert ctx.pool is not None
         err = ctx.pool.dialect.decode_error(status, data, ctx.endpoint)
@@ -252,6 +263,13 @@ class ProxyStage:
         backend = ctx.backend
         if backend is not None:
             backend.in_flight -= 1
+            if ok and ctx.stream:
+                backend.circuit.success()
+            elif not ok and ctx.error_kind in _BACKEND_FAULTS_MID_STREAM:
+                # A stream the engine broke or abandoned after its first byte counts against it too,
+                # or a backend that cuts every stream would keep drawing its share of traffic.
+                backend.circuit.failure(time.monotonic())
+                self._on_upstream_error(ctx, backend, ctx.error_kind or "upstream_broken")
 
 
 class _DisconnectWatch:

@@ -39,7 +39,9 @@ class RouteStage:
 
     async def __call__(self, ctx: RequestContext) -> Response | None:
         # the sanitise stage computed them already (same config, same session key): reuse
-        features = ctx.extras.get("features") or extract_features(ctx.body, self.features, session_key=ctx.principal.user)
+        features = ctx.extras.get("features") or extract_features(
+            ctx.body, self.features, session_key=ctx.principal.user
+        )
         ctx.extras["features"] = features
         pin: str | None = None
         if ctx.principal.is_admin:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -54,9 +55,9 @@ def engine(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="module")
 def pool_gateway(engine: str) -> Iterator[GatewayProcess]:
     """One gateway in front of two simulators of `engine` (module-scoped, per engine)."""
-    with fast_sim(engine) as a, fast_sim(engine) as b:
-        with GatewayProcess(single_pool_config(engine, [a.base_url, b.base_url])) as gw:
-            yield gw
+    with contextlib.ExitStack() as stack:
+        a, b = stack.enter_context(fast_sim(engine)), stack.enter_context(fast_sim(engine))
+        yield stack.enter_context(GatewayProcess(single_pool_config(engine, [a.base_url, b.base_url])))
 
 
 @pytest.fixture(scope="session")

@@ -110,13 +110,13 @@ def test_client_disconnect_cancels_the_engine_request() -> None:
     with fast_sim("vllm", "--itl-ms", "20") as sim:
         config = single_pool_config("vllm", [sim.base_url], upstream=_quiet_health())
         with GatewayProcess(config) as gw:
-            with httpx.Client(base_url=gw.base_url, timeout=10) as http:
-                with http.stream(
-                    "POST", "/v1/chat/completions", json=_chat(1, stream=True, max_tokens=400)
-                ) as r:
-                    for _ in r.iter_raw():
-                        break
-                    closed_at = time.monotonic()
+            with (
+                httpx.Client(base_url=gw.base_url, timeout=10) as http,
+                http.stream("POST", "/v1/chat/completions", json=_chat(1, stream=True, max_tokens=400)) as r,
+            ):
+                for _ in r.iter_raw():
+                    break
+                closed_at = time.monotonic()
             # leaving the block closed the connection mid-stream
             wait_until(
                 lambda: _stats(sim.base_url)["cancelled_total"] >= 1, timeout=5, interval=0.005, what="cancel"
@@ -154,3 +154,20 @@ def test_graceful_shutdown_drains_open_streams() -> None:
                 httpx.get(gw.base_url + "/healthz", timeout=1)
         finally:
             gw.stop()
+
+
+def test_backend_that_breaks_streams_midway_opens_its_circuit() -> None:
+    with fast_sim("vllm", "--crash-after", "2", "--crash-mode", "cut") as breaking, fast_sim("vllm") as good:
+        config = single_pool_config(
+            "vllm",
+            [breaking.base_url, good.base_url],
+            upstream={"health": {"interval_s": 3600, "failure_threshold": 3, "open_s": 60}},
+        )
+        config["routing"]["policy"] = "round_robin"
+        with GatewayProcess(config) as gw, httpx.Client(base_url=gw.base_url, timeout=10) as http:
+            for i in range(16):
+                r = http.post("/v1/chat/completions", json=_chat(i, stream=True, max_tokens=20))
+                assert _events(r.text)[-1] == "[DONE]"
+            # Three broken streams open the circuit; after that the backend gets nothing new.
+            assert _stats(breaking.base_url)["requests_total"] == 3
+            assert _stats(good.base_url)["requests_total"] == 13
