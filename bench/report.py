@@ -157,7 +157,6 @@ def verdict_table(vs: list[Verdict]) -> list[str]:
 def overhead_md(o: dict[str, Any]) -> list[str]:
     ns, st = o["nonstream"], o["stream"]
     keys = _keys(o)
-    bare_cpu = med(ns, "gw_bare", CPU_C, "cpu_us_per_req")
     L: list[str] = ["## Overhead suite", ""]
     L.append(
         f"Gateway under test: {o.get('gateway_source', '?')}. Simulator: `{' '.join(o.get('sim_argv', []))}`."
@@ -255,13 +254,23 @@ def overhead_md(o: dict[str, Any]) -> list[str]:
             f"RSS +{many['rss_delta_mb']:.1f} MB per 1,000."
         )
         L.append("")
-    L += ["### Ratios (CPU per request at c=16; lower is cheaper)", ""]
-    L.append("| target | CPU µs/req | ÷ ours (bare) | requests per CPU-second |")
-    L.append("|---|---:|---:|---:|")
+    concs = sorted({p["concurrency"] for p in ns})
+    L += ["### Ratios: CPU per request, ÷ ours (bare), by concurrency (lower is cheaper)", ""]
+    L.append(
+        "| target | "
+        + " | ".join(f"c={c} µs/req | c={c} ÷ ours" for c in concs)
+        + " | requests per CPU-second (c=16) |"
+    )
+    L.append("|---|" + "---:|---:|" * len(concs) + "---:|")
     for k in keys:
-        cpu = med(ns, k, CPU_C, "cpu_us_per_req")
+        cells = []
+        for c in concs:
+            cpu = med(ns, k, c, "cpu_us_per_req")
+            cells += [_f(cpu), _f(cpu / med(ns, "gw_bare", c, "cpu_us_per_req"), "{:.2f}×")]
         L.append(
-            f"| {_label(o, k)} | {_f(cpu)} | {_f(cpu / bare_cpu, '{:.2f}×')} | {_f(1e6 / cpu, '{:,.0f}')} |"
+            f"| {_label(o, k)} | "
+            + " | ".join(cells)
+            + f" | {_f(1e6 / med(ns, k, CPU_C, 'cpu_us_per_req'), '{:,.0f}')} |"
         )
     L.append("")
     return L
