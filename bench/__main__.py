@@ -8,8 +8,8 @@
     python -m bench --gateway-ref HEAD   benchmark a committed gateway (a `git archive` snapshot)
 
 Suites: `overhead` (proxy cost against the peers, bench/overhead.py), `routing` (cache-hit quality and
-TTFT on a simulated fleet, bench/routing.py), `micro` (bench/clients.py, bench/adapters.py and
-bench/transports.py when present). Progress is printed as it goes; everything started is stopped by PID.
+TTFT on a simulated fleet, bench/routing.py), `micro` (bench/transports.py — h1 vs aiohttp vs
+httpx — and bench/adapters.py). Progress is printed as it goes; everything started is stopped by PID.
 """
 
 from __future__ import annotations
@@ -42,14 +42,6 @@ def micro(quick: bool, log: Progress) -> dict[str, str]:
     """Run the micro-benchmarks as subprocesses and keep their printed tables."""
     out: dict[str, str] = {}
     runs = {
-        "bench/clients.py": [
-            "-m",
-            "bench.clients",
-            "--requests",
-            "500" if quick else "2000",
-            "--rounds",
-            "1" if quick else "3",
-        ],
         "bench/transports.py": [
             "-m",
             "bench.transports",

@@ -44,6 +44,9 @@ def uvicorn_kwargs(settings: Settings) -> dict[str, Any]:
         "lifespan": "on",
         "access_log": False,
         "server_header": False,
+        # uvicorn's ProxyHeadersMiddleware rewrites the client address from X-Forwarded-For on every
+        # request (7 % of the gateway's CPU in a profile); nothing here uses the client address.
+        "proxy_headers": False,
         "timeout_keep_alive": int(s.keepalive_s),
         "timeout_graceful_shutdown": int(s.graceful_shutdown_s),
         "log_level": s.log_level,
