@@ -237,10 +237,14 @@ class _Response:
     """What `H1Transport.request` returns; `chunks()` returns the response itself (no async generator,
     so a consumer that stops early leaves nothing to finalise)."""
 
-    __slots__ = ("_conn", "_transport", "headers", "status")
+    __slots__ = ("_conn", "_reading", "_transport", "headers", "status")
 
     def __init__(self, conn: _Connection, transport: H1Transport) -> None:
         self._conn: _Connection | None = conn
+        #: a read is waiting on the connection: `close()` (from another task) must then abort it, never
+        #: release it — a released connection serves the next request while the waiting read would
+        #: still be looking at it
+        self._reading = False
         self._transport = transport
         self.status = conn.status
         #: raw (name, value) pairs as the engine sent them
@@ -256,7 +260,7 @@ class _Response:
             while not conn.done:
                 if conn.error is not None:
                     raise UpstreamError(str(conn.error))
-                await conn.wait(_WAIT_ALL)
+                await self._wait(conn, _WAIT_ALL)
         body = conn.body
         data = body[0] if len(body) == 1 else b"".join(body)
         body.clear()
@@ -286,7 +290,16 @@ class _Response:
                 raise StopAsyncIteration
             if conn.error is not None:
                 raise UpstreamError(str(conn.error))
-            await conn.wait(_WAIT_CHUNK)
+            await self._wait(conn, _WAIT_CHUNK)
+
+    async def _wait(self, conn: _Connection, what: int) -> None:
+        self._reading = True
+        try:
+            await conn.wait(what)
+        finally:
+            self._reading = False
+        if self._conn is not conn:  # closed by another task while this read waited
+            raise UpstreamError("upstream response closed")
 
     def close(self) -> None:
         """Release the connection to its pool if the response was read to the end, else abort it."""
@@ -298,6 +311,7 @@ class _Response:
         transport = conn.transport
         if (
             conn.done
+            and not self._reading
             and conn.reusable
             and transport is not None
             and not transport.is_closing()

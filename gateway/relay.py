@@ -71,6 +71,7 @@ class StreamRelay:
 
     __slots__ = (
         "_chunks",
+        "_complete",
         "_decoder",
         "_disconnected",
         "_encoder",
@@ -117,6 +118,7 @@ class StreamRelay:
         self._last = 0.0
         self._timed_out = False
         self._disconnected = False
+        self._complete = False
 
     async def __call__(self, send: Send, receive: Receive) -> None:
         # Neither a client disconnect nor the idle watchdog cancels this task: both close the
@@ -176,6 +178,9 @@ class StreamRelay:
             await self._end_with_error(send, mid_stream_error())
             return False
         self.ctx.usage = encoder.usage
+        # uvicorn reports `http.disconnect` once a response is complete: from here on it is no
+        # longer a client leaving.
+        self._complete = True
         await send({"type": "http.response.body", "body": encoder.finish(), "more_body": False})
         await self._drain_tail()
         return True
@@ -209,6 +214,8 @@ class StreamRelay:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
+                if self._complete:
+                    return
                 self._disconnected = True
                 self._upstream.close()
                 return
