@@ -108,6 +108,7 @@ def extract_features(
         anchor_hash=anchor_hash(rendered, anchor_end, config),
         preamble_blocks=min(preamble_end // config.block_bytes, config.max_blocks),
         history_blocks=min(history_end // config.block_bytes, config.max_blocks),
+        anchor_blocks=min(anchor_end // config.block_bytes, config.max_blocks),
         has_tools=bool(tools),
         tool_choice=_tool_choice(body.get("tool_choice"), bool(tools)),
         structured_output=_structured_output(body),

@@ -5,7 +5,9 @@ trades a warm cache against a queue, refined by a bounded local prefix index.
    `group_min_blocks` long, the key is the chained hash of its last block,
    `block_hashes[preamble_blocks - 1]`: every request that shares that preamble (whatever its
    question, whichever turn) has the same key, so a long shared prefix concentrates on few backends
-   instead of being cached by all of them. Otherwise the key is the conversation anchor (tool schemas
+   instead of being cached by all of them. A short preamble with a long opening (a long document in
+   the first message, then a question) is a group too: the key is the hash of the opening's first
+   `group_min_blocks` blocks (`group_blocks`). Otherwise the key is the conversation anchor (tool schemas
    + system prompt + first user message; optionally mixed with `session_key`): conversations that
    share only a short system prompt spread. Either way every turn of a conversation has the same key.
    The router uses the same key for the pool choice, so a group is not duplicated across pools.
@@ -76,17 +78,29 @@ class PrefixAffinityConfig:
 DEFAULT_CONFIG = PrefixAffinityConfig()
 
 
+def group_blocks(features: RequestFeatures, config: PrefixAffinityConfig = DEFAULT_CONFIG) -> int:
+    """How many leading blocks name the request's group, 0 for none: the whole preamble when it is
+    at least `group_min_blocks` long; else, when the opening (preamble + first message: a long
+    document asked about, a long first prompt) is that long, its first `group_min_blocks` blocks."""
+    if features.preamble_blocks >= config.group_min_blocks:
+        return features.preamble_blocks
+    if features.anchor_blocks >= config.group_min_blocks:
+        return config.group_min_blocks
+    return 0
+
+
 def grouped(features: RequestFeatures, config: PrefixAffinityConfig = DEFAULT_CONFIG) -> bool:
-    """The request's preamble is long enough to be its routing key."""
-    return features.preamble_blocks >= config.group_min_blocks
+    """The request's long shared prefix is its routing key."""
+    return group_blocks(features, config) > 0
 
 
 def routing_key(features: RequestFeatures, config: PrefixAffinityConfig = DEFAULT_CONFIG) -> int:
     """The rendezvous key: the preamble's chained block hash when it is long (group mode), else the
     conversation anchor (mixed with `session_key` if configured). Identical for every turn of a
     conversation and on every replica."""
-    if grouped(features, config):
-        return features.block_hashes[features.preamble_blocks - 1]
+    g = group_blocks(features, config)
+    if g:
+        return features.block_hashes[g - 1]
     key = features.anchor_hash
     if config.session_in_key and features.session_key:
         key = mix64(key ^ str_hash64(features.session_key))
@@ -133,8 +147,9 @@ class PrefixAffinity(BackendPolicy):
         fits = [scores[i] + 1.0 <= bound and not load.saturated(ranked[i]) for i in range(n)]
 
         # Expected warm blocks per backend (see the module docstring, 3).
-        group = grouped(features, config)
-        preamble = features.preamble_blocks
+        g = group_blocks(features, config)
+        group = g > 0
+        preamble = g or features.preamble_blocks
         base = 0 if group else preamble
         warm = [0] * n
         indexed = self._index.max_entries > 0
@@ -187,7 +202,8 @@ class PrefixAffinity(BackendPolicy):
     def on_routed(self, pool: PoolView, features: RequestFeatures, choice: BackendChoice) -> None:
         # The preamble's last block (it identifies the whole preamble: which backends were sent this
         # group) and every block past it. Earlier preamble blocks add nothing and would cost time.
-        start = features.preamble_blocks - 1 if features.preamble_blocks else 0
+        shared = group_blocks(features, self._config) or features.preamble_blocks
+        start = shared - 1 if shared else 0
         self._index.insert(features.block_hashes[start:], choice.backend)
 
 

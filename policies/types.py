@@ -35,6 +35,8 @@ class RequestFeatures:
     system/developer messages), i.e. the part many conversations share. `history_blocks` counts the
     leading blocks that lie wholly before the last message: what an earlier turn of the same
     conversation has already sent (the preamble for a first turn; 0 for completions prompts).
+    `anchor_blocks` counts the leading blocks that lie wholly inside the opening (the part
+    `anchor_hash` identifies; the whole prompt for completions).
     """
 
     model: str
@@ -48,6 +50,7 @@ class RequestFeatures:
     session_key: str | None = None
     max_tokens: int | None = None
     history_blocks: int = 0
+    anchor_blocks: int = 0
 
     @property
     def needs_tool_parser(self) -> bool:

@@ -365,3 +365,31 @@ def test_config_validation() -> None:
         PrefixAffinityConfig(blocks_per_request=0.0)
     with pytest.raises(ValueError):
         PrefixAffinityConfig(tolerance=-0.5)
+
+
+def test_a_long_document_in_the_first_message_is_a_group_whatever_the_question() -> None:
+    """Document QA: no system prompt, the document and a question in one user message. The opening's
+    first `group_min_blocks` blocks (the document's head) name the group, so questions about one
+    document share a backend from any replica, while different documents spread."""
+    rng = random.Random(19)
+    p = pool("a", 8)
+    docs = [text(rng, 1500) for _ in range(16)]
+    a, b = PrefixAffinity(), PrefixAffinity()
+
+    def ask(doc: str) -> RequestFeatures:
+        return features([{"role": "user", "content": f"Document:\n{doc}\n\nQuestion: {text(rng, 20)}"}])
+
+    for doc in docs[:3]:
+        questions = [ask(doc) for _ in range(20)]
+        assert questions[0].preamble_blocks == 0 and questions[0].anchor_blocks >= a.config.group_min_blocks
+        assert len({a.key(f) for f in questions}) == 1
+        homes = {a.select(p, f, 0.0).backend for f in questions} | {
+            b.select(p, f, 0.0).backend for f in questions
+        }
+        assert len(homes) == 1
+    assert len({a.select(p, ask(doc), 0.0).backend for doc in docs}) >= 5, "documents spread over the pool"
+    # a short single prompt keeps its own anchor: two questions, two keys
+    short = "Summarise: " + text(rng, 100)
+    assert a.key(features([{"role": "user", "content": short + " one"}])) != a.key(
+        features([{"role": "user", "content": short + " two"}])
+    )
