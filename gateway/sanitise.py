@@ -125,7 +125,13 @@ class TextRules:
                     code="invalid_value",
                 ),
             )
-        return pattern.sub(_neutralise, text)
+        # Until none is left: neutralising one match can expose another where matches overlap
+        # ("{{{" → "{\u200b{{"). Each pass splits every match it finds, so this ends within a few passes
+        # and the result is a fixed point (sanitising twice changes nothing).
+        text = pattern.sub(_neutralise, text)
+        while pattern.search(text) is not None:
+            text = pattern.sub(_neutralise, text)
+        return text
 
 
 def _literal_re(literals: list[str]) -> re.Pattern[str]:

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import example, HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engines.errors import ApiError
@@ -260,6 +260,7 @@ def _ctx(body: dict[str, Any]) -> RequestContext:
     st.lists(st.tuples(st.sampled_from(["system", "user", "assistant"]), _text), min_size=1, max_size=5),
     st.sampled_from(["allow", "neutralise"]),
 )
+@example([("system", "{{{")], "neutralise")  # overlapping markers (found by this test)
 async def test_sanitiser_is_idempotent(messages: list[tuple[str, str]], markers: str) -> None:
     stage = SanitiseStage(SanitiseSettings(template_markers=markers))  # type: ignore[arg-type]
     body = {"model": "m", "messages": [{"role": r, "content": t} for r, t in messages]}
