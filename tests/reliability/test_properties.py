@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from hypothesis import example, HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from engines.errors import ApiError
