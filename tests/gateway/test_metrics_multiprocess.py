@@ -76,6 +76,14 @@ def test_two_workers_aggregate_and_forget_dead_workers(tmp_path: Path) -> None:
             writers = {p.name.rsplit("_", 1)[1] for p in mp.glob("counter_*.db")}
             assert len(writers) == 2, f"both workers served requests: {writers}"
 
+            # Gauges are sampled every sample_interval_s in each worker: let the other worker's last
+            # sample (taken while a request was still in flight) be replaced before asserting.
+            wait_until(
+                lambda: _v(_scrape(gw.base_url), "gateway_in_flight_requests", pool="vllm") == 0,
+                5,
+                0.05,
+                "in-flight 0 after the requests",
+            )
             for _ in range(8):
                 s = _scrape(gw.base_url)
                 assert _v(s, "gateway_requests_total", pool="vllm", model=MODEL, status="200") == 30
