@@ -22,7 +22,7 @@ import orjson
 
 from engines.base import Choice, Completion, Delta, Endpoint, StreamEvent, ToolCall, ToolCallDelta, Usage
 from engines.errors import ApiError, server_error
-from engines.upstream_errors import GENERIC_UPSTREAM, decode_error_event
+from engines.upstream_errors import GENERIC_UPSTREAM, decode_error_body, decode_error_event
 
 _loads = orjson.loads
 _FINISH = {
@@ -279,3 +279,18 @@ class ChunkDecoder:
                 seen.add(key)
                 out.append(ToolCallDelta(ti, _str(t.get("id")), _str(fn.get("name")) or "", args))
         return out or None
+
+
+class OpenAIShapedAnswers:
+    """The answer side both dialects share: each engine answers in OpenAI-like JSON whose differences
+    `decode_body`, `ChunkDecoder` and `decode_error_body` absorb. A dialect inherits these three
+    methods and writes only its request side and its metrics."""
+
+    def decode_response(self, endpoint: Endpoint, body: bytes) -> Completion:
+        return decode_body(endpoint, body)
+
+    def stream_decoder(self, endpoint: Endpoint) -> ChunkDecoder:
+        return ChunkDecoder(endpoint)
+
+    def decode_error(self, status: int, body: bytes, endpoint: Endpoint = "chat") -> ApiError:
+        return decode_error_body(status, body, endpoint)

@@ -21,9 +21,8 @@ from typing import Any
 import orjson
 
 from engines import prometheus
-from engines.base import Completion, Endpoint, EngineLoad, StreamDecoder
-from engines.decoding import ChunkDecoder, decode_body
-from engines.errors import ApiError
+from engines.base import Endpoint, EngineLoad
+from engines.decoding import OpenAIShapedAnswers
 from engines.request import (
     Constraint,
     base_request,
@@ -36,7 +35,6 @@ from engines.request import (
     rename,
     unsupported,
 )
-from engines.upstream_errors import decode_error_body
 
 _ENGINE = "SGLang"
 _RUNNING = "sglang:num_running_reqs"
@@ -77,7 +75,7 @@ def _write_constraint(endpoint: Endpoint, out: dict[str, Any], c: Constraint) ->
         out["response_format"] = {"type": "json_object"}
 
 
-class SGLangDialect:
+class SGLangDialect(OpenAIShapedAnswers):
     """Stateless; one shared instance (`DIALECT`)."""
 
     name = "sglang"
@@ -104,15 +102,6 @@ class SGLangDialect:
         for f in ("prompt_logprobs", "truncate_prompt_tokens", "chat_template", "thinking_token_budget"):
             refuse(out, f, _ENGINE)
         return dumps(out)
-
-    def decode_response(self, endpoint: Endpoint, body: bytes) -> Completion:
-        return decode_body(endpoint, body)
-
-    def stream_decoder(self, endpoint: Endpoint) -> StreamDecoder:
-        return ChunkDecoder(endpoint)
-
-    def decode_error(self, status: int, body: bytes, endpoint: Endpoint = "chat") -> ApiError:
-        return decode_error_body(status, body, endpoint)
 
     def parse_metrics(self, text: str) -> EngineLoad:
         s = prometheus.samples(text, _METRICS)

@@ -17,9 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from engines import prometheus
-from engines.base import Completion, Endpoint, EngineLoad, StreamDecoder
-from engines.decoding import ChunkDecoder, decode_body
-from engines.errors import ApiError
+from engines.base import Endpoint, EngineLoad
+from engines.decoding import OpenAIShapedAnswers
 from engines.request import (
     base_request,
     check_constraint_conflicts,
@@ -29,7 +28,6 @@ from engines.request import (
     refuse,
     rename,
 )
-from engines.upstream_errors import decode_error_body
 
 _ENGINE = "vLLM"
 _RUNNING = "vllm:num_requests_running"
@@ -41,7 +39,7 @@ _HITS = "vllm:prefix_cache_hits_total"
 _METRICS = (_RUNNING, _WAITING, _KV, _KV_OLD, _QUERIES, _HITS)
 
 
-class VLLMDialect:
+class VLLMDialect(OpenAIShapedAnswers):
     """Stateless; one shared instance (`DIALECT`)."""
 
     name = "vllm"
@@ -64,15 +62,6 @@ class VLLMDialect:
         refuse(out, "lora_path", _ENGINE, "Adapters are selected by model name.")
         refuse(out, "custom_params", _ENGINE)
         return dumps(out)
-
-    def decode_response(self, endpoint: Endpoint, body: bytes) -> Completion:
-        return decode_body(endpoint, body)
-
-    def stream_decoder(self, endpoint: Endpoint) -> StreamDecoder:
-        return ChunkDecoder(endpoint)
-
-    def decode_error(self, status: int, body: bytes, endpoint: Endpoint = "chat") -> ApiError:
-        return decode_error_body(status, body, endpoint)
 
     def parse_metrics(self, text: str) -> EngineLoad:
         s = prometheus.samples(text, _METRICS)
