@@ -95,7 +95,7 @@ class Gateway:
             self.admission.sanitise_stage(features),
             *self.admission.admit_stages(),
             route,
-            ProxyStage(self.fleet, transport, s.upstream, route.reroute, self._on_upstream_error),
+            ProxyStage(transport, s.upstream, route.reroute, self._on_upstream_error),
         ]
         return Pipeline(stages)
 

@@ -13,10 +13,11 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from engines.base import StreamDecoder
 from engines.errors import ApiError, overloaded, upstream_timeout
 from engines.openai import StreamEncoder, encode_completion, new_completion_id
 from gateway.context import RequestContext
-from gateway.fleet import Backend, Fleet
+from gateway.fleet import Backend
 from gateway.relay import SSESplitter, StreamRelay
 from gateway.responses import BytesResponse, Response, error_response
 from gateway.retry import RetryBudget
@@ -46,13 +47,11 @@ class ProxyStage:
 
     def __init__(
         self,
-        fleet: Fleet,
         transport: Transport,
         settings: UpstreamSettings,
         reroute: Reroute,
         on_upstream_error: Callable[[RequestContext, Backend, str], None],
     ) -> None:
-        self._fleet = fleet
         self._transport = transport
         self._timeouts = settings.timeouts
         self._max_attempts = settings.retries.max_attempts
@@ -126,7 +125,7 @@ class ProxyStage:
         assert ctx.pool is not None and ctx.model is not None
         try:
             async with asyncio.timeout(self._timeouts.total_s):
-                resp = await self._send(url, body)
+                resp = await self._transport.request("POST", url, body)
                 try:
                     data = await resp.read()
                 finally:
@@ -180,7 +179,7 @@ class ProxyStage:
         resp: UpstreamResponse | None = None
         try:
             async with asyncio.timeout(self._timeouts.first_byte_s):
-                resp = await self._send(url, body)
+                resp = await self._transport.request("POST", url, body)
                 if resp.status != 200:
                     data = await resp.read()
                     resp.close()
@@ -222,11 +221,11 @@ class ProxyStage:
         self,
         chunks: AsyncIterator[bytes],
         splitter: SSESplitter,
-        decoder: object,
+        decoder: StreamDecoder,
         encoder: StreamEncoder,
     ) -> bytes:
         """Read until the engine's first event has produced output bytes (raises ApiError on an error event)."""
-        feed = decoder.feed  # type: ignore[attr-defined]
+        feed = decoder.feed
         async for chunk in chunks:
             out = b""
             for payload in splitter.feed(chunk):
@@ -255,9 +254,6 @@ class ProxyStage:
         ctx.error_kind = f"engine_{status}"
         await self._end(ctx, False)
         return error_response(err, ctx.response_headers)
-
-    async def _send(self, url: str, body: bytes) -> UpstreamResponse:
-        return await self._transport.request("POST", url, body)
 
     async def _end(self, ctx: RequestContext, ok: bool) -> None:
         backend = ctx.backend
