@@ -81,7 +81,7 @@ class UpstreamSettings(_Model):
     health: HealthSettings = HealthSettings()
     #: the HTTP client for the engines (`TRANSPORTS` in gateway/app.py)
     client: Literal["h1", "aiohttp"] = "h1"
-    #: pooled keep-alive connections per backend
+    #: h1: idle keep-alive connections kept per backend; aiohttp: concurrent connections per backend
     max_connections_per_backend: int = Field(1024, ge=1)
     keepalive_s: float = Field(30.0, gt=0)
 
