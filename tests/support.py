@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,7 +18,7 @@ from typing import Any
 import httpx
 import yaml
 
-from engines.sim.launcher import free_port
+from engines.sim.launcher import free_port, port_open
 
 __all__ = ["GatewayProcess", "RedisServer", "free_port", "wait_until"]
 
@@ -33,12 +32,6 @@ def wait_until(
             return
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
@@ -84,7 +77,7 @@ class GatewayProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"gateway exited with {self.proc.returncode}:\n{self.log()}")
-            if _port_open(self.port):
+            if port_open("127.0.0.1", self.port):
                 if not self._wait_ready:
                     return self
                 try:
@@ -136,7 +129,7 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        wait_until(lambda: _port_open(self.port), 10, what="redis-server")
+        wait_until(lambda: port_open("127.0.0.1", self.port), 10, what="redis-server")
         return self
 
     def stop(self) -> None:
