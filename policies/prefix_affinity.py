@@ -19,9 +19,10 @@ trades a warm cache against a queue, refined by a bounded local prefix index.
    request past the preamble (an earlier turn, the same document, a spill) its depths are used,
    otherwise the home is assumed to hold the history (`history_blocks`) - the same assumption on every
    replica. Group mode: all blocks count; the index (which records the preamble's last block and
-   every block after it) is used when it knows anything of the request, otherwise each of the
-   group's first `group_choices` backends is assumed to hold it (another replica may have placed the
-   group on either), so a new group goes to the less loaded of them.
+   every block after it) is used when it knows anything of the request, otherwise the group is new
+   here and is assumed to be placed on the one of its first `group_choices` backends with the
+   smallest working set (`policies.working_sets`: blocks this replica recently sent there), so new
+   groups spread evenly over the caches instead of as unevenly as hashing throws them.
 4. Choice. `cost = in_flight - warm blocks / blocks_per_request` (a cached block saves prefill; a
    queued request costs a service time; `in_flight` is this replica's own fresh count - the engine's
    scraped figures are global but up to a scrape old, and at low load they still count requests
@@ -35,7 +36,7 @@ trades a warm cache against a queue, refined by a bounded local prefix index.
    If nothing fits, the least loaded backend wins.
 
 Reasons: `affinity:hit` (home; the index knows a prefix of this request there, or the index is
-disabled), `affinity:miss` (home; nothing known there yet), `affinity:index` (a non-home backend the
+disabled), `affinity:miss` (home, or a new group's placement; nothing known there yet), `affinity:index` (a non-home backend the
 index knows to be warmer than the home), `affinity:spill` (home skipped for load).
 """
 
@@ -46,29 +47,37 @@ from dataclasses import dataclass
 from typing import Literal
 
 from policies.hashing import NameHashes, mix64, str_hash64
-from policies.load import DEFAULT_LOAD_MODEL, LoadModel
+from policies.load import LoadModel
 from policies.policy import BackendPolicy
 from policies.prefix_index import PrefixIndex
 from policies.types import BackendChoice, BackendView, PoolView, RequestFeatures
+from policies.working_sets import WorkingSets
+
+# KV use is left out of the load score: in an engine it is the running requests' prompts, which
+# `in_flight` already counts, so a backend serving one long cached prompt looked 1.6 requests busier
+# and its own prefix group spilled off it (measured: long-document and shared-prefix hit rates).
+AFFINITY_LOAD_MODEL = LoadModel(kv_weight=0.0)
 
 
 @dataclass(frozen=True, slots=True)
 class PrefixAffinityConfig:
     kind: Literal["prefix_affinity"] = "prefix_affinity"
     group_min_blocks: int = 32
-    group_choices: int = 2
+    group_choices: int = 3
     blocks_per_request: float = 8.0
     tolerance: float = 0.5
     load_factor: float = 0.25
-    load_slack: float = 1.0
-    load: LoadModel = DEFAULT_LOAD_MODEL
+    load_slack: float = 3.0
+    pool_load_factor: float = 0.5
+    load: LoadModel = AFFINITY_LOAD_MODEL
     index_entries: int = 65536
     index_max_holders: int = 4
+    working_set_entries: int = 16384
     session_in_key: bool = False
 
     def __post_init__(self) -> None:
-        if self.load_factor < 0 or self.load_slack < 0 or self.tolerance < 0:
-            raise ValueError("load_factor, load_slack and tolerance must be >= 0")
+        if min(self.load_factor, self.load_slack, self.tolerance, self.pool_load_factor) < 0:
+            raise ValueError("load_factor, load_slack, pool_load_factor and tolerance must be >= 0")
         if self.group_min_blocks < 1 or self.group_choices < 1:
             raise ValueError("group_min_blocks and group_choices must be >= 1")
         if not self.blocks_per_request > 0:
@@ -114,6 +123,7 @@ class PrefixAffinity(BackendPolicy):
         self._value = 1.0 / config.blocks_per_request
         self._index = PrefixIndex(config.index_entries, config.index_max_holders)
         self._names = NameHashes()
+        self._sets = WorkingSets(config.working_set_entries)
 
     @property
     def config(self) -> PrefixAffinityConfig:
@@ -166,13 +176,17 @@ class PrefixAffinity(BackendPolicy):
                         warm[i] = d - base
                 deep = max(depths.values()) > preamble
         known_home = warm[0] > 0
+        placed = -1  # a new group's placement among its first choices
         if group:
             if not known:
                 # Nothing of this group known here: assume other replicas may have warmed any of its
                 # first `group_choices` backends; the load picks among them (power of d choices).
                 prior = max(features.history_blocks, preamble)
-                for i in range(min(config.group_choices, n)):
-                    warm[i] = prior
+                sets = self._sets
+                first = min(config.group_choices, n)
+                lightest = min(range(first), key=lambda i: (sets.size(ranked[i].name), i))
+                warm[lightest] = prior
+                placed = lightest
         elif not deep and features.history_blocks - base > warm[0]:
             warm[0] = features.history_blocks - base
 
@@ -187,10 +201,19 @@ class PrefixAffinity(BackendPolicy):
             # stale but global, bound the choice through `fits`)
             costs = [ranked[i].in_flight - value * warm[i] for i in range(n)]
             limit = min(costs[i] for i in candidates) + config.tolerance
+            # HRW order: the warmest within the tolerance; on ties the earliest, or for a group the
+            # one with the smallest working set (a cold copy evicts the least there)
+            sizes = [self._sets.size(b.name) for b in ranked] if group else [0] * n
             chosen = -1
-            for i in candidates:  # HRW order: the warmest within the tolerance, the earliest on ties
-                if costs[i] <= limit and (chosen < 0 or warm[i] > warm[chosen]):
+            for i in candidates:
+                if costs[i] <= limit and (
+                    chosen < 0
+                    or warm[i] > warm[chosen]
+                    or (warm[i] == warm[chosen] and sizes[i] < sizes[chosen])
+                ):
                     chosen = i
+        if chosen == placed and chosen > 0:
+            return BackendChoice(ranked[chosen].name, "affinity:miss", "miss")
         if chosen == 0:
             if known_home or not indexed:
                 return BackendChoice(ranked[0].name, "affinity:hit", "hit")
@@ -205,6 +228,7 @@ class PrefixAffinity(BackendPolicy):
         shared = group_blocks(features, self._config) or features.preamble_blocks
         start = shared - 1 if shared else 0
         self._index.insert(features.block_hashes[start:], choice.backend)
+        self._sets.note(self.key(features), choice.backend, len(features.block_hashes))
 
 
 def _first_two(entry: tuple[int, str, BackendView]) -> tuple[int, str]:

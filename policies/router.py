@@ -55,8 +55,9 @@ class Router:
             policy_config if isinstance(policy_config, PrefixAffinityConfig) else DEFAULT_AFFINITY_CONFIG
         )
         # ... with bounded load across pools, so a pool that drew more groups than its share does not
-        # queue while the other idles (the same load model and bound as the backend policy).
-        self._balance = PoolBalance(self._key_config.load_factor, self._key_config.load_slack)
+        # queue while the other idles. The bound is looser than the backend policy's
+        # (`pool_load_factor`): a pool spill copies a whole prefix group into the other pool.
+        self._balance = PoolBalance(self._key_config.pool_load_factor, self._key_config.load_slack)
 
     def decide(
         self,

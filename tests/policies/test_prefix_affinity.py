@@ -393,3 +393,19 @@ def test_a_long_document_in_the_first_message_is_a_group_whatever_the_question()
     assert a.key(features([{"role": "user", "content": short + " one"}])) != a.key(
         features([{"role": "user", "content": short + " two"}])
     )
+
+
+def test_new_groups_go_to_the_lightest_working_set_among_their_first_choices() -> None:
+    # 48 distinct long preambles, no load: pure rendezvous would give some backend twice the fair
+    # share of groups (and of cache); the lightest of three choices keeps every backend near it
+    rng = random.Random(22)
+    p = pool("a", 8)
+    policy = PrefixAffinity()
+    homes = Counter(
+        _route(policy, p, features(conversation(rng, system=text(rng, 1200)))).backend for _ in range(48)
+    )
+    hrw = Counter(
+        policy.rank(p, features(conversation(rng, system=text(rng, 1200))))[0].name for _ in range(48)
+    )
+    assert max(homes.values()) <= 7 and len(homes) == 8
+    assert max(hrw.values()) >= 9  # what the three choices avoided

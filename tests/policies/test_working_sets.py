@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import pytest
+
+from policies.working_sets import WorkingSets
+
+
+def test_sums_the_deepest_prompt_per_key_and_backend() -> None:
+    sets = WorkingSets()
+    sets.note(1, "a", 10)
+    sets.note(1, "a", 4)  # a shorter prompt of the same key adds nothing
+    sets.note(1, "a", 12)  # a deeper one adds the difference
+    sets.note(2, "a", 5)
+    sets.note(1, "b", 3)  # a copy of key 1 elsewhere counts there
+    assert (sets.size("a"), sets.size("b"), sets.size("c")) == (17, 3, 0)
+    assert len(sets) == 3
+
+
+def test_forgets_the_least_recently_used_pairs_when_full() -> None:
+    sets = WorkingSets(max_entries=2)
+    sets.note(1, "a", 10)
+    sets.note(2, "b", 5)
+    sets.note(1, "a", 10)  # refreshes (1, a)
+    sets.note(3, "a", 7)  # evicts (2, b)
+    assert (sets.size("a"), sets.size("b"), len(sets)) == (17, 0, 2)
+
+
+def test_disabled_and_validation() -> None:
+    sets = WorkingSets(max_entries=0)
+    sets.note(1, "a", 10)
+    assert sets.size("a") == 0
+    with pytest.raises(ValueError):
+        WorkingSets(max_entries=-1)
