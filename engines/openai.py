@@ -17,7 +17,7 @@ per stream, and a plain text delta costs one `orjson.dumps` of the text plus a c
 
 from __future__ import annotations
 
-import os
+from random import getrandbits
 from typing import Any
 
 import orjson
@@ -37,15 +37,18 @@ _dumps = orjson.dumps
 _DONE = b"data: [DONE]\n\n"
 
 
+# Ids must be unique, not secret: the process's Mersenne Twister (seeded from os.urandom, reseeded in
+# a forked child) costs no system call per id.
+
+
 def new_completion_id(endpoint: Endpoint) -> str:
     """`chatcmpl-` + 29 hex characters for chat, `cmpl-` + 29 for completions."""
-    suffix = os.urandom(15).hex()[:29]
-    return ("chatcmpl-" if endpoint == "chat" else "cmpl-") + suffix
+    return ("chatcmpl-%029x" if endpoint == "chat" else "cmpl-%029x") % getrandbits(116)
 
 
 def new_tool_call_id() -> str:
     """`call_` + 24 hex characters (OpenAI: `call_` + 24 alphanumerics)."""
-    return "call_" + os.urandom(12).hex()
+    return f"call_{getrandbits(96):024x}"
 
 
 def encode_usage(u: Usage) -> dict[str, Any]:

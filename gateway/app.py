@@ -36,7 +36,7 @@ from gateway.pipeline import Pipeline, Stage, run_finalizers
 from gateway.proxy import ProxyStage
 from gateway.redis_client import connect_redis, describe
 from gateway.request_id import request_id_from
-from gateway.responses import BytesResponse, Message, Receive, Send, error_response
+from gateway.responses import DISCONNECT, BytesResponse, Message, Receive, Send, error_response
 from gateway.router_factory import build_router
 from gateway.routing import RouteStage
 from gateway.settings import Settings
@@ -175,8 +175,14 @@ class Gateway:
         loop = asyncio.get_running_loop()
         headers = dict(scope["headers"])
         rid = request_id_from(headers)
+        extensions = scope.get("extensions")
         ctx = RequestContext(
-            request_id=rid, endpoint=endpoint, started=loop.time(), headers=headers, receive=receive
+            request_id=rid,
+            endpoint=endpoint,
+            started=loop.time(),
+            headers=headers,
+            receive=receive,
+            on_disconnect=extensions.get(DISCONNECT) if extensions else None,
         )
         ctx.response_headers.append((b"x-request-id", rid.encode()))
         pipeline = self.pipeline

@@ -45,6 +45,9 @@ class RequestContext:
     started: float  # loop.time() when the request arrived
     headers: dict[bytes, bytes]  # request headers, lower-cased names (last value wins)
     receive: Callable[[], Awaitable[Any]]  # the ASGI receive channel (the body is read by a stage)
+    #: the server's disconnect-callback setter, when it has one (gateway/http_cycle.py); else the
+    #: stages that must notice a client leaving park a task on `receive`
+    on_disconnect: Callable[[Callable[[], None] | None], None] | None = None
     raw_body: bytes = b""
     body: dict[str, Any] = field(default_factory=dict)  # the parsed, validated OpenAI request
     principal: Principal = ANONYMOUS

@@ -269,28 +269,40 @@ class ProxyStage:
 
 
 class _DisconnectWatch:
-    """Cancels `task` once, when the client disconnects, while `stop()` has not been called."""
+    """Cancels `task` once, when the client disconnects, while `stop()` has not been called: through
+    the server's disconnect callback when it has one, else a task parked on `receive()`."""
 
-    __slots__ = ("_active", "_task", "_watcher", "fired")
+    __slots__ = ("_active", "_ctx", "_task", "_watcher", "fired")
 
     def __init__(self, ctx: RequestContext, task: asyncio.Task[object]) -> None:
         self._task = task
+        self._ctx = ctx
         self._active = True
         self.fired = False
-        self._watcher = asyncio.get_running_loop().create_task(self._watch(ctx))
+        self._watcher: asyncio.Task[None] | None = None
+        if ctx.on_disconnect is not None:
+            ctx.on_disconnect(self._fire)
+        else:
+            self._watcher = asyncio.get_running_loop().create_task(self._watch(ctx))
 
     async def _watch(self, ctx: RequestContext) -> None:
         while True:
             message = await ctx.receive()
             if message["type"] == "http.disconnect":
                 break
+        self._fire()
+
+    def _fire(self) -> None:
         if self._active:
             self.fired = True
             self._task.cancel()
 
     def stop(self) -> None:
         self._active = False
-        self._watcher.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()
+        elif self._ctx.on_disconnect is not None:
+            self._ctx.on_disconnect(None)
 
 
 def _client_gone() -> ApiError:

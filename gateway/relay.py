@@ -21,7 +21,7 @@ from engines.base import StreamDecoder
 from engines.errors import ApiError
 from engines.openai import StreamEncoder
 from gateway.context import RequestContext
-from gateway.responses import SSE, Headers, Receive, Send
+from gateway.responses import COALESCE, SSE, Headers, Receive, Send
 from gateway.upstream import UpstreamError, UpstreamResponse
 
 _DONE = b"[DONE]"
@@ -125,12 +125,19 @@ class StreamRelay:
         # upstream response, which wakes the pending read with an error at once and drops the
         # engine's connection (so it stops generating). The flags tell the relay why.
         loop = asyncio.get_running_loop()
-        watcher = loop.create_task(self._watch_disconnect(receive))
+        on_disconnect = self.ctx.on_disconnect
+        watcher: asyncio.Task[None] | None = None
+        if on_disconnect is not None:
+            on_disconnect(self._client_left)
+        else:
+            watcher = loop.create_task(self._watch_disconnect(receive))
         self._last = loop.time()
         self._timer = loop.call_at(self._last + self._idle_s, self._check_idle, loop)
         ok = False
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": self.headers})
+            await send(
+                {"type": "http.response.start", "status": 200, "headers": self.headers, COALESCE: True}
+            )
             await send({"type": "http.response.body", "body": self._first, "more_body": True})
             ok = await self._relay(send, loop)
         except OSError:  # the client's socket is gone
@@ -139,7 +146,10 @@ class StreamRelay:
             if self._disconnected:
                 self.ctx.error_kind = "client_disconnect"
             self._timer.cancel()
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            elif on_disconnect is not None:
+                on_disconnect(None)
             self._upstream.close()
             await self._on_end(self.ctx, ok)
 
@@ -214,8 +224,11 @@ class StreamRelay:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                if self._complete:
-                    return
-                self._disconnected = True
-                self._upstream.close()
+                self._client_left()
                 return
+
+    def _client_left(self) -> None:
+        if self._complete:
+            return
+        self._disconnected = True
+        self._upstream.close()

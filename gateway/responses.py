@@ -16,6 +16,13 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 Headers = list[tuple[bytes, bytes]]
 
+#: marks a response start whose body follows at once: uvicorn's cycle then writes both together
+#: (gateway/http_cycle.py; other ASGI servers ignore the key)
+COALESCE = "gateway.coalesce"
+#: scope["extensions"] key of a function that sets the callback for a client that leaves before the
+#: response completed (gateway/http_cycle.py); absent under other servers
+DISCONNECT = "gateway.disconnect"
+
 JSON = b"application/json"
 SSE = b"text/event-stream"
 
@@ -42,7 +49,9 @@ class BytesResponse:
 
     async def __call__(self, send: Send, receive: Receive) -> None:
         self.headers.append((b"content-length", str(len(self.body)).encode()))
-        await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
+        await send(
+            {"type": "http.response.start", "status": self.status, "headers": self.headers, COALESCE: True}
+        )
         await send({"type": "http.response.body", "body": self.body})
 
 

@@ -1,0 +1,121 @@
+"""Our request/response cycle for uvicorn's httptools protocol: one write per response head, and a
+disconnect callback instead of a task per request.
+
+**One socket write for a head and the body after it.** uvicorn's `RequestResponseCycle.send` writes
+the status line and headers as soon as the app sends `http.response.start`, then the body in a second
+write. On loopback every `send(2)` also runs the receiver's TCP processing and wakes it, so for a
+small JSON answer the second write is a measurable part of the gateway's cost per request
+(bench/ANALYSIS.md), and a stream's head and first event go out as two segments. An app that knows
+its body follows at once marks the start message with `COALESCE` (gateway/responses.py:
+`"gateway.coalesce": True`, a key other ASGI servers ignore); the cycle then keeps the head it built
+and writes it in front of the next body write. Everything else — header checks, content-length and
+chunked framing, keep-alive, the 100-continue dance — stays uvicorn's own code: the cycle only swaps
+the object its `send` writes to, for the length of one call.
+
+**Disconnect callback.** Noticing that a client went away through ASGI means a task parked on
+`receive()` for every request in flight. The cycle offers `scope["extensions"][DISCONNECT]`: a
+function that sets (or, with None, clears) one callback, called when the connection is lost before
+the response completed — synchronously from the protocol's `connection_lost`, or at once if that
+already happened. The gateway falls back to a `receive()` task under servers without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+from gateway.responses import COALESCE
+
+Callback = Callable[[], None]
+
+
+class _HoldHead:
+    """Stands in for the transport while uvicorn writes the head: keeps the bytes."""
+
+    __slots__ = ("head",)
+
+    def __init__(self) -> None:
+        self.head = b""
+
+    def write(self, data: bytes) -> None:
+        self.head += data
+
+
+class _PrependHead:
+    """Stands in for the transport during the next body send: the first write carries the head."""
+
+    __slots__ = ("head", "real")
+
+    def __init__(self, real: Any, head: bytes) -> None:
+        self.real = real
+        self.head = head
+
+    def write(self, data: bytes) -> None:
+        head, self.head = self.head, b""
+        self.real.write(head + data if head else data)
+
+    def close(self) -> None:
+        self.flush()
+        self.real.close()
+
+    def is_closing(self) -> bool:
+        return bool(self.real.is_closing())
+
+    def flush(self) -> None:
+        if self.head:
+            head, self.head = self.head, b""
+            self.real.write(head)
+
+
+class GatewayCycle(RequestResponseCycle):
+    """uvicorn's cycle, holding a `COALESCE`-marked head until the body's first write, with a
+    disconnect callback. Installed by `GuardedHttpToolsProtocol` (gateway/http_guard.py)."""
+
+    _held = b""
+    _on_disconnect: Callback | None = None
+
+    # -- disconnect -------------------------------------------------------------------------------
+    def on_disconnect(self, callback: Callback | None) -> None:
+        """Set (None: clear) the callback for a client that leaves before the response completed."""
+        if callback is not None and self.disconnected:
+            callback()
+            return
+        self._on_disconnect = callback
+
+    def connection_lost(self) -> None:
+        """Called by the protocol after uvicorn's own `connection_lost` handling."""
+        callback = self._on_disconnect
+        if callback is not None and self.disconnected:
+            self._on_disconnect = None
+            callback()
+
+    # -- sending ----------------------------------------------------------------------------------
+    async def send(self, message: Any) -> None:
+        if self._held:
+            await self._send_after_head(message)
+        elif message["type"] == "http.response.start" and message.get(COALESCE) and not self.response_started:
+            real = self.transport
+            hold = _HoldHead()
+            self.transport = hold  # type: ignore[assignment]
+            try:
+                await super().send(message)
+            finally:
+                self.transport = real
+            if hold.head and not self.disconnected:
+                self._held = hold.head
+        else:
+            await super().send(message)
+
+    async def _send_after_head(self, message: Any) -> None:
+        real = self.transport
+        prepend = _PrependHead(real, self._held)
+        self._held = b""
+        self.transport = prepend  # type: ignore[assignment]
+        try:
+            await super().send(message)
+        finally:
+            self.transport = real
+            if not self.disconnected and not real.is_closing():
+                prepend.flush()  # the message wrote nothing (e.g. an empty body with more to come)
