@@ -172,14 +172,13 @@ class Gateway:
             await self._lifespan(receive, send)
 
     async def _proxy(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint) -> None:
-        loop = asyncio.get_running_loop()
         headers = dict(scope["headers"])
         rid = request_id_from(headers)
         extensions = scope.get("extensions")
         ctx = RequestContext(
             request_id=rid,
             endpoint=endpoint,
-            started=loop.time(),
+            started=time.perf_counter(),
             headers=headers,
             receive=receive,
             on_disconnect=extensions.get(DISCONNECT) if extensions else None,
@@ -195,7 +194,7 @@ class Gateway:
             ctx.error_kind = ctx.error_kind or "client_disconnect"
         finally:
             await run_finalizers(ctx)
-            now = loop.time()
+            now = time.perf_counter()
             self.metrics.observe_request(ctx, now)
             self.access_log.write(ctx, now)
 

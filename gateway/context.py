@@ -42,7 +42,9 @@ ANONYMOUS = Principal(user="anonymous")
 class RequestContext:
     request_id: str
     endpoint: Endpoint
-    started: float  # loop.time() when the request arrived
+    #: time.perf_counter() when the request arrived (not loop.time(): uvloop's clock ticks in whole
+    #: milliseconds, too coarse for the latencies the metrics and access log report)
+    started: float
     headers: dict[bytes, bytes]  # request headers, lower-cased names (last value wins)
     receive: Callable[[], Awaitable[Any]]  # the ASGI receive channel (the body is read by a stage)
     #: the server's disconnect-callback setter, when it has one (gateway/http_cycle.py); else the

@@ -203,7 +203,7 @@ class ProxyStage:
             await self._end(ctx, False)
             return error_response(err, ctx.response_headers)
         # The backend's verdict comes when the stream ends (`_end`): a stream cut midway is a failure.
-        ctx.first_token_at = asyncio.get_running_loop().time()
+        ctx.first_token_at = time.perf_counter()
         return StreamRelay(
             ctx,
             upstream=resp,

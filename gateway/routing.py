@@ -36,6 +36,7 @@ class RouteStage:
         self.features = features
         self._random = random.Random()
         self._on_decision = on_decision
+        self._header_values: dict[str, bytes] = {}
 
     async def __call__(self, ctx: RequestContext) -> Response | None:
         # the sanitise stage computed them already (same config, same session key): reuse
@@ -69,19 +70,28 @@ class RouteStage:
         decision = self.decide(snapshot, ctx, ctx.pool.name, exclude)
         # The pin only keeps the retry in its pool; label it as the retry it is.
         reason = "retry+" + decision.reason.partition("+")[2]
-        self._apply(ctx, Decision(decision.pool, decision.backend, reason, decision.affinity))
+        self._apply(ctx, Decision(decision.pool, decision.backend, reason, decision.affinity), retry=True)
 
-    def _apply(self, ctx: RequestContext, decision: Decision) -> None:
+    def _header_value(self, text: str) -> bytes:
+        """`safe_header_value`, remembered: pool names and reasons come from a small set."""
+        value = self._header_values.get(text)
+        if value is None:
+            if len(self._header_values) >= 4096:
+                self._header_values.clear()
+            value = self._header_values[text] = safe_header_value(text)
+        return value
+
+    def _apply(self, ctx: RequestContext, decision: Decision, retry: bool = False) -> None:
         pool = self._fleet.pools[decision.pool]
         ctx.pool = pool
         ctx.backend = pool.backends[decision.backend]
         ctx.route_reason = decision.reason
         ctx.affinity = decision.affinity
         headers = ctx.response_headers
-        # A retry replaces the headers of the first decision.
-        headers[:] = [h for h in headers if h[0] not in (b"x-gateway-pool", b"x-gateway-route")]
-        headers.append((b"x-gateway-pool", safe_header_value(pool.name)))
-        headers.append((b"x-gateway-route", safe_header_value(decision.reason)))
+        if retry:  # a retry replaces the headers of the first decision
+            headers[:] = [h for h in headers if h[0] not in (b"x-gateway-pool", b"x-gateway-route")]
+        headers.append((b"x-gateway-pool", self._header_value(pool.name)))
+        headers.append((b"x-gateway-route", self._header_value(decision.reason)))
         if self._on_decision is not None:
             self._on_decision(decision)
 

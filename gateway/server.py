@@ -2,10 +2,17 @@
 
 Shutdown is uvicorn's: stop accepting, let in-flight requests (streams included) finish for up to
 `server.graceful_shutdown_s`, then cancel them; the ASGI lifespan then closes upstream connections.
+
+Each serving process tunes the garbage collector once its modules are loaded (`tune_gc`): the
+objects alive then (modules, classes, settings) are frozen out of every collection, and the youngest
+generation is collected every 20,000 allocations instead of 700. A request allocates a few hundred
+short-lived objects, nearly all freed by reference counting; callgrind counted ~3 % fewer
+instructions per proxied request with this (bench/ANALYSIS.md).
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from typing import Any
@@ -25,12 +32,21 @@ def configure_logging(level: str) -> None:
     )
 
 
+def tune_gc() -> None:
+    """Freeze what is alive now out of the collector's scans; collect the young generation less often."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
+
+
 def create_app() -> Gateway:
     """uvicorn factory for worker processes: settings from the file named by GATEWAY_CONFIG."""
     settings = load_settings(os.environ["GATEWAY_CONFIG"])
     configure_logging(settings.server.log_level)
     configure_guard(settings.server)
-    return Gateway(settings)
+    app = Gateway(settings)
+    tune_gc()
+    return app
 
 
 def uvicorn_kwargs(settings: Settings) -> dict[str, Any]:
@@ -75,4 +91,6 @@ def serve(settings: Settings, config_path: str | None = None) -> None:
                 **uvicorn_kwargs(settings),
             )
     else:
-        uvicorn.Server(uvicorn_config(Gateway(settings), settings)).run()
+        server = uvicorn.Server(uvicorn_config(Gateway(settings), settings))
+        tune_gc()
+        server.run()
