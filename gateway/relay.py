@@ -138,8 +138,11 @@ class StreamRelay:
             await send(
                 {"type": "http.response.start", "status": 200, "headers": self.headers, COALESCE: True}
             )
-            await send({"type": "http.response.body", "body": self._first, "more_body": True})
-            ok = await self._relay(send, loop)
+            if self._splitter.done:  # the whole answer came with the first read: one write
+                ok = await self._finish(send, self._first)
+            else:
+                await send({"type": "http.response.body", "body": self._first, "more_body": True})
+                ok = await self._relay(send, loop)
         except OSError:  # the client's socket is gone
             self._disconnected = True
         finally:
@@ -155,6 +158,7 @@ class StreamRelay:
 
     async def _relay(self, send: Send, loop: asyncio.AbstractEventLoop) -> bool:
         splitter, decoder, encoder = self._splitter, self._decoder, self._encoder
+        last = b""  # the events that came with `[DONE]` go out with the end of the stream
         try:
             async for chunk in self._chunks:
                 self._last = loop.time()
@@ -167,10 +171,11 @@ class StreamRelay:
                             await self._end_with_error(send, ev, prefix=out)
                             return False
                     out += encoder.encode(events)
+                if splitter.done:
+                    last = out
+                    break
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
-                if splitter.done:
-                    break
         except UpstreamError:
             if self._disconnected:
                 return False
@@ -187,11 +192,15 @@ class StreamRelay:
             self.ctx.error_kind = "upstream_broken"
             await self._end_with_error(send, mid_stream_error())
             return False
-        self.ctx.usage = encoder.usage
+        return await self._finish(send, last)
+
+    async def _finish(self, send: Send, last: bytes) -> bool:
+        """`last` (events not sent yet), the usage chunk if asked and `[DONE]`, in one body message."""
+        self.ctx.usage = self._encoder.usage
         # uvicorn reports `http.disconnect` once a response is complete: from here on it is no
         # longer a client leaving.
         self._complete = True
-        await send({"type": "http.response.body", "body": encoder.finish(), "more_body": False})
+        await send({"type": "http.response.body", "body": last + self._encoder.finish(), "more_body": False})
         await self._drain_tail()
         return True
 
