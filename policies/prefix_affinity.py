@@ -20,9 +20,13 @@ trades a warm cache against a queue, refined by a bounded local prefix index.
    otherwise the home is assumed to hold the history (`history_blocks`) - the same assumption on every
    replica. Group mode: all blocks count; the index (which records the preamble's last block and
    every block after it) is used when it knows anything of the request, otherwise the group is new
-   here and is assumed to be placed on the one of its first `group_choices` backends with the
-   smallest working set (`policies.working_sets`: blocks this replica recently sent there), so new
-   groups spread evenly over the caches instead of as unevenly as hashing throws them.
+   here and is placed on the first of its first `group_choices` backends (HRW order) whose working
+   set (`policies.working_sets`: blocks this replica recently sent there) is within
+   `placement_slack` groups of the smallest of them, so new groups spread over the caches more
+   evenly than hashing throws them while replicas - whose working sets are their own - still mostly
+   pick the same backend (the strictly smallest flips between replicas on near-ties). Opening groups
+   (a long first message, no long preamble) take the strictly smallest: most are never repeated
+   (uniform traffic), and there the working sets act as the load balancer.
 4. Choice. `cost = in_flight - warm blocks / blocks_per_request` (a cached block saves prefill; a
    queued request costs a service time; `in_flight` is this replica's own fresh count - the engine's
    scraped figures are global but up to a scrape old, and at low load they still count requests
@@ -64,6 +68,7 @@ class PrefixAffinityConfig:
     kind: Literal["prefix_affinity"] = "prefix_affinity"
     group_min_blocks: int = 32
     group_choices: int = 3
+    placement_slack: float = 2.0
     blocks_per_request: float = 8.0
     tolerance: float = 0.5
     load_factor: float = 0.25
@@ -76,8 +81,17 @@ class PrefixAffinityConfig:
     session_in_key: bool = False
 
     def __post_init__(self) -> None:
-        if min(self.load_factor, self.load_slack, self.tolerance, self.pool_load_factor) < 0:
-            raise ValueError("load_factor, load_slack, pool_load_factor and tolerance must be >= 0")
+        slacks = (
+            self.load_factor,
+            self.load_slack,
+            self.tolerance,
+            self.pool_load_factor,
+            self.placement_slack,
+        )
+        if min(slacks) < 0:
+            raise ValueError(
+                "load_factor, load_slack, tolerance, pool_load_factor and placement_slack must be >= 0"
+            )
         if self.group_min_blocks < 1 or self.group_choices < 1:
             raise ValueError("group_min_blocks and group_choices must be >= 1")
         if not self.blocks_per_request > 0:
@@ -179,14 +193,16 @@ class PrefixAffinity(BackendPolicy):
         placed = -1  # a new group's placement among its first choices
         if group:
             if not known:
-                # Nothing of this group known here: assume other replicas may have warmed any of its
-                # first `group_choices` backends; the load picks among them (power of d choices).
-                prior = max(features.history_blocks, preamble)
-                sets = self._sets
-                first = min(config.group_choices, n)
-                lightest = min(range(first), key=lambda i: (sets.size(ranked[i].name), i))
-                warm[lightest] = prior
-                placed = lightest
+                # Nothing of this group known here: place it on the first of its first
+                # `group_choices` backends (HRW order) whose working set is within `placement_slack`
+                # groups of the lightest of them. Not simply the lightest: working sets are this
+                # replica's own, and near-ties sent one group to different backends from different
+                # replicas. Opening groups take the lightest (see the module docstring, 3).
+                sizes = [self._sets.size(ranked[i].name) for i in range(min(config.group_choices, n))]
+                slack = config.placement_slack if features.preamble_blocks == preamble else 0.0
+                limit = min(sizes) + slack * preamble
+                placed = next(i for i, size in enumerate(sizes) if size <= limit)
+                warm[placed] = max(features.history_blocks, preamble)
         elif not deep and features.history_blocks - base > warm[0]:
             warm[0] = features.history_blocks - base
 
