@@ -20,7 +20,6 @@ that dies stops renewing and its slots vanish after at most one lease.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import time
@@ -33,6 +32,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.limits import StoreDown, Ticket
 from gateway.redis_wire import ReplyError, RespClient, WireDown
+from gateway.tasks import cancel_and_wait, stop_requested
 from policies.admission import Outcome, ScopeLimits, Verdict
 
 log = logging.getLogger("gateway.limits")
@@ -294,13 +294,15 @@ class RedisLimiter:
 
     async def _renew_forever(self) -> None:
         period = self._lease_s / 3
-        while True:
+        while not stop_requested():
             await asyncio.sleep(period)
             if not self._held:
                 continue
             try:
                 await self.renew_all()
             except Exception as exc:  # the next period tries again; leases outlive two misses
+                if stop_requested():  # the cancel was swallowed on its way (gateway/tasks.py)
+                    return
                 log.warning("renewing %d concurrency slots failed: %s", len(self._held), exc)
 
     async def renew_all(self) -> None:
@@ -316,7 +318,5 @@ class RedisLimiter:
         return len(self._held)
 
     async def aclose(self) -> None:
-        if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+        if self._renewer is not None and await cancel_and_wait([self._renewer], within_s=2.0):
+            log.warning("the lease renewer still runs 2 s after the stop")

@@ -24,6 +24,7 @@ from redis.exceptions import RedisError
 
 from gateway.fleet import Fleet
 from gateway.metrics import Metrics
+from gateway.tasks import cancel_and_wait, stop_requested
 
 log = logging.getLogger("gateway.metrics")
 
@@ -120,17 +121,18 @@ class MetricsSampler:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            if await cancel_and_wait([self._task], within_s=2.0):
+                log.warning("the metrics sampler still runs 2 s after the stop")
             self._task = None
 
     async def _run(self) -> None:
-        while True:
+        while not stop_requested():
             await asyncio.sleep(self._interval)
             try:
                 self.sample()
                 if self._redis is not None:
                     await self._redis.probe()
             except Exception:
+                if stop_requested():  # the cancel was swallowed on its way (gateway/tasks.py)
+                    return
                 log.exception("metrics sampling failed")

@@ -31,6 +31,8 @@ import orjson
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from gateway.tasks import cancel_and_wait, stop_requested
+
 log = logging.getLogger("gateway.state")
 
 OVERRIDES_KEY = "gw:{fleet}:overrides"
@@ -147,11 +149,12 @@ class RedisStore:
         return overrides
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        if self._tasks:
-            # Bounded: closing a pub/sub connection to a sick Redis must not hold up shutdown.
-            await asyncio.wait(self._tasks, timeout=2.0)
+        # Bounded: closing a pub/sub connection to a sick Redis must not hold up shutdown.
+        left = await cancel_and_wait(self._tasks, within_s=2.0)
+        if left:
+            log.warning(
+                "shared-state tasks still running 2 s after the stop: %s", [t.get_name() for t in left]
+            )
         self._tasks = []
 
     async def _load(self) -> Overrides:
@@ -168,7 +171,7 @@ class RedisStore:
             self._on_change(overrides)
 
     async def _listen(self) -> None:
-        while True:
+        while not stop_requested():
             try:
                 pubsub = self._redis.pubsub()
                 await pubsub.subscribe(CHANNEL)
@@ -183,16 +186,20 @@ class RedisStore:
             except asyncio.CancelledError:
                 raise
             except (RedisError, OSError):
+                if stop_requested():  # the cancel was swallowed on its way (gateway/tasks.py)
+                    return
                 await asyncio.sleep(1.0)  # the poller keeps state fresh meanwhile
 
     async def _poll(self) -> None:
-        while True:
+        while not stop_requested():
             await asyncio.sleep(self._poll_s)
             try:
                 version = int(await self._redis.get(VERSION_KEY) or 0)
                 if version != self._version:
                     await self._refresh()
             except (RedisError, OSError) as exc:
+                if stop_requested():
+                    return
                 log.warning(
                     "shared state unreachable (%s); keeping the last known overrides", type(exc).__name__
                 )
