@@ -34,6 +34,7 @@ class Scheduler:
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._tick_waiters: list[asyncio.Future[None]] = []
         self._tick_armed = False
+        self._tick_at = float("-inf")  # loop time the last tick was due
 
     @property
     def waiting(self) -> int:
@@ -86,7 +87,13 @@ class Scheduler:
         self._tick_waiters.append(fut)
         if not self._tick_armed:
             self._tick_armed = True
-            loop.call_later(delay, self._fire_tick)
+            # Ticks keep to a grid while streams are decoding: the time a stream spends sending its
+            # chunk after one tick must not stretch the next gap (it added ~0.5 ms a token on a busy
+            # 2-vCPU machine, 7 ms on a 16-token answer, so the engine ran slower than its cost model).
+            now = loop.time()
+            due = self._tick_at + delay
+            self._tick_at = due if due > now else now + delay
+            loop.call_at(self._tick_at, self._fire_tick)
         return fut
 
     def _fire_tick(self) -> None:

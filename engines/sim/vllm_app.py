@@ -376,7 +376,7 @@ class VllmApp(SimApp):
         all_steps = [self._deltas(p, i, o) for i, o in enumerate(p.outputs)]
         longest = max(len(s) for s in all_steps)
         for t in range(longest):
-            if t or chat:
+            if t:  # the first token comes with the prefill, the role chunk too (cost model: ITL × (n − 1))
                 await run.step()
             for i, steps in enumerate(all_steps):
                 if t >= len(steps):
