@@ -144,7 +144,7 @@ class Run:
         delay = self._engine.scheduler.prefill_time(len(self._prompt) - self.cached_tokens)
         if delay > 0:
             await asyncio.sleep(delay)
-        self._first = time.perf_counter()
+        self._first = self._engine.scheduler.last_output = time.perf_counter()
 
     def step(self) -> Awaitable[None]:
         """Wait one inter-token gap (the shared decode tick), plus any injected drip delay."""

@@ -15,6 +15,7 @@ streams.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 
 from engines.sim.config import SimConfig
@@ -35,6 +36,7 @@ class Scheduler:
         self._tick_waiters: list[asyncio.Future[None]] = []
         self._tick_armed = False
         self._tick_at = float("-inf")  # loop time the last tick was due
+        self.last_output = float("-inf")  # perf_counter of the last prefill end or decode tick
 
     @property
     def waiting(self) -> int:
@@ -99,6 +101,7 @@ class Scheduler:
     def _fire_tick(self) -> None:
         waiters, self._tick_waiters = self._tick_waiters, []
         self._tick_armed = False
+        self.last_output = time.perf_counter()
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
