@@ -7,10 +7,11 @@ write. On loopback every `send(2)` also runs the receiver's TCP processing and w
 small JSON answer the second write is a measurable part of the gateway's cost per request
 (bench/ANALYSIS.md), and a stream's head and first event go out as two segments. An app that knows
 its body follows at once marks the start message with `COALESCE` (gateway/responses.py:
-`"gateway.coalesce": True`, a key other ASGI servers ignore); the cycle then keeps the head it built
-and writes it in front of the next body write. Everything else — header checks, content-length and
-chunked framing, keep-alive, the 100-continue dance — stays uvicorn's own code: the cycle only swaps
-the object its `send` writes to, for the length of one call.
+`"gateway.coalesce": True`, a key other ASGI servers ignore); the cycle then builds the head itself
+— as uvicorn does, minus its two regular-expression checks per header, since a marked start carries
+only headers the gateway made — and writes it in front of the next body write. Body framing,
+content-length checks and keep-alive stay uvicorn's own code: for that next body message the cycle
+only swaps the object uvicorn's `send` writes to.
 
 **Disconnect callback.** Noticing that a client went away through ASGI means a task parked on
 `receive()` for every request in flight. The cycle offers `scope["extensions"][DISCONNECT]`: a
@@ -24,23 +25,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
+from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from gateway.responses import COALESCE
 
 Callback = Callable[[], None]
-
-
-class _HoldHead:
-    """Stands in for the transport while uvicorn writes the head: keeps the bytes."""
-
-    __slots__ = ("head",)
-
-    def __init__(self) -> None:
-        self.head = b""
-
-    def write(self, data: bytes) -> None:
-        self.head += data
 
 
 class _PrependHead:
@@ -96,17 +86,45 @@ class GatewayCycle(RequestResponseCycle):
         if self._held:
             await self._send_after_head(message)
         elif message["type"] == "http.response.start" and message.get(COALESCE) and not self.response_started:
-            real = self.transport
-            hold = _HoldHead()
-            self.transport = hold  # type: ignore[assignment]
-            try:
-                await super().send(message)
-            finally:
-                self.transport = real
-            if hold.head and not self.disconnected:
-                self._held = hold.head
+            if self.flow.write_paused and not self.disconnected:
+                await self.flow.drain()
+            if not self.disconnected:
+                self._held = self._head(message)
         else:
             await super().send(message)
+
+    def _head(self, message: Any) -> bytes:
+        """The head uvicorn would write for `message`, built without its per-header checks (two
+        regular expressions per header): a marked start carries only headers the gateway built —
+        lower-case names, values that are constants, numbers, checked ids or `safe_header_value`
+        output — and never `transfer-encoding` or `connection`, whose handling stays uvicorn's."""
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        status = message["status"]
+        if self.access_log:
+            self.access_logger.info(
+                '%s - "%s %s HTTP/%s" %d',
+                get_client_addr(self.scope),
+                self.scope["method"],
+                get_path_with_query_string(self.scope),
+                self.scope["http_version"],
+                status,
+            )
+        content = [STATUS_LINE[status]]
+        for name, value in self.default_headers:
+            content += (name, b": ", value, b"\r\n")
+        for name, value in message.get("headers", ()):
+            if name == b"content-length":
+                self.expected_content_length = int(value)
+                self.chunked_encoding = False
+            content += (name, b": ", value, b"\r\n")
+        if not self.keep_alive:
+            content.append(b"connection: close\r\n")
+        if self.chunked_encoding is None and self.scope["method"] != "HEAD" and status not in (204, 304):
+            self.chunked_encoding = True
+            content.append(b"transfer-encoding: chunked\r\n")
+        content.append(b"\r\n")
+        return b"".join(content)
 
     async def _send_after_head(self, message: Any) -> None:
         real = self.transport

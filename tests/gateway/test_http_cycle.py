@@ -35,9 +35,9 @@ class Recorder:
         pass
 
 
-def make_cycle(keep_alive: bool = True) -> tuple[GatewayCycle, Recorder]:
+def make_cycle(keep_alive: bool = True, method: str = "POST") -> tuple[GatewayCycle, Recorder]:
     transport = Recorder()
-    scope: Any = {"type": "http", "method": "POST", "http_version": "1.1", "path": "/"}
+    scope: Any = {"type": "http", "method": method, "http_version": "1.1", "path": "/"}
     cycle = GatewayCycle(
         scope=scope,
         transport=transport,  # type: ignore[arg-type]
@@ -45,7 +45,7 @@ def make_cycle(keep_alive: bool = True) -> tuple[GatewayCycle, Recorder]:
         logger=logging.getLogger("test"),
         access_logger=logging.getLogger("test.access"),
         access_log=False,
-        default_headers=[(b"server", b"test")],
+        default_headers=[(b"date", b"Sun, 29 Nov 2026 10:00:00 GMT"), (b"server", b"test")],
         message_event=asyncio.Event(),
         expect_100_continue=False,
         keep_alive=keep_alive,
@@ -214,3 +214,43 @@ async def test_under_uvicorn_with_our_protocol_the_callback_reports_a_client_tha
         server.should_exit = True
         await asyncio.wait_for(task, 10)
         sock.close()
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "body", "keep_alive", "method"),
+    [
+        (200, [(b"content-type", b"application/json"), (b"content-length", b"2")], b"{}", True, "POST"),
+        (
+            429,
+            [(b"retry-after", b"3"), (b"x-request-id", b"req_1"), (b"content-length", b"2")],
+            b"{}",
+            True,
+            "POST",
+        ),
+        (
+            200,
+            [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
+            b"data: x\n\n",
+            True,
+            "POST",
+        ),
+        (200, [(b"content-length", b"2")], b"{}", False, "POST"),
+        (200, [(b"content-type", b"text/event-stream")], b"data: x\n\n", False, "POST"),
+        (200, [(b"content-length", b"2")], b"", True, "HEAD"),
+        (204, [], b"", True, "POST"),
+    ],
+)
+async def test_the_head_we_build_is_byte_for_byte_uvicorns(
+    status: int, headers: list[tuple[bytes, bytes]], body: bytes, keep_alive: bool, method: str
+) -> None:
+    """Same bytes on the wire, and the same framing state, as uvicorn's own send for the message."""
+    wire: list[bytes] = []
+    states = []
+    for marked in (True, False):
+        cycle, transport = make_cycle(keep_alive=keep_alive, method=method)
+        await cycle.send(start(marked, list(headers)) | {"status": status})
+        await cycle.send({"type": "http.response.body", "body": body})
+        wire.append(b"".join(transport.writes))
+        states.append((cycle.response_complete, cycle.chunked_encoding, transport.closed))
+    assert wire[0] == wire[1]
+    assert states[0] == states[1]
