@@ -14,7 +14,8 @@ Steps, in order:
 6. Among two or more candidates, a weighted choice by the pools' live weights: with a `sticky_key`,
    weighted rendezvous hashing (score `w / -ln(u(key, pool))`, so a conversation keeps its pool, the
    split over many conversations follows the weights, and a weight change moves only the share that
-   must move); without one, the cumulative weights against `rand`.
+   must move); without one, the cumulative weights against `rand`. A `prefer`red pool (a prefix
+   group's placed pool, `policies.router`) goes first in that order; the load bound still applies.
 
 The reason is `pin`, or `rule:<name>` / `default`, followed by `+weights` when weights decided.
 """
@@ -103,6 +104,7 @@ def choose_pool(
     sticky_key: int | None = None,
     name_hash: NameHashes | None = None,
     balance: PoolBalance | None = None,
+    prefer: str | None = None,
 ) -> PoolChoice:
     """The pool for this request (see the module docstring); raises `RoutingError`."""
     model = features.model
@@ -141,7 +143,7 @@ def choose_pool(
     if len(candidates) == 1:
         return PoolChoice(candidates[0], label)
     if sticky_key is not None:
-        chosen = _rendezvous(candidates, sticky_key, name_hash or NameHashes(), balance)
+        chosen = _rendezvous(candidates, sticky_key, name_hash or NameHashes(), balance, prefer)
     else:
         chosen = _cumulative(candidates, rand)
     return PoolChoice(chosen, f"{label}+weights")
@@ -159,8 +161,20 @@ def _cumulative(pools: Sequence[PoolView], rand: float) -> PoolView:
 
 
 def _rendezvous(
-    pools: Sequence[PoolView], key: int, name_hash: NameHashes, balance: PoolBalance | None = None
+    pools: Sequence[PoolView],
+    key: int,
+    name_hash: NameHashes,
+    balance: PoolBalance | None = None,
+    prefer: str | None = None,
 ) -> PoolView:
+    if prefer is not None:
+        for p in pools:
+            if p.name == prefer:
+                if balance is None:
+                    return p
+                break
+        else:
+            prefer = None
     if balance is None:
         best = pools[0]
         best_score = -1.0
@@ -180,6 +194,8 @@ def _rendezvous(
                 size += 1
         scored.append((score, p.name, p, float(in_flight), size))
     scored.sort(reverse=True, key=_score_and_name)
+    if prefer is not None:  # the group's placed pool first, then the HRW order
+        scored.sort(key=lambda entry: entry[1] != prefer)
     ordered = [entry[2] for entry in scored]
     loads = [entry[3] for entry in scored]
     sizes = [entry[4] for entry in scored]

@@ -15,9 +15,10 @@ from typing import Literal
 from policies.factory import PolicyConfig, make_policy
 from policies.hashing import NameHashes, mix64
 from policies.policy import BackendPolicy
+from policies.pool_placement import PoolPlacement
 from policies.pools import PoolBalance, Rule, choose_pool
 from policies.prefix_affinity import DEFAULT_CONFIG as DEFAULT_AFFINITY_CONFIG
-from policies.prefix_affinity import PrefixAffinityConfig, routing_key
+from policies.prefix_affinity import PrefixAffinityConfig, group_blocks, routing_key
 from policies.types import Decision, FleetSnapshot, PoolView, RequestFeatures, RoutingError
 
 PoolChoiceMode = Literal["sticky", "random"]
@@ -58,6 +59,8 @@ class Router:
         # queue while the other idles. The bound is looser than the backend policy's
         # (`pool_load_factor`): a pool spill copies a whole prefix group into the other pool.
         self._balance = PoolBalance(self._key_config.pool_load_factor, self._key_config.load_slack)
+        # ... and a new prefix group is placed in a pool by the pools' working sets, as inside a pool.
+        self._groups = PoolPlacement(self._key_config, self._pool_names)
 
     def decide(
         self,
@@ -76,11 +79,13 @@ class Router:
         """
         if exclude:
             snapshot = _without(snapshot, exclude)
-        sticky_key = (
-            mix64(routing_key(features, self._key_config) ^ _POOL_SALT)
-            if self.pool_choice == "sticky"
-            else None
-        )
+        sticky_key: int | None = None
+        prefer: str | None = None
+        if self.pool_choice == "sticky":
+            key = routing_key(features, self._key_config)
+            sticky_key = mix64(key ^ _POOL_SALT)
+            if pin is None and group_blocks(features, self._key_config):
+                prefer = self._groups.place(snapshot, features, key, sticky_key)
         pool_choice = choose_pool(
             snapshot,
             features,
@@ -90,11 +95,14 @@ class Router:
             sticky_key=sticky_key,
             name_hash=self._pool_names,
             balance=self._balance,
+            prefer=prefer,
         )
         pool = pool_choice.pool
         choice = self.policy.select(pool, features, rand)
         if not dry_run:
             self.policy.on_routed(pool, features, choice)
+            if prefer is not None:
+                self._groups.note(routing_key(features, self._key_config), prefer, pool.name, features)
         return Decision(
             pool=pool.name,
             backend=choice.backend,

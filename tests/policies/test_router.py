@@ -232,3 +232,43 @@ def test_fresh_replicas_with_the_same_snapshot_always_agree(
     assert a.decide(snap, f, rand) == b.decide(snap, f, rand)
     chosen = a.decide(snap, f, rand)
     assert chosen.pool == "q" or chosen.backend in {m.name for m in members if m.healthy}
+
+
+@pytest.mark.parametrize("seed", [5, 11, 18])  # hashing alone: leads of 6, 7 and 8 groups
+def test_new_prefix_groups_are_spread_over_the_pools_by_their_working_sets(seed: int) -> None:
+    """Twelve long shared preambles of one size: hashing alone puts up to 10 of them in one pool;
+    placed by the pools' working sets (a new group may go to a pool up to one group ahead of the
+    lightest, for replica agreement), no pool is ever more than two groups ahead, and each group
+    stays in the pool it was placed in."""
+    rng = random.Random(seed)
+    snap = _fleet()
+    router = Router()
+    systems = [text(rng, 1200) for _ in range(12)]
+    home: dict[int, str] = {}
+    counts: Counter[str] = Counter()
+    for i, system in enumerate(systems):
+        pool_name = router.decide(snap, features(conversation(rng, system=system)), rng.random()).pool
+        home[i] = pool_name
+        counts[pool_name] += 1
+        assert abs(counts["vllm"] - counts["sglang"]) <= 2, counts
+    for _ in range(3):  # later requests of every group keep its pool
+        for i, system in enumerate(systems):
+            assert (
+                router.decide(snap, features(conversation(rng, system=system)), rng.random()).pool == home[i]
+            )
+
+
+def test_group_placement_follows_the_weights_and_skips_weight_zero() -> None:
+    rng = random.Random(8)
+    router = Router()
+    heavy = _fleet(vllm=0.25, sglang=0.75)
+    counts = Counter(
+        router.decide(heavy, features(conversation(rng, system=text(rng, 1200))), rng.random()).pool
+        for _ in range(40)
+    )
+    assert 7 <= counts["vllm"] <= 13 and 27 <= counts["sglang"] <= 33, counts  # ~1 : 3
+    off = _fleet(vllm=0.0)
+    assert {
+        router.decide(off, features(conversation(rng, system=text(rng, 1200))), rng.random()).pool
+        for _ in range(10)
+    } == {"sglang"}

@@ -1,0 +1,87 @@
+"""Which pool a new prefix group goes to: the pools' working sets, as inside a pool.
+
+The sticky pool choice (`policies.pools`, weighted rendezvous on the routing key) spreads prefix
+groups over the pools by hash. With few groups that is lumpy: twelve long documents split 7 / 5 over
+two pools of four engines, and the pool with seven runs near its capacity while the other idles; its
+engines then spill documents to each other and every document ends up cached on most of them (the
+routing bench at 80 % load: long_document_qa 53 %, shared_prefix 76 % of the oracle; the same fleet
+as one pool: 95 % on shared_prefix, bench/ANALYSIS.md).
+
+So a group this replica has not placed yet (a long preamble or a long opening: `group_blocks`) goes
+to the first pool, in the weighted rendezvous order, whose working set per unit of weight is within
+one group (this request's prompt) of the lightest — the rule `policies.prefix_affinity` uses for
+backends, and for the same reason: the strictly lightest flips between replicas on near-ties, the
+slack keeps them mostly agreeing. Measured in an offline replay of the routing bench (80 % load,
+20 s, 1 / 2 / 4 replicas, mean of 2 seeds, % of the oracle): shared_prefix 73 / 51 / 52 -> 97 / 70 /
+55, long_document_qa 59 / 46 / 44 -> 62 / 47 / 43; no slack gives one replica 97 % and 83 % but two
+or four replicas far less on documents (38 / 31 %). The group then stays there (`prefer`), subject to the pool load bound. A
+conversation (anchor key) is not a group: it keeps the plain weighted rendezvous, so the split over
+many conversations follows the weights exactly.
+
+Local and bounded like the backend working sets: this replica's own decisions, at most
+`working_set_entries` groups remembered (LRU), ~3 MB at the default 16,384.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+from policies.hashing import NameHashes, mix64, unit_float
+from policies.pools import capable
+from policies.prefix_affinity import PrefixAffinityConfig
+from policies.types import FleetSnapshot, RequestFeatures
+from policies.working_sets import WorkingSets
+
+
+class PoolPlacement:
+    __slots__ = ("_config", "_max", "_names", "_placed", "_sets")
+
+    def __init__(self, config: PrefixAffinityConfig, names: NameHashes) -> None:
+        self._config = config
+        self._names = names
+        self._max = config.working_set_entries
+        self._placed: OrderedDict[int, str] = OrderedDict()
+        self._sets = WorkingSets(config.working_set_entries)
+
+    def place(
+        self, snapshot: FleetSnapshot, features: RequestFeatures, key: int, sticky_key: int
+    ) -> str | None:
+        """The pool group `key` should go to, or None when there is no choice to make."""
+        pools = [
+            p
+            for p in snapshot.pools
+            if features.model in p.models
+            and p.weight > 0
+            and capable(p, features)
+            and p.has_routable_backend()
+        ]
+        if len(pools) < 2:
+            return None
+        placed = self._placed.get(key)
+        if placed is not None and any(p.name == placed for p in pools):
+            self._placed.move_to_end(key)
+            return placed
+        order = sorted(
+            pools,
+            key=lambda p: (p.weight / -math.log(unit_float(mix64(sticky_key ^ self._names(p.name)))), p.name),
+            reverse=True,
+        )
+        mean_weight = math.fsum(p.weight for p in pools) / len(pools)
+        loads = [self._sets.size(p.name) * mean_weight / p.weight for p in order]
+        lightest = min(loads)
+        slack = float(len(features.block_hashes))  # one group of this size
+        for p, load in zip(order, loads, strict=True):
+            if load <= lightest + slack:
+                return p.name
+        return order[0].name  # not reached: the lightest is within any slack
+
+    def note(self, key: int, placed: str, routed: str, features: RequestFeatures) -> None:
+        """Record the group's placed pool and what was sent to the pool that served it."""
+        if self._max == 0:
+            return
+        self._placed[key] = placed
+        self._placed.move_to_end(key)
+        if len(self._placed) > self._max:
+            self._placed.popitem(last=False)
+        self._sets.note(key, routed, len(features.block_hashes))
