@@ -72,7 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    args.func(args)
+    try:
+        args.func(args)
+    except KeyboardInterrupt:
+        # Ctrl-C: uvicorn has already shut down gracefully (and the demo stopped its simulators);
+        # it re-raises the interrupt afterwards, which is no reason to print a traceback.
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":
