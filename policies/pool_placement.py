@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 
-from policies.hashing import NameHashes, mix64, unit_float
-from policies.pools import capable
+from policies.hashing import NameHashes
+from policies.pools import capable, hrw_order
 from policies.prefix_affinity import PrefixAffinityConfig
 from policies.types import FleetSnapshot, RequestFeatures
 from policies.working_sets import WorkingSets
@@ -62,19 +62,12 @@ class PoolPlacement:
         if placed is not None and any(p.name == placed for p in pools):
             self._placed.move_to_end(key)
             return placed
-        order = sorted(
-            pools,
-            key=lambda p: (p.weight / -math.log(unit_float(mix64(sticky_key ^ self._names(p.name)))), p.name),
-            reverse=True,
-        )
+        order = hrw_order(pools, sticky_key, self._names)
         mean_weight = math.fsum(p.weight for p in pools) / len(pools)
         loads = [self._sets.size(p.name) * mean_weight / p.weight for p in order]
         lightest = min(loads)
         slack = float(len(features.block_hashes))  # one group of this size
-        for p, load in zip(order, loads, strict=True):
-            if load <= lightest + slack:
-                return p.name
-        return order[0].name  # not reached: the lightest is within any slack
+        return next(p.name for p, load in zip(order, loads, strict=True) if load <= lightest + slack)
 
     def note(self, key: int, placed: str, routed: str, features: RequestFeatures) -> None:
         """Record the group's placed pool and what was sent to the pool that served it."""

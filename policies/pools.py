@@ -167,38 +167,22 @@ def _rendezvous(
     balance: PoolBalance | None = None,
     prefer: str | None = None,
 ) -> PoolView:
-    if prefer is not None:
-        for p in pools:
-            if p.name == prefer:
-                if balance is None:
-                    return p
-                break
-        else:
-            prefer = None
+    ordered = hrw_order(pools, key, name_hash)
+    if prefer is not None:  # the group's placed pool first, then the HRW order
+        ordered.sort(key=lambda p: p.name != prefer)
     if balance is None:
-        best = pools[0]
-        best_score = -1.0
-        for p in pools:
-            score = p.weight / -math.log(unit_float(mix64(key ^ name_hash(p.name))))
-            if score > best_score:
-                best, best_score = p, score
-        return best
-    scored: list[tuple[float, str, PoolView, float, int]] = []
-    for p in pools:
-        score = p.weight / -math.log(unit_float(mix64(key ^ name_hash(p.name))))
+        return ordered[0]
+    loads: list[float] = []
+    sizes: list[int] = []
+    for p in ordered:
         in_flight = 0
         size = 0
         for b in p.backends:
             if b.routable:
                 in_flight += b.in_flight
                 size += 1
-        scored.append((score, p.name, p, float(in_flight), size))
-    scored.sort(reverse=True, key=_score_and_name)
-    if prefer is not None:  # the group's placed pool first, then the HRW order
-        scored.sort(key=lambda entry: entry[1] != prefer)
-    ordered = [entry[2] for entry in scored]
-    loads = [entry[3] for entry in scored]
-    sizes = [entry[4] for entry in scored]
+        loads.append(float(in_flight))
+        sizes.append(size)
     total = math.fsum(loads) + 1.0
     weights = math.fsum(p.weight for p in ordered)
     size = sum(sizes)
@@ -211,5 +195,11 @@ def _rendezvous(
     return ordered[min(range(len(ordered)), key=lambda i: (loads[i] + 1.0) / sizes[i])]
 
 
-def _score_and_name(entry: tuple[float, str, PoolView, float, int]) -> tuple[float, str]:
-    return entry[0], entry[1]
+def hrw_order(pools: Sequence[PoolView], key: int, name_hash: NameHashes) -> list[PoolView]:
+    """`pools` in the key's weighted rendezvous order (score `w / -ln(u(key, pool))`, highest first;
+    names break ties)."""
+    return sorted(
+        pools,
+        key=lambda p: (p.weight / -math.log(unit_float(mix64(key ^ name_hash(p.name)))), p.name),
+        reverse=True,
+    )

@@ -81,6 +81,7 @@ class Router:
             snapshot = _without(snapshot, exclude)
         sticky_key: int | None = None
         prefer: str | None = None
+        key = 0
         if self.pool_choice == "sticky":
             key = routing_key(features, self._key_config)
             sticky_key = mix64(key ^ _POOL_SALT)
@@ -102,7 +103,7 @@ class Router:
         if not dry_run:
             self.policy.on_routed(pool, features, choice)
             if prefer is not None:
-                self._groups.note(routing_key(features, self._key_config), prefer, pool.name, features)
+                self._groups.note(key, prefer, pool.name, features)
         return Decision(
             pool=pool.name,
             backend=choice.backend,
