@@ -17,6 +17,7 @@ from engines.base import StreamDecoder
 from engines.errors import ApiError, overloaded, upstream_timeout
 from engines.openai import StreamEncoder, encode_completion, new_completion_id
 from gateway.context import RequestContext
+from gateway.disconnect import ClientWatch
 from gateway.fleet import Backend
 from gateway.relay import SSESplitter, StreamRelay
 from gateway.responses import BytesResponse, Response, error_response
@@ -269,28 +270,15 @@ class ProxyStage:
 
 
 class _DisconnectWatch:
-    """Cancels `task` once, when the client disconnects, while `stop()` has not been called: through
-    the server's disconnect callback when it has one, else a task parked on `receive()`."""
+    """Cancels `task` once, when the client disconnects, while `stop()` has not been called."""
 
-    __slots__ = ("_active", "_ctx", "_task", "_watcher", "fired")
+    __slots__ = ("_active", "_task", "_watch", "fired")
 
     def __init__(self, ctx: RequestContext, task: asyncio.Task[object]) -> None:
         self._task = task
-        self._ctx = ctx
         self._active = True
         self.fired = False
-        self._watcher: asyncio.Task[None] | None = None
-        if ctx.on_disconnect is not None:
-            ctx.on_disconnect(self._fire)
-        else:
-            self._watcher = asyncio.get_running_loop().create_task(self._watch(ctx))
-
-    async def _watch(self, ctx: RequestContext) -> None:
-        while True:
-            message = await ctx.receive()
-            if message["type"] == "http.disconnect":
-                break
-        self._fire()
+        self._watch = ClientWatch(ctx, self._fire)
 
     def _fire(self) -> None:
         if self._active:
@@ -299,10 +287,7 @@ class _DisconnectWatch:
 
     def stop(self) -> None:
         self._active = False
-        if self._watcher is not None:
-            self._watcher.cancel()
-        elif self._ctx.on_disconnect is not None:
-            self._ctx.on_disconnect(None)
+        self._watch.stop()
 
 
 def _client_gone() -> ApiError:

@@ -21,6 +21,7 @@ from engines.base import StreamDecoder
 from engines.errors import ApiError
 from engines.openai import StreamEncoder
 from gateway.context import RequestContext
+from gateway.disconnect import ClientWatch
 from gateway.responses import COALESCE, SSE, Headers, Receive, Send
 from gateway.upstream import UpstreamError, UpstreamResponse
 
@@ -125,12 +126,7 @@ class StreamRelay:
         # upstream response, which wakes the pending read with an error at once and drops the
         # engine's connection (so it stops generating). The flags tell the relay why.
         loop = asyncio.get_running_loop()
-        on_disconnect = self.ctx.on_disconnect
-        watcher: asyncio.Task[None] | None = None
-        if on_disconnect is not None:
-            on_disconnect(self._client_left)
-        else:
-            watcher = loop.create_task(self._watch_disconnect(receive))
+        watch = ClientWatch(self.ctx, self._client_left)
         self._last = loop.time()
         self._timer = loop.call_at(self._last + self._idle_s, self._check_idle, loop)
         ok = False
@@ -149,10 +145,7 @@ class StreamRelay:
             if self._disconnected:
                 self.ctx.error_kind = "client_disconnect"
             self._timer.cancel()
-            if watcher is not None:
-                watcher.cancel()
-            elif on_disconnect is not None:
-                on_disconnect(None)
+            watch.stop()
             self._upstream.close()
             await self._on_end(self.ctx, ok)
 
@@ -228,13 +221,6 @@ class StreamRelay:
             return
         self._timed_out = True
         self._upstream.close()
-
-    async def _watch_disconnect(self, receive: Receive) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                self._client_left()
-                return
 
     def _client_left(self) -> None:
         if self._complete:
