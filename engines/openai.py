@@ -37,12 +37,10 @@ _dumps = orjson.dumps
 _DONE = b"data: [DONE]\n\n"
 
 
-# Ids must be unique, not secret: the process's Mersenne Twister (seeded from os.urandom, reseeded in
-# a forked child) costs no system call per id.
-
-
 def new_completion_id(endpoint: Endpoint) -> str:
-    """`chatcmpl-` + 29 hex characters for chat, `cmpl-` + 29 for completions."""
+    """`chatcmpl-` + 29 hex characters for chat, `cmpl-` + 29 for completions. Ids must be unique, not
+    secret: the process's Mersenne Twister (seeded from os.urandom, reseeded in a forked child) costs
+    no system call per id."""
     return ("chatcmpl-%029x" if endpoint == "chat" else "cmpl-%029x") % getrandbits(116)
 
 

@@ -91,10 +91,8 @@ Ctrl-C stops everything.
 
 
 def run_demo(port: int = 8080, host: str = "127.0.0.1") -> None:
-    import uvicorn
-
     from gateway.app import Gateway
-    from gateway.server import configure_logging, uvicorn_config
+    from gateway.server import configure_logging, run_single
 
     secret = os.environ.get("GATEWAY_JWT_SECRET") or new_secret()
     os.environ["GATEWAY_JWT_SECRET"] = secret
@@ -116,4 +114,4 @@ def run_demo(port: int = 8080, host: str = "127.0.0.1") -> None:
             ),
             flush=True,
         )
-        uvicorn.Server(uvicorn_config(gateway, settings)).run()
+        run_single(gateway, settings)

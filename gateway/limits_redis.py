@@ -318,5 +318,5 @@ class RedisLimiter:
         return len(self._held)
 
     async def aclose(self) -> None:
-        if self._renewer is not None and await cancel_and_wait([self._renewer], within_s=2.0):
-            log.warning("the lease renewer still runs 2 s after the stop")
+        if self._renewer is not None:
+            await cancel_and_wait([self._renewer], within_s=2.0, what="the lease renewer")

@@ -121,8 +121,7 @@ class MetricsSampler:
 
     async def stop(self) -> None:
         if self._task is not None:
-            if await cancel_and_wait([self._task], within_s=2.0):
-                log.warning("the metrics sampler still runs 2 s after the stop")
+            await cancel_and_wait([self._task], within_s=2.0, what="the metrics sampler")
             self._task = None
 
     async def _run(self) -> None:

@@ -91,6 +91,11 @@ def serve(settings: Settings, config_path: str | None = None) -> None:
                 **uvicorn_kwargs(settings),
             )
     else:
-        server = uvicorn.Server(uvicorn_config(Gateway(settings), settings))
-        tune_gc()
-        server.run()
+        run_single(Gateway(settings), settings)
+
+
+def run_single(app: Gateway, settings: Settings) -> None:
+    """Serve `app` in this process (one worker) until a signal stops it."""
+    server = uvicorn.Server(uvicorn_config(app, settings))
+    tune_gc()
+    server.run()

@@ -150,11 +150,7 @@ class RedisStore:
 
     async def stop(self) -> None:
         # Bounded: closing a pub/sub connection to a sick Redis must not hold up shutdown.
-        left = await cancel_and_wait(self._tasks, within_s=2.0)
-        if left:
-            log.warning(
-                "shared-state tasks still running 2 s after the stop: %s", [t.get_name() for t in left]
-            )
+        await cancel_and_wait(self._tasks, within_s=2.0, what="shared-state tasks")
         self._tasks = []
 
     async def _load(self) -> Overrides:

@@ -15,8 +15,11 @@ about one time in ten). The loop then logs, sleeps and carries on for ever, and 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable
 from typing import Any
+
+log = logging.getLogger("gateway")
 
 
 def stop_requested() -> bool:
@@ -25,10 +28,12 @@ def stop_requested() -> bool:
     return task is not None and task.cancelling() > 0
 
 
-async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]], within_s: float) -> set[asyncio.Task[Any]]:
+async def cancel_and_wait(
+    tasks: Iterable[asyncio.Task[Any]], within_s: float, what: str = "background tasks"
+) -> set[asyncio.Task[Any]]:
     """Cancel `tasks` and wait up to `within_s` s for them to end, cancelling again every 0.1 s those
     still running (a cancel swallowed inside a library call is not the end of it: redis-py's cluster
-    pub/sub `listen()` lets the first one pass by, the second ends it). Returns the tasks still alive."""
+    pub/sub `listen()` lets the first one pass by, the second ends it). Logs and returns the tasks still alive."""
     pending = {t for t in tasks if not t.done()}
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within_s
@@ -39,4 +44,8 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]], within_s: float) -
         if left <= 0:
             break
         _, pending = await asyncio.wait(pending, timeout=min(0.1, left))
+    if pending:
+        log.warning(
+            "%s still running %.0f s after the stop: %s", what, within_s, [t.get_name() for t in pending]
+        )
     return pending
