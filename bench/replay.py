@@ -1,0 +1,284 @@
+"""Offline replay of the routing bench: the real `policies.router.Router` in front of a discrete-event
+model of the bench fleet, in about a second per point instead of minutes.
+
+    python -m bench.replay                                   every workload, ours vs round robin, 80 %
+    python -m bench.replay long_document_qa --load 0.5 --load 0.8 --replicas 1 --replicas 4 --seeds 2
+    python -m bench.replay shared_prefix --policy least_load
+
+It replays the same seeded traces and Poisson schedules as bench/routing.py (same `FleetSpec`: 4 vLLM +
+4 SGLang simulators, two pools of weight 0.5, the simulators' `PrefixCache` and cost model, one
+request at a time per engine, `max_num_seqs` 1), and routes each request with one of `replicas`
+independent `Router`s (each request goes to a random replica, as behind a load balancer: what
+several gateway replicas with their own prefix indexes and working sets decide). What it models of
+the gateway: every replica's own in-flight counts, and the engines' running / queued / KV figures
+as a scrape every `scrape_s` seconds sees them (global, stale). What it leaves out: the network, the
+gateway's own latency, health checks, the simulators' wall-clock jitter.
+
+Use it to try a routing change and its knobs before the real bench (`make bench`), which stays the
+measurement of record: on the workloads in bench/BENCHMARKS.md it lands within a few points of the
+real hit rates (it has no wall-clock noise, so a single seed is one sample, not the truth: compare
+several seeds). Not a test; nothing here is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import heapq
+import random
+import statistics
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from bench.routing import FleetSpec, _pct, capacity, oracle, prompt_ids
+from bench.workloads import WORKLOADS, schedule
+from engines.sim.prefix_cache import Lease, PrefixCache
+from policies.factory import PolicyConfig
+from policies.features import extract_features
+from policies.least_load import LeastLoadConfig
+from policies.power_of_two import PowerOfTwoConfig
+from policies.prefix_affinity import PrefixAffinityConfig
+from policies.round_robin import RoundRobinConfig
+from policies.router import Router
+from policies.types import BackendView, FleetSnapshot, PoolView
+
+MODEL = "bench-model"
+POLICIES: dict[str, PolicyConfig] = {
+    "prefix_affinity": PrefixAffinityConfig(),
+    "least_load": LeastLoadConfig(),
+    "round_robin": RoundRobinConfig(),
+    "power_of_two": PowerOfTwoConfig(),
+}
+
+
+@dataclass
+class Result:
+    workload: str
+    load: float
+    replicas: int
+    requests: int
+    hit_rate: float
+    oracle_hit_rate: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    reasons: collections.Counter[str] = field(default_factory=collections.Counter)
+    per_backend: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def vs_oracle(self) -> float:
+        return self.hit_rate / self.oracle_hit_rate if self.oracle_hit_rate else 0.0
+
+
+class _Engine:
+    """One simulator: a FIFO queue in front of `slots` sequences, and its prefix cache."""
+
+    __slots__ = ("cache", "in_use", "queue", "running")
+
+    def __init__(self, spec: FleetSpec) -> None:
+        self.cache = PrefixCache(spec.block_size, spec.cache_blocks)
+        self.queue: collections.deque[int] = collections.deque()
+        self.running = 0
+        self.in_use = 0  # tokens of the running requests (the engine's KV use)
+
+
+def replay(
+    workload: str,
+    policy: PolicyConfig,
+    *,
+    load: float,
+    seconds: float = 20.0,
+    replicas: int = 1,
+    seed: int = 0,
+    scrape_s: float = 0.5,
+    spec: FleetSpec | None = None,
+) -> Result:
+    """One point of the routing bench, replayed offline (see the module docstring)."""
+    spec = spec or FleetSpec()
+    make = WORKLOADS[workload]
+    # the trace and schedule of bench/routing.py `Suite.run` (seed 0 is the bench's own schedule)
+    _, per0 = oracle(make(400), spec)
+    n = max(50, round(capacity(per0, spec) * load * seconds))
+    trace = make(n)
+    oracle_rate, per = oracle(trace, spec)
+    times = schedule(n, capacity(per, spec) * load, seed=zlib.crc32(f"{workload}-{load}".encode()) + seed)
+
+    names = {e: [f"{e}-{i}" for i in range(spec.per_engine)] for e in ("vllm", "sglang")}
+    every = names["vllm"] + names["sglang"]
+    engines = {b: _Engine(spec) for b in every}
+    routers = [Router(policy_config=policy) for _ in range(replicas)]
+    own = [dict.fromkeys(every, 0) for _ in range(replicas)]  # each replica's in-flight counts
+    pick_replica = random.Random(1234 + seed)
+    rand = random.Random(seed)
+    ids = [prompt_ids(r) for r in trace]
+    features = [extract_features(r.body(MODEL)) for r in trace]
+    cache_tokens = spec.cache_blocks * spec.block_size
+
+    # a conversation's next turn is sent when the previous one has finished (as the trace runner does)
+    after: dict[int, int] = {}
+    last: dict[str, int] = {}
+    for i, r in enumerate(trace):
+        if r.session:
+            if r.session in last:
+                after[i] = last[r.session]
+            last[r.session] = i
+    done: set[int] = set()
+    blocked: dict[int, list[int]] = collections.defaultdict(list)
+
+    events: list[tuple[float, int, str, int]] = []
+    seq = 0
+
+    def push(t: float, kind: str, i: int) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(events, (t, seq, kind, i))
+
+    for i, t in enumerate(times):
+        push(t, "due", i)
+
+    scraped = dict.fromkeys(every, (0.0, 0.0, 0.0))
+    next_scrape = 0.0
+    sent: dict[int, float] = {}
+    ttft: list[float] = []
+    where: dict[int, tuple[int, str]] = {}
+    leases: dict[int, Lease] = {}
+    cached_total = prompt_total = 0
+    reasons: collections.Counter[str] = collections.Counter()
+    served: collections.Counter[str] = collections.Counter()
+
+    def snapshot(now: float, replica: int) -> FleetSnapshot:
+        nonlocal next_scrape
+        if now >= next_scrape:
+            next_scrape = now + scrape_s
+            for b, e in engines.items():
+                scraped[b] = (float(e.running), float(len(e.queue)), min(1.0, e.in_use / cache_tokens))
+        return FleetSnapshot(
+            tuple(
+                PoolView(
+                    name=e,
+                    dialect=e,
+                    weight=0.5,
+                    models=frozenset({MODEL}),
+                    tool_calling=True,
+                    structured_output=True,
+                    backends=tuple(
+                        BackendView(
+                            b,
+                            in_flight=own[replica][b],
+                            running=scraped[b][0],
+                            queue_depth=scraped[b][1],
+                            kv_usage=scraped[b][2],
+                        )
+                        for b in names[e]
+                    ),
+                )
+                for e in ("vllm", "sglang")
+            )
+        )
+
+    def start(b: str, i: int, now: float) -> None:
+        nonlocal cached_total, prompt_total
+        e = engines[b]
+        e.running += 1
+        lease = e.cache.acquire(ids[i])
+        leases[i] = lease
+        size = len(ids[i])
+        cached = min(lease.cached_tokens, ((size - 1) // spec.block_size) * spec.block_size) if size else 0
+        cached_total += cached
+        prompt_total += size
+        e.in_use += size + spec.output_tokens
+        first = spec.ttft_ms / 1e3 + (size - cached) * spec.prefill_us_per_token / 1e6
+        ttft.append((now + first - sent[i]) * 1000)
+        push(now + spec.service_s(size, cached), "done", i)
+
+    while events:
+        now, _, kind, i = heapq.heappop(events)
+        if kind == "due":
+            prev = after.get(i)
+            if prev is not None and prev not in done:
+                blocked[prev].append(i)
+                continue
+            kind = "send"
+        if kind == "send":
+            sent[i] = now
+            replica = pick_replica.randrange(replicas)
+            d = routers[replica].decide(snapshot(now, replica), features[i], rand.random())
+            reasons[d.reason] += 1
+            served[d.backend] += 1
+            where[i] = (replica, d.backend)
+            own[replica][d.backend] += 1
+            e = engines[d.backend]
+            if e.running < spec.max_num_seqs:
+                start(d.backend, i, now)
+            else:
+                e.queue.append(i)
+        else:  # done
+            replica, b = where[i]
+            e = engines[b]
+            e.cache.release(leases.pop(i))
+            e.in_use -= len(ids[i]) + spec.output_tokens
+            e.running -= 1
+            own[replica][b] -= 1
+            done.add(i)
+            for j in blocked.pop(i, []):
+                push(now, "send", j)
+            if e.queue:
+                start(b, e.queue.popleft(), now)
+
+    return Result(
+        workload=workload,
+        load=load,
+        replicas=replicas,
+        requests=n,
+        hit_rate=cached_total / prompt_total if prompt_total else 0.0,
+        oracle_hit_rate=oracle_rate,
+        ttft_p50_ms=_pct(ttft, 50),
+        ttft_p99_ms=_pct(ttft, 99),
+        reasons=reasons,
+        per_backend={b: served[b] for b in every},
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.replay", description=__doc__.split("\n\n")[0])
+    ap.add_argument("workloads", nargs="*", default=list(WORKLOADS), metavar="WORKLOAD")
+    ap.add_argument("--policy", choices=list(POLICIES), default="prefix_affinity")
+    ap.add_argument("--baseline", choices=list(POLICIES), default="round_robin", help="compared policy")
+    ap.add_argument("--load", type=float, action="append", help="fraction of capacity (repeatable; 0.8)")
+    ap.add_argument("--replicas", type=int, action="append", help="gateway replicas (repeatable; 1)")
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--seeds", type=int, default=1, help="schedules per point (their mean is printed)")
+    ap.add_argument("--reasons", action="store_true", help="print the routing reasons' counts")
+    args = ap.parse_args(argv)
+    unknown = [w for w in args.workloads if w not in WORKLOADS]
+    if unknown:
+        ap.error(f"unknown workload {unknown[0]!r} (choose from {', '.join(WORKLOADS)})")
+    for workload in args.workloads:
+        for load in args.load or [0.8]:
+            for replicas in args.replicas or [1]:
+                cells = []
+                for name in (args.policy, args.baseline):
+                    runs = [
+                        replay(
+                            workload,
+                            POLICIES[name],
+                            load=load,
+                            seconds=args.seconds,
+                            replicas=replicas,
+                            seed=s,
+                        )
+                        for s in range(args.seeds)
+                    ]
+                    vs = statistics.fmean(r.vs_oracle for r in runs)
+                    p99 = statistics.fmean(r.ttft_p99_ms for r in runs)
+                    cells.append(f"{name} {vs:4.0%} of oracle, TTFT p99 {p99:6.0f} ms")
+                    if args.reasons and name == args.policy:
+                        total: collections.Counter[str] = collections.Counter()
+                        for r in runs:
+                            total.update(r.reasons)
+                        cells.append(str(dict(total.most_common())))
+                print(f"{workload:<17} {load:4.0%} x{replicas}  " + " | ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
