@@ -57,7 +57,11 @@ def parse_policy_config(raw: Mapping[str, Any]) -> PolicyConfig:
     values = dict(raw)
     try:
         if "load" in values and isinstance(values["load"], Mapping):
-            values["load"] = LoadModel(**values["load"])
+            # fields not given keep the policy's own defaults (prefix affinity's differ from
+            # `LoadModel()`'s: no KV weight, no queue threshold)
+            base = next(f.default for f in dataclasses.fields(config_type) if f.name == "load")
+            assert isinstance(base, LoadModel)
+            values["load"] = dataclasses.replace(base, **values["load"])
         return config_type(**values)
     except TypeError as exc:
         raise ValueError(f"invalid policy config: {exc}") from exc

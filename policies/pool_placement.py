@@ -14,7 +14,11 @@ backends, and for the same reason: the strictly lightest flips between replicas 
 slack keeps them mostly agreeing. Measured in an offline replay of the routing bench (80 % load,
 20 s, 1 / 2 / 4 replicas, mean of 2 seeds, % of the oracle): shared_prefix 73 / 51 / 52 -> 97 / 70 /
 55, long_document_qa 59 / 46 / 44 -> 62 / 47 / 43; no slack gives one replica 97 % and 83 % but two
-or four replicas far less on documents (38 / 31 %). The group then stays there (`prefer`), subject to the pool load bound. A
+or four replicas far less on documents (38 / 31 %). An *opening* group (a long first message under a
+short preamble: a document asked about) takes the lightest pool itself, as inside a pool: once warm
+documents stopped spilling on engine queues (`policies.prefix_affinity`'s load model), a 7 / 5 split
+left the pool with seven near its capacity (`python -m bench.replay long_document_qa`, 80 %, 1 / 2 /
+4 replicas: 91 / 76 / 71 -> 99 / 71 / 60 %). The group then stays there (`prefer`), subject to the pool load bound. A
 conversation (anchor key) is not a group: it keeps the plain weighted rendezvous, so the split over
 many conversations follows the weights exactly.
 
@@ -66,7 +70,10 @@ class PoolPlacement:
         mean_weight = math.fsum(p.weight for p in pools) / len(pools)
         loads = [self._sets.size(p.name) * mean_weight / p.weight for p in order]
         lightest = min(loads)
-        slack = float(len(features.block_hashes))  # one group of this size
+        # one group of this size for a long preamble; none for an opening group (a long first
+        # message), as inside a pool (`policies.prefix_affinity`, 3)
+        opening = features.preamble_blocks < self._config.group_min_blocks
+        slack = 0.0 if opening else float(len(features.block_hashes))
         return next(p.name for p, load in zip(order, loads, strict=True) if load <= lightest + slack)
 
     def note(self, key: int, placed: str, routed: str, features: RequestFeatures) -> None:

@@ -35,7 +35,11 @@ def test_parse_policy_config() -> None:
     parsed = parse_policy_config(
         {"kind": "prefix_affinity", "load_factor": 0.5, "index_entries": 10, "load": {"kv_weight": 2.0}}
     )
-    assert parsed == PrefixAffinityConfig(load_factor=0.5, index_entries=10, load=LoadModel(kv_weight=2.0))
+    # the load fields not given keep the policy's defaults (affinity: no queue threshold)
+    assert parsed == PrefixAffinityConfig(
+        load_factor=0.5, index_entries=10, load=LoadModel(kv_weight=2.0, queue_high=None)
+    )
+    assert parse_policy_config({"load": {"queue_high": 16}}).load == LoadModel(kv_weight=0.0, queue_high=16)
     assert parse_policy_config({"kind": "least_load", "load": {"queue_weight": 3}}) == LeastLoadConfig(
         load=LoadModel(queue_weight=3)
     )

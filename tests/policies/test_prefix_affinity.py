@@ -114,15 +114,47 @@ def test_bounded_load_spills_away_from_an_overloaded_home() -> None:
 
 
 @pytest.mark.parametrize(
-    "overload", [{"queue_depth": 9.0}, {"kv_usage": 0.97}, {"in_flight": 2, "max_concurrency": 2}]
+    "overload",
+    [
+        {"queue_depth": 9.0},  # over the bound (the others' queues are empty)
+        {"kv_usage": 0.97},  # over `kv_high`
+        {"in_flight": 2, "max_concurrency": 2},  # at the configured concurrency
+    ],
 )
-def test_engine_thresholds_make_a_backend_spill(overload: dict[str, object]) -> None:
+def test_engine_figures_make_a_backend_spill(overload: dict[str, object]) -> None:
     rng = random.Random(6)
     p = pool("a", 4)
     policy = PrefixAffinity(NO_INDEX)
     f = features(conversation(rng, system="s"))
     home = policy.select(p, f, 0.0).backend
     assert policy.select(_with_load(p, home, **overload), f, 0.0).backend != home
+
+
+def test_a_deep_engine_queue_alone_does_not_push_a_warm_group_off_its_backend() -> None:
+    """Every engine queue is long (a burst, or the start of a run when every group was cold): the
+    warm home is within the bound, so its document stays there. An absolute queue threshold (the
+    default `LoadModel`'s `queue_high` 8) sent it to a cold engine, whose cold prefill made the
+    queues longer still and evicted another document there (bench.replay: long documents at 80 %
+    load, 58 % -> 94 % of the oracle)."""
+    rng = random.Random(23)
+    p = pool("a", 4)
+    policy = PrefixAffinity()
+    doc = text(rng, 1500)
+
+    def ask() -> RequestFeatures:
+        return features([{"role": "user", "content": f"Document:\n{doc}\n\nQuestion: {text(rng, 20)}"}])
+
+    home = _route(policy, p, ask()).backend
+    busy = dataclasses.replace(
+        p,
+        backends=tuple(
+            dataclasses.replace(b, running=1.0, queue_depth=12.0 if b.name == home else 10.0)
+            for b in p.backends
+        ),
+    )
+    assert policy.select(busy, ask(), 0.0) == BackendChoice(home, "affinity:hit", "hit")
+    # a queue far above the others' is still a hot spot: the bound moves the document
+    assert policy.select(_with_load(busy, home, queue_depth=30.0), ask(), 0.0).backend != home
 
 
 def test_everyone_saturated_picks_least_loaded() -> None:
