@@ -18,7 +18,7 @@ or four replicas far less on documents (38 / 31 %). An *opening* group (a long f
 short preamble: a document asked about) takes the lightest pool itself, as inside a pool: once warm
 documents stopped spilling on engine queues (`policies.prefix_affinity`'s load model), a 7 / 5 split
 left the pool with seven near its capacity (`python -m bench.replay long_document_qa`, 80 %, 1 / 2 /
-4 replicas: 91 / 76 / 71 -> 99 / 71 / 60 %). The group then stays there (`prefer`), subject to the pool load bound. A
+4 replicas: 91 / 76 / 71 -> 99 / 71 / 60 %). The group then stays there (first in the pool order), subject to the pool load bound. A
 conversation (anchor key) is not a group: it keeps the plain weighted rendezvous, so the split over
 many conversations follows the weights exactly.
 
@@ -30,44 +30,31 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Sequence
 
-from policies.hashing import NameHashes
-from policies.pools import capable, hrw_order
 from policies.prefix_affinity import PrefixAffinityConfig
-from policies.types import FleetSnapshot, RequestFeatures
+from policies.types import PoolView, RequestFeatures
 from policies.working_sets import WorkingSets
 
 
 class PoolPlacement:
-    __slots__ = ("_config", "_max", "_names", "_placed", "_sets")
+    __slots__ = ("_config", "_max", "_placed", "_sets")
 
-    def __init__(self, config: PrefixAffinityConfig, names: NameHashes) -> None:
+    def __init__(self, config: PrefixAffinityConfig) -> None:
         self._config = config
-        self._names = names
         self._max = config.working_set_entries
         self._placed: OrderedDict[int, str] = OrderedDict()
         self._sets = WorkingSets(config.working_set_entries)
 
-    def place(
-        self, snapshot: FleetSnapshot, features: RequestFeatures, key: int, sticky_key: int
-    ) -> str | None:
-        """The pool group `key` should go to, or None when there is no choice to make."""
-        pools = [
-            p
-            for p in snapshot.pools
-            if features.model in p.models
-            and p.weight > 0
-            and capable(p, features)
-            and p.has_routable_backend()
-        ]
-        if len(pools) < 2:
-            return None
+    def place(self, order: Sequence[PoolView], features: RequestFeatures, key: int) -> str:
+        """The pool group `key` should go to among `order`: the request's candidate pools (two or
+        more, after the rules), in the key's weighted rendezvous order (`policies.pools.choose_pool`).
+        """
         placed = self._placed.get(key)
-        if placed is not None and any(p.name == placed for p in pools):
+        if placed is not None and any(p.name == placed for p in order):
             self._placed.move_to_end(key)
             return placed
-        order = hrw_order(pools, sticky_key, self._names)
-        mean_weight = math.fsum(p.weight for p in pools) / len(pools)
+        mean_weight = math.fsum(p.weight for p in order) / len(order)
         loads = [self._sets.size(p.name) * mean_weight / p.weight for p in order]
         lightest = min(loads)
         # one group of this size for a long preamble; none for an opening group (a long first

@@ -14,8 +14,9 @@ Steps, in order:
 6. Among two or more candidates, a weighted choice by the pools' live weights: with a `sticky_key`,
    weighted rendezvous hashing (score `w / -ln(u(key, pool))`, so a conversation keeps its pool, the
    split over many conversations follows the weights, and a weight change moves only the share that
-   must move); without one, the cumulative weights against `rand`. A `prefer`red pool (a prefix
-   group's placed pool, `policies.router`) goes first in that order; the load bound still applies.
+   must move); without one, the cumulative weights against `rand`. With a `place` hook (a prefix
+   group's placement, `policies.pool_placement`), the pool it names among these candidates goes
+   first in that order; the load bound still applies.
 
 The reason is `pin`, or `rule:<name>` / `default`, followed by `+weights` when weights decided.
 """
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from policies.hashing import NameHashes, mix64, unit_float
@@ -85,6 +86,12 @@ class PoolBalance:
 class PoolChoice:
     pool: PoolView
     reason: str
+    placed: str | None = None  # the pool the `place` hook named, if it was asked
+
+
+# Given the candidate pools (two or more, after rules) in the key's rendezvous order, the one a
+# prefix group should go to, or None for no preference.
+PlaceHook = Callable[[Sequence[PoolView]], str | None]
 
 
 def capable(pool: PoolView, features: RequestFeatures) -> bool:
@@ -104,7 +111,7 @@ def choose_pool(
     sticky_key: int | None = None,
     name_hash: NameHashes | None = None,
     balance: PoolBalance | None = None,
-    prefer: str | None = None,
+    place: PlaceHook | None = None,
 ) -> PoolChoice:
     """The pool for this request (see the module docstring); raises `RoutingError`."""
     model = features.model
@@ -142,11 +149,13 @@ def choose_pool(
 
     if len(candidates) == 1:
         return PoolChoice(candidates[0], label)
-    if sticky_key is not None:
-        chosen = _rendezvous(candidates, sticky_key, name_hash or NameHashes(), balance, prefer)
-    else:
-        chosen = _cumulative(candidates, rand)
-    return PoolChoice(chosen, f"{label}+weights")
+    if sticky_key is None:
+        return PoolChoice(_cumulative(candidates, rand), f"{label}+weights")
+    ordered = hrw_order(candidates, sticky_key, name_hash or NameHashes())
+    placed = place(ordered) if place is not None else None
+    if placed is not None:  # the group's placed pool first, then the rendezvous order
+        ordered.sort(key=lambda p: p.name != placed)
+    return PoolChoice(_bounded(ordered, balance), f"{label}+weights", placed)
 
 
 def _cumulative(pools: Sequence[PoolView], rand: float) -> PoolView:
@@ -160,16 +169,8 @@ def _cumulative(pools: Sequence[PoolView], rand: float) -> PoolView:
     return pools[-1]
 
 
-def _rendezvous(
-    pools: Sequence[PoolView],
-    key: int,
-    name_hash: NameHashes,
-    balance: PoolBalance | None = None,
-    prefer: str | None = None,
-) -> PoolView:
-    ordered = hrw_order(pools, key, name_hash)
-    if prefer is not None:  # the group's placed pool first, then the HRW order
-        ordered.sort(key=lambda p: p.name != prefer)
+def _bounded(ordered: Sequence[PoolView], balance: PoolBalance | None) -> PoolView:
+    """The first pool of `ordered` within the load bound (see the module docstring, 6)."""
     if balance is None:
         return ordered[0]
     loads: list[float] = []

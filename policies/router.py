@@ -9,6 +9,7 @@ policy's routing state (e.g. the prefix index), so keep one `Router` per gateway
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Collection, Sequence
 from typing import Literal
 
@@ -16,7 +17,7 @@ from policies.factory import PolicyConfig, make_policy
 from policies.hashing import NameHashes, mix64
 from policies.policy import BackendPolicy
 from policies.pool_placement import PoolPlacement
-from policies.pools import PoolBalance, Rule, choose_pool
+from policies.pools import PlaceHook, PoolBalance, Rule, choose_pool
 from policies.prefix_affinity import DEFAULT_CONFIG as DEFAULT_AFFINITY_CONFIG
 from policies.prefix_affinity import PrefixAffinityConfig, group_blocks, routing_key
 from policies.types import Decision, FleetSnapshot, PoolView, RequestFeatures, RoutingError
@@ -60,7 +61,7 @@ class Router:
         # (`pool_load_factor`): a pool spill copies a whole prefix group into the other pool.
         self._balance = PoolBalance(self._key_config.pool_load_factor, self._key_config.load_slack)
         # ... and a new prefix group is placed in a pool by the pools' working sets, as inside a pool.
-        self._groups = PoolPlacement(self._key_config, self._pool_names)
+        self._groups = PoolPlacement(self._key_config)
 
     def decide(
         self,
@@ -80,13 +81,13 @@ class Router:
         if exclude:
             snapshot = _without(snapshot, exclude)
         sticky_key: int | None = None
-        prefer: str | None = None
+        place: PlaceHook | None = None
         key = 0
         if self.pool_choice == "sticky":
             key = routing_key(features, self._key_config)
             sticky_key = mix64(key ^ _POOL_SALT)
             if pin is None and group_blocks(features, self._key_config):
-                prefer = self._groups.place(snapshot, features, key, sticky_key)
+                place = functools.partial(self._groups.place, features=features, key=key)
         pool_choice = choose_pool(
             snapshot,
             features,
@@ -96,14 +97,14 @@ class Router:
             sticky_key=sticky_key,
             name_hash=self._pool_names,
             balance=self._balance,
-            prefer=prefer,
+            place=place,
         )
         pool = pool_choice.pool
         choice = self.policy.select(pool, features, rand)
         if not dry_run:
             self.policy.on_routed(pool, features, choice)
-            if prefer is not None:
-                self._groups.note(key, prefer, pool.name, features)
+            if pool_choice.placed is not None:
+                self._groups.note(key, pool_choice.placed, pool.name, features)
         return Decision(
             pool=pool.name,
             backend=choice.backend,

@@ -283,6 +283,24 @@ def test_new_long_documents_go_to_the_lighter_pool(seed: int) -> None:
         assert router.decide(snap, features(ask(doc)), rng.random()).pool == home[i]
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_groups_are_placed_among_the_pools_a_rule_leaves(seed: int) -> None:
+    """Three pools, a rule sending long prompts to two of them: new documents are placed over
+    those two by their working sets (6 / 6), never recorded against the third."""
+    rng = random.Random(seed)
+    snap = fleet(pool("a", 4), pool("b", 4), pool("c", 4))
+    router = Router((Rule("long", ("a", "b"), prompt_tokens_gte=1000),))
+    docs = [text(rng, 1500) for _ in range(12)]
+
+    def ask(doc: str) -> list[dict[str, str]]:
+        return [{"role": "user", "content": f"Document:\n{doc}\n\nQuestion: {text(rng, 20)}"}]
+
+    counts = Counter(router.decide(snap, features(ask(doc)), rng.random()).pool for doc in docs)
+    assert counts == {"a": 6, "b": 6}, counts
+    again = Counter(router.decide(snap, features(ask(doc)), rng.random()).pool for doc in docs)
+    assert again == counts
+
+
 def test_group_placement_follows_the_weights_and_skips_weight_zero() -> None:
     rng = random.Random(8)
     router = Router()
