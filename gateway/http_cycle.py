@@ -28,7 +28,8 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
-from gateway.responses import COALESCE
+from gateway.http_guard import GuardedHttpToolsProtocol
+from gateway.responses import COALESCE, DISCONNECT
 
 Callback = Callable[[], None]
 
@@ -61,7 +62,7 @@ class _PrependHead:
 
 class GatewayCycle(RequestResponseCycle):
     """uvicorn's cycle, holding a `COALESCE`-marked head until the body's first write, with a
-    disconnect callback. Installed by `GuardedHttpToolsProtocol` (gateway/http_guard.py)."""
+    disconnect callback. Installed by `GatewayHttpProtocol` (below)."""
 
     _held = b""
     _on_disconnect: Callback | None = None
@@ -137,3 +138,23 @@ class GatewayCycle(RequestResponseCycle):
             self.transport = real
             if not self.disconnected and not real.is_closing():
                 prepend.flush()  # the message wrote nothing (e.g. an empty body with more to come)
+
+
+class GatewayHttpProtocol(GuardedHttpToolsProtocol):
+    """The protocol `gateway serve` runs: uvicorn's httptools protocol with the head guard
+    (gateway/http_guard.py), whose every request gets a `GatewayCycle`."""
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        cycle = self.cycle
+        if type(cycle) is RequestResponseCycle:
+            # The cycle uvicorn just built (its task has not run yet) becomes ours: same fields, a
+            # coalesced head write and a disconnect callback.
+            cycle.__class__ = GatewayCycle
+            cycle.scope["extensions"] = {DISCONNECT: cycle.on_disconnect}  # type: ignore[attr-defined]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        cycle = self.cycle
+        if type(cycle) is GatewayCycle:
+            cycle.connection_lost()

@@ -1,6 +1,7 @@
 """Limits on the request head that uvicorn's httptools protocol does not have: size and time.
 
-(The protocol also gives each request our `GatewayCycle`: gateway/http_cycle.py.)
+(The gateway serves with `GatewayHttpProtocol`, gateway/http_cycle.py: this guard plus our request
+cycle.)
 
 uvicorn 0.x with httptools accepts request heads of any size (an 8 MB header, or 20 000 headers,
 are parsed and buffered; `h11_max_incomplete_event_size` applies to h11 only) and has no timeout
@@ -23,11 +24,9 @@ from __future__ import annotations
 
 import asyncio
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from engines.errors import ApiError
-from gateway.http_cycle import GatewayCycle
-from gateway.responses import DISCONNECT
 from gateway.settings import ServerSettings
 
 
@@ -75,9 +74,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
-        cycle = self.cycle
-        if type(cycle) is GatewayCycle:
-            cycle.connection_lost()
 
     def data_received(self, data: bytes) -> None:
         if self._in_head:
@@ -97,12 +93,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._disarm()
         super().on_headers_complete()
-        cycle = self.cycle
-        if type(cycle) is RequestResponseCycle:
-            # The cycle uvicorn just built (its task has not run yet) becomes ours: same fields, a
-            # coalesced head write and a disconnect callback (gateway/http_cycle.py).
-            cycle.__class__ = GatewayCycle
-            cycle.scope["extensions"] = {DISCONNECT: cycle.on_disconnect}  # type: ignore[attr-defined]
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

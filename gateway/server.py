@@ -20,7 +20,8 @@ from typing import Any
 import uvicorn
 
 from gateway.app import Gateway
-from gateway.http_guard import GuardedHttpToolsProtocol, configure_guard
+from gateway.http_cycle import GatewayHttpProtocol
+from gateway.http_guard import configure_guard
 from gateway.metrics_export import multiprocess_dir
 from gateway.settings import Settings, load_settings
 
@@ -56,7 +57,7 @@ def uvicorn_kwargs(settings: Settings) -> dict[str, Any]:
         "host": s.host,
         "port": s.port,
         "loop": "uvloop",
-        "http": GuardedHttpToolsProtocol,
+        "http": GatewayHttpProtocol,
         "lifespan": "on",
         "access_log": False,
         "server_header": False,

@@ -154,13 +154,13 @@ def test_registering_after_the_client_left_fires_at_once() -> None:
 
 
 async def test_under_uvicorn_with_our_protocol_the_callback_reports_a_client_that_left() -> None:
-    """A real uvicorn server on a real port with GuardedHttpToolsProtocol: the app finds the
+    """A real uvicorn server on a real port with GatewayHttpProtocol: the app finds the
     extension, answers a marked head + body intact, and hears of a client that closes mid-request."""
     import socket
 
     import uvicorn
 
-    from gateway.http_guard import GuardedHttpToolsProtocol
+    from gateway.http_cycle import GatewayHttpProtocol
     from gateway.responses import DISCONNECT
 
     left, release = asyncio.Event(), asyncio.Event()
@@ -185,7 +185,7 @@ async def test_under_uvicorn_with_our_protocol_the_callback_reports_a_client_tha
         )
         await send({"type": "http.response.body", "body": b"ok"})
 
-    config = uvicorn.Config(app, lifespan="off", http=GuardedHttpToolsProtocol, log_level="error")
+    config = uvicorn.Config(app, lifespan="off", http=GatewayHttpProtocol, log_level="error")
     server = uvicorn.Server(config)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
