@@ -6,9 +6,8 @@ Contract:
   state: the admin explain endpoint calls it for dry runs.
 - `on_routed` is called exactly once when the gateway commits to a `select` result (not for dry runs);
   it is the only place a policy updates its routing state (round-robin cursor, prefix index).
-- `on_complete` is called when the upstream request finished (`ok` False on an upstream error).
 
-Policies subclass `BackendPolicy` explicitly to inherit the no-op hooks. `rand` is a float in [0, 1)
+Policies subclass `BackendPolicy` explicitly to inherit the no-op hook. `rand` is a float in [0, 1)
 supplied by the caller (policies never use a global random source).
 """
 
@@ -23,7 +22,4 @@ class BackendPolicy(Protocol):
     def select(self, pool: PoolView, features: RequestFeatures, rand: float) -> BackendChoice: ...
 
     def on_routed(self, pool: PoolView, features: RequestFeatures, choice: BackendChoice) -> None:
-        return None
-
-    def on_complete(self, pool: str, backend: str, features: RequestFeatures, ok: bool) -> None:
         return None

@@ -112,10 +112,6 @@ class Router:
             affinity=choice.affinity,
         )
 
-    def on_complete(self, decision: Decision, features: RequestFeatures, ok: bool) -> None:
-        """Tell the policy the upstream request of `decision` finished."""
-        self.policy.on_complete(decision.pool, decision.backend, features, ok)
-
 
 def _without(snapshot: FleetSnapshot, exclude: Collection[str]) -> FleetSnapshot:
     pools: list[PoolView] = []

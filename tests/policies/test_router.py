@@ -195,14 +195,6 @@ def test_dry_run_changes_no_state() -> None:
     assert {rr.decide(snap, f, 0.5, dry_run=True).backend for _ in range(4)} == {"p-0"}
 
 
-def test_on_complete_is_accepted() -> None:
-    rng = random.Random(11)
-    snap = fleet(pool("p", 2))
-    router = Router()
-    f = features(conversation(rng, system="s"))
-    router.on_complete(router.decide(snap, f, 0.5), f, ok=False)
-
-
 def test_unknown_model() -> None:
     with pytest.raises(RoutingError) as err:
         Router().decide(fleet(pool("p")), dataclasses.replace(features([]), model="x"), 0.5)
