@@ -18,9 +18,9 @@ or four replicas far less on documents (38 / 31 %). An *opening* group (a long f
 short preamble: a document asked about) takes the lightest pool itself, as inside a pool: once warm
 documents stopped spilling on engine queues (`policies.prefix_affinity`'s load model), a 7 / 5 split
 left the pool with seven near its capacity (`python -m bench.replay long_document_qa`, 80 %, 1 / 2 /
-4 replicas: 91 / 76 / 71 -> 99 / 71 / 60 %). The group then stays there (first in the pool order), subject to the pool load bound. A
-conversation (anchor key) is not a group: it keeps the plain weighted rendezvous, so the split over
-many conversations follows the weights exactly.
+4 replicas: 91 / 76 / 71 -> 99 / 71 / 60 %). The group then stays there (first in the pool order),
+subject to the pool load bound. A conversation (anchor key) is not a group: it keeps the plain
+weighted rendezvous, so the split over many conversations follows the weights exactly.
 
 Local and bounded like the backend working sets: this replica's own decisions, at most
 `working_set_entries` groups remembered (LRU), ~3 MB at the default 16,384.
