@@ -132,9 +132,11 @@ def test_stream_takes_ttft_plus_itl_per_later_token(engine: str) -> None:
     with SimProcess(engine, extra=[*flags, "--min-output-tokens", "6", "--max-output-tokens", "6"]) as p:
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "stream": True}
         httpx.post(p.base_url + CHAT, json=body, timeout=10)  # warm up the connection path
-        t0 = time.perf_counter()
-        with httpx.stream("POST", p.base_url + CHAT, json=body, timeout=10) as r:
-            events = [line for line in r.iter_lines() if line.startswith("data: {")]
-        took = time.perf_counter() - t0
-    assert len(events) >= 6
-    assert 0.19 < took < 0.235  # 1 + 5 x 40 ms; one ITL more would be >= 0.241
+        takes = []
+        for _ in range(3):  # a busy machine only ever adds time: the fastest of three is the model's
+            t0 = time.perf_counter()
+            with httpx.stream("POST", p.base_url + CHAT, json=body, timeout=10) as r:
+                events = [line for line in r.iter_lines() if line.startswith("data: {")]
+            takes.append(time.perf_counter() - t0)
+            assert len(events) >= 6
+    assert 0.19 < min(takes) < 0.235, takes  # 1 + 5 x 40 ms; one ITL more would be >= 0.241
