@@ -27,12 +27,11 @@ import collections
 import heapq
 import random
 import statistics
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bench.routing import FleetSpec, _pct, capacity, oracle, prompt_ids
-from bench.workloads import WORKLOADS, schedule
+from bench.routing import FleetSpec, _pct, make_point, prompt_ids
+from bench.workloads import WORKLOADS
 from engines.sim.prefix_cache import Lease, PrefixCache
 from policies.factory import PolicyConfig
 from policies.features import extract_features
@@ -95,13 +94,8 @@ def replay(
 ) -> Result:
     """One point of the routing bench, replayed offline (see the module docstring)."""
     spec = spec or FleetSpec()
-    make = WORKLOADS[workload]
-    # the trace and schedule of bench/routing.py `Suite.run` (seed 0 is the bench's own schedule)
-    _, per0 = oracle(make(400), spec)
-    n = max(50, round(capacity(per0, spec) * load * seconds))
-    trace = make(n)
-    oracle_rate, per = oracle(trace, spec)
-    times = schedule(n, capacity(per, spec) * load, seed=zlib.crc32(f"{workload}-{load}".encode()) + seed)
+    point = make_point(workload, load, seconds, spec, seed)  # the bench's own trace and schedule
+    trace, times, oracle_rate, n = point.trace, point.times, point.oracle_rate, len(point.trace)
 
     names = {e: [f"{e}-{i}" for i in range(spec.per_engine)] for e in ("vllm", "sglang")}
     every = names["vllm"] + names["sglang"]

@@ -144,6 +144,30 @@ def capacity(per: list[tuple[int, int]], spec: FleetSpec) -> float:
     return spec.sims * spec.max_num_seqs / mean
 
 
+@dataclass(frozen=True)
+class Point:
+    """One (workload, load) point of the suite: its trace, Poisson send times and oracle."""
+
+    trace: list[Request]
+    times: list[float]
+    oracle_rate: float
+    per: list[tuple[int, int]]  # (prompt, cached) per request under the oracle
+    capacity: float  # req/s, from the cost model with the oracle's hits
+
+
+def make_point(workload: str, load: float, seconds: float, spec: FleetSpec, seed: int = 0) -> Point:
+    """`seconds` of arrivals at `load` × the fleet's capacity (sized on a 400-request sample, then on
+    the trace itself). `seed` 0 is the suite's own schedule (bench.replay varies it)."""
+    make = WORKLOADS[workload]
+    _, per0 = oracle(make(400), spec)
+    n = max(50, round(capacity(per0, spec) * load * seconds))
+    trace = make(n)
+    rate, per = oracle(trace, spec)
+    cap = capacity(per, spec)
+    times = schedule(n, cap * load, seed=zlib.crc32(f"{workload}-{load}".encode()) + seed)
+    return Point(trace, times, rate, per, cap)
+
+
 def _pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -298,16 +322,11 @@ class Suite:
         self.start_fleet()
         for w in self.m.workloads:
             for load in self.m.loads:
-                _, per0 = oracle(WORKLOADS[w](400), self.spec)
-                cap = capacity(per0, self.spec)
-                n = max(50, round(cap * load * self.m.seconds))
-                trace = WORKLOADS[w](n)
-                orate, per = oracle(trace, self.spec)
-                cap = capacity(per, self.spec)
-                times = schedule(n, cap * load, seed=zlib.crc32(f"{w}-{load}".encode()))
+                pt = make_point(w, load, self.m.seconds, self.spec)
+                trace, times, orate, cap = pt.trace, pt.times, pt.oracle_rate, pt.capacity
                 self.log(
-                    f"{w} @ {load:.0%}: {n} requests at {cap * load:.1f} req/s (capacity {cap:.1f} req/s from the cost "
-                    f"model), mean prompt {statistics.fmean(p for p, _ in per):.0f} tokens, oracle hit rate {orate:.1%}"
+                    f"{w} @ {load:.0%}: {len(trace)} requests at {cap * load:.1f} req/s (capacity {cap:.1f} req/s from the "
+                    f"cost model), mean prompt {statistics.fmean(p for p, _ in pt.per):.0f} tokens, oracle hit rate {orate:.1%}"
                 )
                 routers = self.m.uniform_routers if w == "uniform" else self.m.routers
                 for r in routers:
