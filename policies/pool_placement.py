@@ -32,9 +32,9 @@ import math
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from policies.prefix_affinity import PrefixAffinityConfig
+from policies.prefix_affinity import PrefixAffinityConfig, opening_group
 from policies.types import PoolView, RequestFeatures
-from policies.working_sets import WorkingSets
+from policies.working_sets import WorkingSets, first_within
 
 
 class PoolPlacement:
@@ -56,12 +56,9 @@ class PoolPlacement:
             return placed
         mean_weight = math.fsum(p.weight for p in order) / len(order)
         loads = [self._sets.size(p.name) * mean_weight / p.weight for p in order]
-        lightest = min(loads)
-        # one group of this size for a long preamble; none for an opening group (a long first
-        # message), as inside a pool (`policies.prefix_affinity`, 3)
-        opening = features.preamble_blocks < self._config.group_min_blocks
-        slack = 0.0 if opening else float(len(features.block_hashes))
-        return next(p.name for p, load in zip(order, loads, strict=True) if load <= lightest + slack)
+        # one group of this size for a long preamble; none for an opening group, as inside a pool
+        slack = 0.0 if opening_group(features, self._config) else float(len(features.block_hashes))
+        return order[first_within(loads, slack)].name
 
     def note(self, key: int, placed: str, routed: str, features: RequestFeatures) -> None:
         """Record the group's placed pool and what was sent to the pool that served it."""

@@ -55,7 +55,7 @@ from policies.load import LoadModel
 from policies.policy import BackendPolicy
 from policies.prefix_index import PrefixIndex
 from policies.types import BackendChoice, BackendView, PoolView, RequestFeatures
-from policies.working_sets import WorkingSets
+from policies.working_sets import WorkingSets, first_within
 
 # KV use is left out of the load score: in an engine it is the running requests' prompts, which
 # `in_flight` already counts, so a backend serving one long cached prompt looked 1.6 requests busier
@@ -115,6 +115,12 @@ def group_blocks(features: RequestFeatures, config: PrefixAffinityConfig = DEFAU
     if features.anchor_blocks >= config.group_min_blocks:
         return config.group_min_blocks
     return 0
+
+
+def opening_group(features: RequestFeatures, config: PrefixAffinityConfig = DEFAULT_CONFIG) -> bool:
+    """A group named by a long opening (a document asked about, a long first prompt) rather than by
+    a long preamble: placed without slack (see the module docstring, 3)."""
+    return features.preamble_blocks < config.group_min_blocks
 
 
 def grouped(features: RequestFeatures, config: PrefixAffinityConfig = DEFAULT_CONFIG) -> bool:
@@ -204,9 +210,8 @@ class PrefixAffinity(BackendPolicy):
                 # replica's own, and near-ties sent one group to different backends from different
                 # replicas. Opening groups take the lightest (see the module docstring, 3).
                 sizes = [self._sets.size(ranked[i].name) for i in range(min(config.group_choices, n))]
-                slack = config.placement_slack if features.preamble_blocks == preamble else 0.0
-                limit = min(sizes) + slack * preamble
-                placed = next(i for i, size in enumerate(sizes) if size <= limit)
+                slack = 0.0 if opening_group(features, config) else config.placement_slack * preamble
+                placed = first_within(sizes, slack)
                 warm[placed] = max(features.history_blocks, preamble)
         elif not deep and features.history_blocks - base > warm[0]:
             warm[0] = features.history_blocks - base

@@ -15,6 +15,15 @@ take ~3 MB.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
+
+
+def first_within(sizes: Sequence[float], slack: float) -> int:
+    """The placement rule for a new group: the index of the first of `sizes` (working sets, in the
+    group's rendezvous order) within `slack` of the smallest. Slack keeps replicas, whose working sets
+    differ a little, on the same choice; 0 takes the lightest."""
+    limit = min(sizes) + slack
+    return next(i for i, size in enumerate(sizes) if size <= limit)
 
 
 class WorkingSets:
