@@ -269,25 +269,25 @@ class ProxyStage:
                 self._on_upstream_error(ctx, backend, ctx.error_kind or "upstream_broken")
 
 
-class _DisconnectWatch:
+class _DisconnectWatch(ClientWatch):
     """Cancels `task` once, when the client disconnects, while `stop()` has not been called."""
 
-    __slots__ = ("_active", "_task", "_watch", "fired")
+    __slots__ = ("_active", "_target", "fired")
 
     def __init__(self, ctx: RequestContext, task: asyncio.Task[object]) -> None:
-        self._task = task
+        self._target = task
         self._active = True
         self.fired = False
-        self._watch = ClientWatch(ctx, self._fire)
+        super().__init__(ctx, self._fire)
 
     def _fire(self) -> None:
         if self._active:
             self.fired = True
-            self._task.cancel()
+            self._target.cancel()
 
     def stop(self) -> None:
         self._active = False
-        self._watch.stop()
+        super().stop()
 
 
 def _client_gone() -> ApiError:
