@@ -51,6 +51,20 @@ POLICIES: dict[str, PolicyConfig] = {
 }
 
 
+@dataclass(frozen=True)
+class Slow:
+    """One of a point's slowest first tokens, taken apart."""
+
+    ttft_ms: float
+    queued_ms: float  # waiting in the engine's queue
+    prefill_ms: float  # the engine's fixed first-token time plus the uncached tokens' prefill
+    prompt_tokens: int
+    cached_tokens: int
+    backend: str
+    reason: str
+    ahead: int  # requests in the engine (running + queued) when this one arrived
+
+
 @dataclass
 class Result:
     workload: str
@@ -63,6 +77,7 @@ class Result:
     ttft_p99_ms: float
     reasons: collections.Counter[str] = field(default_factory=collections.Counter)
     per_backend: dict[str, int] = field(default_factory=dict)
+    slowest: list[Slow] = field(default_factory=list)
 
     @property
     def vs_oracle(self) -> float:
@@ -135,6 +150,8 @@ def replay(
     sent: dict[int, float] = {}
     ttft: list[float] = []
     where: dict[int, tuple[int, str]] = {}
+    why: dict[int, tuple[str, int]] = {}
+    slow: list[Slow] = []
     leases: dict[int, Lease] = {}
     cached_total = prompt_total = 0
     reasons: collections.Counter[str] = collections.Counter()
@@ -183,6 +200,8 @@ def replay(
         e.in_use += size + spec.output_tokens
         first = spec.ttft_ms / 1e3 + (size - cached) * spec.prefill_us_per_token / 1e6
         ttft.append((now + first - sent[i]) * 1000)
+        reason, ahead = why[i]
+        slow.append(Slow(ttft[-1], (now - sent[i]) * 1000, first * 1000, size, cached, b, reason, ahead))
         push(now + spec.service_s(size, cached), "done", i)
 
     while events:
@@ -202,6 +221,7 @@ def replay(
             where[i] = (replica, d.backend)
             own[replica][d.backend] += 1
             e = engines[d.backend]
+            why[i] = (d.reason, e.running + len(e.queue))
             if e.running < spec.max_num_seqs:
                 start(d.backend, i, now)
             else:
@@ -230,6 +250,7 @@ def replay(
         ttft_p99_ms=_pct(ttft, 99),
         reasons=reasons,
         per_backend={b: served[b] for b in every},
+        slowest=sorted(slow, key=lambda x: -x.ttft_ms)[: max(1, n // 100) * 2],
     )
 
 
@@ -243,6 +264,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--seeds", type=int, default=1, help="schedules per point (their mean is printed)")
     ap.add_argument("--reasons", action="store_true", help="print the routing reasons' counts")
+    ap.add_argument("--tail", action="store_true", help="take apart the slowest 2 %% of first tokens")
     args = ap.parse_args(argv)
     unknown = [w for w in args.workloads if w not in WORKLOADS]
     if unknown:
@@ -251,6 +273,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for load in args.load or [0.8]:
             for replicas in args.replicas or [1]:
                 cells = []
+                tails: dict[str, list[Slow]] = {}
                 for name in (args.policy, args.baseline):
                     runs = [
                         replay(
@@ -271,7 +294,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                         for r in runs:
                             total.update(r.reasons)
                         cells.append(str(dict(total.most_common())))
+                    if args.tail:
+                        tails[name] = [s for r in runs for s in r.slowest]
                 print(f"{workload:<17} {load:4.0%} x{replicas}  " + " | ".join(cells), flush=True)
+                for name, slowest in tails.items():
+                    print(f"  slowest first tokens, {name}:")
+                    for x in sorted(slowest, key=lambda x: -x.ttft_ms):
+                        print(
+                            f"    {x.ttft_ms:6.0f} ms = queued {x.queued_ms:6.0f} + prefill {x.prefill_ms:5.0f}"
+                            f"  prompt {x.prompt_tokens:5d} cached {x.cached_tokens:5d}"
+                            f"  {x.ahead} ahead on {x.backend} ({x.reason})"
+                        )
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from policies.group_demand import GroupDemand
 from policies.hashing import NameHashes, mix64, str_hash64
 from policies.load import LoadModel
 from policies.policy import BackendPolicy
@@ -84,6 +85,8 @@ class PrefixAffinityConfig:
     index_max_holders: int = 4
     working_set_entries: int = 16384
     session_in_key: bool = False
+    demand_window: int = 32
+    demand_entries: int = 4096
 
     def __post_init__(self) -> None:
         slacks = (
@@ -99,6 +102,8 @@ class PrefixAffinityConfig:
             )
         if self.group_min_blocks < 1 or self.group_choices < 1:
             raise ValueError("group_min_blocks and group_choices must be >= 1")
+        if self.demand_window < 2 or self.demand_entries < 0:
+            raise ValueError("demand_window must be >= 2 and demand_entries >= 0")
         if not self.blocks_per_request > 0:
             raise ValueError("blocks_per_request must be > 0")
 
@@ -149,6 +154,7 @@ class PrefixAffinity(BackendPolicy):
         self._index = PrefixIndex(config.index_entries, config.index_max_holders)
         self._names = NameHashes()
         self._sets = WorkingSets(config.working_set_entries)
+        self._demand = GroupDemand(1.0 / config.demand_window, config.demand_entries)
 
     @property
     def config(self) -> PrefixAffinityConfig:
@@ -213,6 +219,16 @@ class PrefixAffinity(BackendPolicy):
                 slack = 0.0 if opening_group(features, config) else config.placement_slack * preamble
                 placed = first_within(sizes, slack)
                 warm[placed] = max(features.history_blocks, preamble)
+            else:
+                # A hot group is kept warm on `span` backends (`policies.group_demand`): while fewer
+                # hold it, the lightest (working set) of the others is the next, counted one block
+                # short of the holders so that it takes a request for load only, never on a tie.
+                span = self._demand.span(pool.name, self.key(features), n, 1.0 + config.load_factor)
+                if span > 1:
+                    others = [i for i in range(n) if warm[i] < preamble]
+                    if n - len(others) < span and others:
+                        extra = min(others, key=lambda i: self._sets.size(ranked[i].name))
+                        warm[extra] = preamble - 1
         elif not deep and features.history_blocks - base > warm[0]:
             warm[0] = features.history_blocks - base
 
@@ -251,10 +267,13 @@ class PrefixAffinity(BackendPolicy):
     def on_routed(self, pool: PoolView, features: RequestFeatures, choice: BackendChoice) -> None:
         # The preamble's last block (it identifies the whole preamble: which backends were sent this
         # group) and every block past it. Earlier preamble blocks add nothing and would cost time.
-        shared = group_blocks(features, self._config) or features.preamble_blocks
+        g = group_blocks(features, self._config)
+        shared = g or features.preamble_blocks
         start = shared - 1 if shared else 0
         self._index.insert(features.block_hashes[start:], choice.backend)
-        self._sets.note(self.key(features), choice.backend, len(features.block_hashes))
+        key = self.key(features)
+        self._sets.note(key, choice.backend, len(features.block_hashes))
+        self._demand.note(pool.name, key if g else None)
 
 
 def _first_two(entry: tuple[int, str, BackendView]) -> tuple[int, str]:

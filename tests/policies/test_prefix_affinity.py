@@ -371,6 +371,40 @@ def test_a_new_group_goes_to_the_less_loaded_of_its_first_choices_and_then_stays
     assert PrefixAffinity().select(p, features(conversation(rng, system=system)), 0.0).backend == order[0]
 
 
+def test_a_hot_group_starts_new_conversations_on_a_second_backend_when_its_home_is_busy() -> None:
+    """A group carrying half of a pool's requests is worth two of its four backends
+    (`policies.group_demand`): with its home busy, a new conversation of it goes to an idle backend,
+    which then holds the group too. A group with a small share stays home under the same load, and
+    with no load the hot group never leaves its home (an assumed copy loses every tie)."""
+    rng = random.Random(23)
+    p = pool("a", 4)
+    policy = PrefixAffinity()
+    hot, *others = (text(rng, 1200) for _ in range(9))
+    homes: dict[str, set[str]] = {}
+    for i in range(300):
+        system = hot if i % 2 == 0 else others[i // 2 % 8]
+        homes.setdefault(system, set()).add(
+            _route(policy, p, features(conversation(rng, system=system))).backend
+        )
+    assert len(homes[hot]) == 1  # no load: one backend holds it, whatever its share
+    (home,) = homes[hot]
+    spread = _route(policy, _with_load(p, home, in_flight=2), features(conversation(rng, system=hot)))
+    assert spread.backend != home and spread.reason == "affinity:spill"
+    # now held by two: new conversations take the less loaded of them, and nothing else
+    for busy in (home, spread.backend):
+        f = features(conversation(rng, system=hot))
+        assert (
+            policy.select(_with_load(p, busy, in_flight=2), f, 0.0).backend
+            == ({home, spread.backend} - {busy}).pop()
+        )
+    cold = next(s for s in others if homes[s] != {home})
+    (cold_home,) = homes[cold]
+    stays = policy.select(
+        _with_load(p, cold_home, in_flight=2), features(conversation(rng, system=cold)), 0.0
+    )
+    assert stays.backend == cold_home
+
+
 def test_turns_of_a_conversation_with_a_long_preamble_stay_on_one_backend() -> None:
     rng = random.Random(21)
     p = pool("a", 8)
@@ -399,6 +433,10 @@ def test_config_validation() -> None:
         PrefixAffinityConfig(tolerance=-0.5)
     with pytest.raises(ValueError):
         PrefixAffinityConfig(placement_slack=-1.0)
+    with pytest.raises(ValueError, match="demand_window"):
+        PrefixAffinityConfig(demand_window=1)
+    with pytest.raises(ValueError, match="demand_entries"):
+        PrefixAffinityConfig(demand_entries=-1)
 
 
 def test_a_long_document_in_the_first_message_is_a_group_whatever_the_question() -> None:

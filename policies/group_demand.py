@@ -1,0 +1,78 @@
+"""How much of a pool's traffic each prefix group carries, so a hot group spans several backends.
+
+A prefix group (a long shared preamble, `policies.prefix_affinity.group_blocks`) lives on one
+backend, its home. When the group alone brings that backend more than its share of the pool's
+requests - four tool sets behind all agent traffic, one system prompt behind most of a tenant's -
+the home runs a queue while its neighbours idle, and the bounded-load rule only moves requests off it
+once the queue is several requests long. This module estimates each group's share of its pool's
+recent requests; `PrefixAffinity` lets a group whose share is worth more than one backend
+(`span`) start new conversations on the first `span` backends of its rendezvous order, so the
+group's preamble is kept warm on that many and its load splits between them.
+
+The share is an exponentially decayed count over requests, not time (no clock: `policies/` stays
+pure): each routed request multiplies every count of its pool by `1 - alpha`, applied lazily. A
+replica sees a random sample of the traffic (the load balancer in front), so replicas estimate the
+same shares and agree on the span without talking to each other. Until a pool has seen `1 / alpha`
+requests its total is taken as `1 / alpha`, so a group's first requests do not make it look hot.
+
+Bounded: at most `max_entries` (pool, key) counts, least recently updated forgotten first; ~150 bytes
+each, ~0.6 MB at the default 4,096.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+
+class GroupDemand:
+    """Decayed per-(pool, group) request counts. Not thread-safe (the gateway's event loop only)."""
+
+    __slots__ = ("_counts", "_decay", "_pools", "alpha", "max_entries")
+
+    def __init__(self, alpha: float = 1 / 32, max_entries: int = 4096) -> None:
+        if not 0.0 < alpha < 1.0:
+            raise ValueError("alpha must be in (0, 1)")
+        if max_entries < 0:
+            raise ValueError("max_entries must be >= 0")
+        self.alpha = alpha
+        self.max_entries = max_entries
+        self._decay = math.log1p(-alpha)
+        # pool -> (requests seen, decayed total); (pool, key) -> (decayed count, requests seen then)
+        self._pools: dict[str, tuple[int, float]] = {}
+        self._counts: OrderedDict[tuple[str, int], tuple[float, int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+    def note(self, pool: str, key: int | None) -> None:
+        """One request was routed in `pool`; `key` is its group's routing key (None: not a group)."""
+        seen, total = self._pools.get(pool, (0, 0.0))
+        seen += 1
+        self._pools[pool] = (seen, total * (1.0 - self.alpha) + 1.0)
+        if key is None or self.max_entries == 0:
+            return
+        counts = self._counts
+        entry = (pool, key)
+        old = counts.get(entry)
+        value = 1.0 if old is None else old[0] * math.exp(self._decay * (seen - old[1])) + 1.0
+        counts[entry] = (value, seen)
+        counts.move_to_end(entry)
+        if len(counts) > self.max_entries:
+            counts.popitem(last=False)
+
+    def share(self, pool: str, key: int) -> float:
+        """The group's fraction of the pool's recent requests, 0.0 when unknown."""
+        old = self._counts.get((pool, key))
+        if old is None:
+            return 0.0
+        seen, total = self._pools[pool]
+        value = old[0] * math.exp(self._decay * (seen - old[1]))
+        return value / max(total, 1.0 / self.alpha)
+
+    def span(self, pool: str, key: int, backends: int, headroom: float) -> int:
+        """How many backends the group should be warm on: its share of the pool in backends'
+        worth, divided by `headroom` (1 + the bounded-load factor: a backend may run that far above
+        the average), rounded up; at least 1, at most `backends`."""
+        worth = self.share(pool, key) * backends / headroom
+        return max(1, min(backends, math.ceil(worth - 1e-9)))
