@@ -15,8 +15,8 @@ replica sees a random sample of the traffic (the load balancer in front), so rep
 same shares and agree on the span without talking to each other. Until a pool has seen `1 / alpha`
 requests its total is taken as `1 / alpha`, so a group's first requests do not make it look hot.
 
-Bounded: at most `max_entries` (pool, key) counts, least recently updated forgotten first; ~150 bytes
-each, ~0.6 MB at the default 4,096.
+Bounded: at most `max_entries` (pool, key) counts, least recently updated forgotten first; ~320 bytes
+each (tracemalloc, CPython 3.11), ~1.3 MB at the default 4,096.
 """
 
 from __future__ import annotations

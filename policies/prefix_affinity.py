@@ -26,7 +26,12 @@ trades a warm cache against a queue, refined by a bounded local prefix index.
    evenly than hashing throws them while replicas - whose working sets are their own - still mostly
    pick the same backend (the strictly smallest flips between replicas on near-ties). Opening groups
    (a long first message, no long preamble) take the strictly smallest: most are never repeated
-   (uniform traffic), and there the working sets act as the load balancer.
+   (uniform traffic), and there the working sets act as the load balancer. A *hot* group - one that
+   brings its pool more than a backend's share of requests (`policies.group_demand`: its decayed
+   share x the pool's backends / (1 + `load_factor`) = its `span`) - is meant to be warm on `span`
+   backends: while the index knows fewer holders, the one with the smallest working set among the
+   others counts as warm for the preamble, one block short of the holders, so it takes a request when
+   the holders are busier by more than `tolerance` and never on a tie.
 4. Choice. `cost = in_flight - warm blocks / blocks_per_request` (a cached block saves prefill; a
    queued request costs a service time; `in_flight` is this replica's own fresh count - the engine's
    scraped figures are global but up to a scrape old, and at low load they still count requests
