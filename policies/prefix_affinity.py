@@ -30,8 +30,8 @@ trades a warm cache against a queue, refined by a bounded local prefix index.
    brings its pool more than a backend's share of requests (`policies.group_demand`: its decayed
    share x the pool's backends / (1 + `load_factor`) = its `span`) - is meant to be warm on `span`
    backends: while the index knows fewer holders, the one with the smallest working set among the
-   others counts as warm for the preamble, one block short of the holders, so it takes a request when
-   the holders are busier by more than `tolerance` and never on a tie.
+   others within the bound counts as warm for the preamble, one block short of the holders, so it
+   takes a request when the holders are busier by more than `tolerance` and never on a tie.
 4. Choice. `cost = in_flight - warm blocks / blocks_per_request` (a cached block saves prefill; a
    queued request costs a service time; `in_flight` is this replica's own fresh count - the engine's
    scraped figures are global but up to a scrape old, and at low load they still count requests
@@ -226,13 +226,15 @@ class PrefixAffinity(BackendPolicy):
                 warm[placed] = max(features.history_blocks, preamble)
             else:
                 # A hot group is kept warm on `span` backends (`policies.group_demand`): while fewer
-                # hold it, the lightest (working set) of the others is the next, counted one block
-                # short of the holders so that it takes a request for load only, never on a tie.
+                # hold it, the lightest (working set) of the others within the bound is the next,
+                # counted one block short of the holders so that it takes a request for load only,
+                # never on a tie.
                 span = self._demand.span(pool.name, self.key(features), n, 1.0 + config.load_factor)
                 if span > 1:
                     others = [i for i in range(n) if warm[i] < preamble]
-                    if n - len(others) < span and others:
-                        extra = min(others, key=lambda i: self._sets.size(ranked[i].name))
+                    room = [i for i in others if fits[i]]
+                    if n - len(others) < span and room:
+                        extra = min(room, key=lambda i: self._sets.size(ranked[i].name))
                         warm[extra] = preamble - 1
         elif not deep and features.history_blocks - base > warm[0]:
             warm[0] = features.history_blocks - base

@@ -371,6 +371,36 @@ def test_a_new_group_goes_to_the_less_loaded_of_its_first_choices_and_then_stays
     assert PrefixAffinity().select(p, features(conversation(rng, system=system)), 0.0).backend == order[0]
 
 
+def _hot_group(
+    rng: random.Random, policy: PrefixAffinity, p: PoolView
+) -> tuple[str, list[str], dict[str, set[str]]]:
+    """Route 300 requests, half of them of one group (`hot`), the rest over eight other groups, with
+    no load; the hot group's system prompt, the others', and the backends each group went to."""
+    hot, *others = (text(rng, 1200) for _ in range(9))
+    homes: dict[str, set[str]] = {}
+    for i in range(300):
+        system = hot if i % 2 == 0 else others[i // 2 % 8]
+        f = features(conversation(rng, system=system))
+        homes.setdefault(system, set()).add(_route(policy, p, f).backend)
+    return hot, others, homes
+
+
+def test_a_hot_group_opens_its_next_backend_within_the_bound() -> None:
+    """The next holder is the lightest of the others that fit: when the lighter ones are over the
+    bound, the hot group opens another rather than queueing at its home."""
+    rng = random.Random(24)
+    p = pool("a", 4)
+    policy = PrefixAffinity()
+    hot, _, homes = _hot_group(rng, policy, p)
+    (home,) = homes[hot]
+    rest = sorted((b.name for b in p.backends if b.name != home), key=policy._sets.size)
+    free = rest[-1]  # the heaviest working set of the three; the two lighter are far over the bound
+    loaded = _with_load(p, home, in_flight=2)
+    for name in rest[:2]:
+        loaded = _with_load(loaded, name, in_flight=12)
+    assert policy.select(loaded, features(conversation(rng, system=hot)), 0.0).backend == free
+
+
 def test_a_hot_group_starts_new_conversations_on_a_second_backend_when_its_home_is_busy() -> None:
     """A group carrying half of a pool's requests is worth two of its four backends
     (`policies.group_demand`): with its home busy, a new conversation of it goes to an idle backend,
@@ -379,13 +409,7 @@ def test_a_hot_group_starts_new_conversations_on_a_second_backend_when_its_home_
     rng = random.Random(23)
     p = pool("a", 4)
     policy = PrefixAffinity()
-    hot, *others = (text(rng, 1200) for _ in range(9))
-    homes: dict[str, set[str]] = {}
-    for i in range(300):
-        system = hot if i % 2 == 0 else others[i // 2 % 8]
-        homes.setdefault(system, set()).add(
-            _route(policy, p, features(conversation(rng, system=system))).backend
-        )
+    hot, others, homes = _hot_group(rng, policy, p)
     assert len(homes[hot]) == 1  # no load: one backend holds it, whatever its share
     (home,) = homes[hot]
     spread = _route(policy, _with_load(p, home, in_flight=2), features(conversation(rng, system=hot)))
