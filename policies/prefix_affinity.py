@@ -46,7 +46,8 @@ trades a warm cache against a queue, refined by a bounded local prefix index.
 
 Reasons: `affinity:hit` (home; the index knows a prefix of this request there, or the index is
 disabled), `affinity:miss` (home, or a new group's placement; nothing known there yet), `affinity:index` (a non-home backend the
-index knows to be warmer than the home), `affinity:spill` (home skipped for load).
+index knows to be warmer than the home), `affinity:spill` (home skipped for load), `affinity:spread` (a
+hot group's next holder, taken for load).
 """
 
 from __future__ import annotations
@@ -213,6 +214,7 @@ class PrefixAffinity(BackendPolicy):
                 deep = max(depths.values()) > preamble
         known_home = warm[0] > 0
         placed = -1  # a new group's placement among its first choices
+        spread = -1  # a hot group's next holder
         if group:
             if not known:
                 # Nothing of this group known here: place it on the first of its first
@@ -234,8 +236,8 @@ class PrefixAffinity(BackendPolicy):
                     others = [i for i in range(n) if warm[i] < preamble]
                     room = [i for i in others if fits[i]]
                     if n - len(others) < span and room:
-                        extra = min(room, key=lambda i: self._sets.size(ranked[i].name))
-                        warm[extra] = preamble - 1
+                        spread = min(room, key=lambda i: self._sets.size(ranked[i].name))
+                        warm[spread] = preamble - 1
         elif not deep and features.history_blocks - base > warm[0]:
             warm[0] = features.history_blocks - base
 
@@ -263,6 +265,8 @@ class PrefixAffinity(BackendPolicy):
                     chosen = i
         if chosen == placed and chosen > 0:
             return BackendChoice(ranked[chosen].name, "affinity:miss", "miss")
+        if chosen == spread and chosen > 0:
+            return BackendChoice(ranked[chosen].name, "affinity:spread", "spill")
         if chosen == 0:
             if known_home or not indexed:
                 return BackendChoice(ranked[0].name, "affinity:hit", "hit")

@@ -398,7 +398,8 @@ def test_a_hot_group_opens_its_next_backend_within_the_bound() -> None:
     loaded = _with_load(p, home, in_flight=2)
     for name in rest[:2]:
         loaded = _with_load(loaded, name, in_flight=12)
-    assert policy.select(loaded, features(conversation(rng, system=hot)), 0.0).backend == free
+    choice = policy.select(loaded, features(conversation(rng, system=hot)), 0.0)
+    assert (choice.backend, choice.reason) == (free, "affinity:spread")
 
 
 def test_a_hot_group_starts_new_conversations_on_a_second_backend_when_its_home_is_busy() -> None:
@@ -413,7 +414,7 @@ def test_a_hot_group_starts_new_conversations_on_a_second_backend_when_its_home_
     assert len(homes[hot]) == 1  # no load: one backend holds it, whatever its share
     (home,) = homes[hot]
     spread = _route(policy, _with_load(p, home, in_flight=2), features(conversation(rng, system=hot)))
-    assert spread.backend != home and spread.reason == "affinity:spill"
+    assert (spread.reason, spread.affinity) == ("affinity:spread", "spill") and spread.backend != home
     # now held by two: new conversations take the less loaded of them, and nothing else
     for busy in (home, spread.backend):
         f = features(conversation(rng, system=hot))
