@@ -5,15 +5,15 @@ backend, its home. When the group alone brings that backend more than its share 
 requests - four tool sets behind all agent traffic, one system prompt behind most of a tenant's -
 the home runs a queue while its neighbours idle, and the bounded-load rule only moves requests off it
 once the queue is several requests long. This module estimates each group's share of its pool's
-recent requests; `PrefixAffinity` lets a group whose share is worth more than one backend
-(`span`) start new conversations on the first `span` backends of its rendezvous order, so the
-group's preamble is kept warm on that many and its load splits between them.
+recent requests and the `span` it implies (how many backends' worth it is); `PrefixAffinity` opens
+another holder for a group while fewer than `span` backends hold it (its module docstring, 3).
 
 The share is an exponentially decayed count over requests, not time (no clock: `policies/` stays
-pure): each routed request multiplies every count of its pool by `1 - alpha`, applied lazily. A
+pure): each routed request multiplies every count of its pool by `1 - alpha`, applied lazily. The
+decayed total of all of a pool's requests approaches `1 / alpha` from below, so a count x `alpha` is
+the group's share, and a fresh pool's first requests count as a small share, not the whole pool. A
 replica sees a random sample of the traffic (the load balancer in front), so replicas estimate the
-same shares and agree on the span without talking to each other. Until a pool has seen `1 / alpha`
-requests its total is taken as `1 / alpha`, so a group's first requests do not make it look hot.
+same shares and agree on the span without talking to each other.
 
 Bounded: at most `max_entries` (pool, key) counts, least recently updated forgotten first; ~320 bytes
 each (tracemalloc, CPython 3.11), ~1.3 MB at the default 4,096.
@@ -28,7 +28,7 @@ from collections import OrderedDict
 class GroupDemand:
     """Decayed per-(pool, group) request counts. Not thread-safe (the gateway's event loop only)."""
 
-    __slots__ = ("_counts", "_decay", "_pools", "alpha", "max_entries")
+    __slots__ = ("_counts", "_decay", "_seen", "alpha", "max_entries")
 
     def __init__(self, alpha: float = 1 / 32, max_entries: int = 4096) -> None:
         if not 0.0 < alpha < 1.0:
@@ -38,8 +38,8 @@ class GroupDemand:
         self.alpha = alpha
         self.max_entries = max_entries
         self._decay = math.log1p(-alpha)
-        # pool -> (requests seen, decayed total); (pool, key) -> (decayed count, requests seen then)
-        self._pools: dict[str, tuple[int, float]] = {}
+        # pool -> requests seen; (pool, key) -> (decayed count, the pool's requests seen then)
+        self._seen: dict[str, int] = {}
         self._counts: OrderedDict[tuple[str, int], tuple[float, int]] = OrderedDict()
 
     def __len__(self) -> int:
@@ -47,9 +47,8 @@ class GroupDemand:
 
     def note(self, pool: str, key: int | None) -> None:
         """One request was routed in `pool`; `key` is its group's routing key (None: not a group)."""
-        seen, total = self._pools.get(pool, (0, 0.0))
-        seen += 1
-        self._pools[pool] = (seen, total * (1.0 - self.alpha) + 1.0)
+        seen = self._seen.get(pool, 0) + 1
+        self._seen[pool] = seen
         if key is None or self.max_entries == 0:
             return
         counts = self._counts
@@ -66,9 +65,7 @@ class GroupDemand:
         old = self._counts.get((pool, key))
         if old is None:
             return 0.0
-        seen, total = self._pools[pool]
-        value = old[0] * math.exp(self._decay * (seen - old[1]))
-        return value / max(total, 1.0 / self.alpha)
+        return old[0] * math.exp(self._decay * (self._seen[pool] - old[1])) * self.alpha
 
     def span(self, pool: str, key: int, backends: int, headroom: float) -> int:
         """How many backends the group should be warm on: its share of the pool in backends'
