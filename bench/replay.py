@@ -4,6 +4,7 @@ model of the bench fleet, in about a second per point instead of minutes.
     python -m bench.replay                                   every workload, ours vs round robin, 80 %
     python -m bench.replay long_document_qa --load 0.5 --load 0.8 --replicas 1 --replicas 4 --seeds 2
     python -m bench.replay shared_prefix --policy least_load
+    python -m bench.replay agent_tool_loop --load 0.5 --tail   the slowest first tokens taken apart
 
 It replays the same seeded traces and Poisson schedules as bench/routing.py (same `FleetSpec`: 4 vLLM +
 4 SGLang simulators, two pools of weight 0.5, the simulators' `PrefixCache` and cost model, one
@@ -52,8 +53,8 @@ POLICIES: dict[str, PolicyConfig] = {
 
 
 @dataclass(frozen=True)
-class Slow:
-    """One of a point's slowest first tokens, taken apart."""
+class FirstToken:
+    """One request's first token, taken apart."""
 
     ttft_ms: float
     queued_ms: float  # waiting in the engine's queue
@@ -77,7 +78,7 @@ class Result:
     ttft_p99_ms: float
     reasons: collections.Counter[str] = field(default_factory=collections.Counter)
     per_backend: dict[str, int] = field(default_factory=dict)
-    slowest: list[Slow] = field(default_factory=list)
+    slowest: list[FirstToken] = field(default_factory=list)  # the slowest 2 %
 
     @property
     def vs_oracle(self) -> float:
@@ -148,10 +149,9 @@ def replay(
     scraped = dict.fromkeys(every, (0.0, 0.0, 0.0))
     next_scrape = 0.0
     sent: dict[int, float] = {}
-    ttft: list[float] = []
     where: dict[int, tuple[int, str]] = {}
     why: dict[int, tuple[str, int]] = {}
-    slow: list[Slow] = []
+    firsts: list[FirstToken] = []
     leases: dict[int, Lease] = {}
     cached_total = prompt_total = 0
     reasons: collections.Counter[str] = collections.Counter()
@@ -198,10 +198,12 @@ def replay(
         cached_total += cached
         prompt_total += size
         e.in_use += size + spec.output_tokens
-        first = spec.ttft_ms / 1e3 + (size - cached) * spec.prefill_us_per_token / 1e6
-        ttft.append((now + first - sent[i]) * 1000)
+        first = spec.first_token_s(size, cached)
         reason, ahead = why[i]
-        slow.append(Slow(ttft[-1], (now - sent[i]) * 1000, first * 1000, size, cached, b, reason, ahead))
+        queued = now - sent[i]
+        firsts.append(
+            FirstToken((queued + first) * 1000, queued * 1000, first * 1000, size, cached, b, reason, ahead)
+        )
         push(now + spec.service_s(size, cached), "done", i)
 
     while events:
@@ -239,6 +241,7 @@ def replay(
             if e.queue:
                 start(b, e.queue.popleft(), now)
 
+    ttft = [x.ttft_ms for x in firsts]
     return Result(
         workload=workload,
         load=load,
@@ -250,7 +253,7 @@ def replay(
         ttft_p99_ms=_pct(ttft, 99),
         reasons=reasons,
         per_backend={b: served[b] for b in every},
-        slowest=sorted(slow, key=lambda x: -x.ttft_ms)[: max(1, n // 100) * 2],
+        slowest=sorted(firsts, key=lambda x: -x.ttft_ms)[: max(1, n // 100) * 2],
     )
 
 
@@ -273,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for load in args.load or [0.8]:
             for replicas in args.replicas or [1]:
                 cells = []
-                tails: dict[str, list[Slow]] = {}
+                tails: dict[str, list[FirstToken]] = {}
                 for name in (args.policy, args.baseline):
                     runs = [
                         replay(

@@ -79,12 +79,12 @@ class FleetSpec:
             "--request-log-size", "1",
         ]  # fmt: skip
 
+    def first_token_s(self, prompt: int, cached: int) -> float:
+        """The simulator's time to first token once a request runs: fixed, plus the uncached prefill."""
+        return self.ttft_ms / 1e3 + (prompt - cached) * self.prefill_us_per_token / 1e6
+
     def service_s(self, prompt: int, cached: int) -> float:
-        return (
-            self.ttft_ms / 1e3
-            + (prompt - cached) * self.prefill_us_per_token / 1e6
-            + (self.output_tokens - 1) * self.itl_ms / 1e3
-        )
+        return self.first_token_s(prompt, cached) + (self.output_tokens - 1) * self.itl_ms / 1e3
 
 
 @dataclass(frozen=True)
