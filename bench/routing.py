@@ -94,6 +94,18 @@ class Matrix:
     routers: tuple[str, ...]
     seconds: float
     uniform_routers: tuple[str, ...]  # on uniform traffic only balance matters
+    # Arrival schedules per point for the two routers an issue #5 verdict compares (`compared`): a
+    # TTFT p99 over one 20 s run is its few slowest requests, and round robin's moved by 1.3-2.1 s
+    # between runs of one point; the verdicts pool every round's first tokens.
+    rounds: int = 1
+
+
+BASELINE = {"uniform": "ours (least_load)"}  # else round robin
+
+
+def compared(workload: str) -> tuple[str, str]:
+    """The routers whose TTFT p99 an issue #5 verdict compares on `workload`: ours and its baseline."""
+    return "ours (prefix_affinity)", BASELINE.get(workload, "ours (round_robin)")
 
 
 OURS = ("ours (prefix_affinity)", "ours (least_load)", "ours (round_robin)")
@@ -116,6 +128,7 @@ FULL = Matrix(
     ),
     seconds=20.0,
     uniform_routers=(*OURS, "sglang-router cache_aware", "vllm-router cache_aware"),
+    rounds=3,
 )
 
 
@@ -175,6 +188,29 @@ def _pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
 
 
+Samples = dict[tuple[str, float, str], list[tuple[list[float], float]]]
+
+
+def pool_rounds(samples: Samples) -> list[dict[str, Any]]:
+    """The rounds of the routers a verdict compares, pooled: the TTFT p50 and p99 of all their first
+    tokens, and each round's p99 and hit rate ÷ oracle. `samples`: (workload, load, router) -> (first
+    tokens in ms, hit rate ÷ oracle) per round."""
+    out = []
+    for (w, load, router), runs in samples.items():
+        if router not in compared(w):
+            continue
+        pooled = [t for ttft, _ in runs for t in ttft]
+        out.append(
+            {
+                "workload": w, "load": load, "router": router, "rounds": len(runs),
+                "ttft_p50_ms": _pct(pooled, 50), "ttft_p99_ms": _pct(pooled, 99),
+                "ttft_p99_ms_each": [_pct(ttft, 99) for ttft, _ in runs],
+                "hit_vs_oracle_each": [hit for _, hit in runs],
+            }
+        )  # fmt: skip
+    return out
+
+
 def _get(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=10) as r:
         return json.loads(r.read())
@@ -200,6 +236,7 @@ class Suite:
         self.urls: dict[str, list[str]] = {"vllm": [], "sglang": []}
         self.rows: list[dict[str, Any]] = []
         self.unavailable: dict[str, str] = {}
+        self.samples: Samples = {}  # see `pool_rounds`
         self.versions: dict[str, str | None] = {}
 
     def start_fleet(self) -> None:
@@ -267,7 +304,9 @@ class Suite:
         times: list[float],
         oracle_rate: float,
         cap: float,
+        round_: int = 0,
     ) -> None:
+        """Run `router` on one point; round 0 is the table's row, every round joins `repeats`."""
         for s in self.sims:
             _post(s.base_url + "/sim/reset")
         try:
@@ -278,7 +317,7 @@ class Suite:
             self.log(f"  {router}: did not start")
             return
         try:
-            path = WORK / "traces" / f"{workload}-{load:.2f}-{router.replace(' ', '_')}.jsonl"
+            path = WORK / "traces" / f"{workload}-{load:.2f}-{round_}-{router.replace(' ', '_')}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "wb") as f:
                 for t, req in zip(times, trace, strict=True):
@@ -303,18 +342,21 @@ class Suite:
         ends = [r["sent"] + r["total"] for r in ok]
         span = (max(ends) - min(r["sent"] for r in ok)) if ok else 0.0
         hit = cached / prompt if prompt else 0.0
+        share = hit / oracle_rate if oracle_rate else 0.0
+        self.samples.setdefault((workload, load, router), []).append((ttft, share))
         row = {
-            "workload": workload, "load": load, "router": router, "requests": len(trace),
+            "workload": workload, "load": load, "router": router, "round": round_, "requests": len(trace),
             "completed": len(ok), "errors": len(trace) - len(ok),
             "offered_rps": len(trace) / times[-1] if times else 0.0, "capacity_rps": cap,
             "rps": len(ok) / span if span else 0.0,
             "ttft_p50_ms": _pct(ttft, 50), "ttft_p90_ms": _pct(ttft, 90), "ttft_p99_ms": _pct(ttft, 99),
-            "hit_rate": hit, "oracle_hit_rate": oracle_rate, "hit_vs_oracle": hit / oracle_rate if oracle_rate else 0.0,
+            "hit_rate": hit, "oracle_hit_rate": oracle_rate, "hit_vs_oracle": share,
             "per_sim_requests": per_sim, "client_cpu_s": res["client_cpu_s"],
         }  # fmt: skip
-        self.rows.append(row)
+        if round_ == 0:
+            self.rows.append(row)
         self.log(
-            f"  {workload:<17} {load:4.0%} {router:<27} TTFT p50 {row['ttft_p50_ms']:7.0f} ms  p99 {row['ttft_p99_ms']:7.0f} ms"
+            f"  {workload:<17} {load:4.0%} {router:<27} {f'#{round_}' if round_ else '':>3} TTFT p50 {row['ttft_p50_ms']:7.0f} ms  p99 {row['ttft_p99_ms']:7.0f} ms"
             f"  hit {hit:5.1%} ({row['hit_vs_oracle']:4.0%} of oracle)  {row['rps']:5.1f} req/s  errors {row['errors']}"
         )
 
@@ -332,6 +374,12 @@ class Suite:
                 for r in routers:
                     if self.available(r):
                         self.one(w, load, r, trace, times, orate, cap)
+                pair = compared(w)
+                for k in range(1, self.m.rounds):
+                    # the same requests on another Poisson schedule; the pair alternates its order
+                    times = make_point(w, load, self.m.seconds, self.spec, seed=k).times
+                    for r in pair if k % 2 == 0 else pair[::-1]:
+                        self.one(w, load, r, trace, times, orate, cap, round_=k)
 
     def stop(self) -> None:
         self.stack.close()
@@ -348,6 +396,7 @@ def run(quick: bool, log: Log, *, with_peers: bool = True, gateway_ref: str | No
     workloads = [w for w in matrix.workloads if any(r["workload"] == w for r in suite.rows)]
     return {
         "rows": suite.rows,
+        "repeats": pool_rounds(suite.samples),
         "workloads": workloads,
         "unavailable": suite.unavailable,
         "spec": asdict(spec),
