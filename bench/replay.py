@@ -5,6 +5,7 @@ model of the bench fleet, in about a second per point instead of minutes.
     python -m bench.replay long_document_qa --load 0.5 --load 0.8 --replicas 1 --replicas 4 --seeds 2
     python -m bench.replay shared_prefix --policy least_load
     python -m bench.replay agent_tool_loop --load 0.5 --tail   the slowest first tokens taken apart
+    python -m bench.replay multi_turn_chat --load 0.5 --policy clairvoyant --seeds 6
 
 It replays the same seeded traces and Poisson schedules as bench/routing.py (same `FleetSpec`: 4 vLLM +
 4 SGLang simulators, two pools of weight 0.5, the simulators' `PrefixCache` and cost model, one
@@ -19,6 +20,12 @@ Use it to try a routing change and its knobs before the real bench (`make bench`
 measurement of record: on the workloads in bench/BENCHMARKS.md it lands within a few points of the
 real hit rates (it has no wall-clock noise, so a single seed is one sample, not the truth: compare
 several seeds). Not a test; nothing here is asserted.
+
+`clairvoyant` is not a gateway policy but a reference for what routing could reach on a point: every
+request goes to the backend, of all eight, where its first token comes earliest, computed from what
+no gateway can know - each engine's exact queue (the time its FIFO drains, from the cost model) and
+the blocks actually in its cache. It is greedy (it does not weigh what a cold copy evicts for later
+requests), so it is a yardstick, not a strict bound.
 """
 
 from __future__ import annotations
@@ -26,10 +33,12 @@ from __future__ import annotations
 import argparse
 import collections
 import heapq
+import math
 import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from bench.routing import FleetSpec, _pct, make_point, prompt_ids
 from bench.workloads import WORKLOADS
@@ -44,11 +53,14 @@ from policies.router import Router
 from policies.types import BackendView, FleetSnapshot, PoolView
 
 MODEL = "bench-model"
-POLICIES: dict[str, PolicyConfig] = {
+CLAIRVOYANT: Literal["clairvoyant"] = "clairvoyant"
+Policy = PolicyConfig | Literal["clairvoyant"]
+POLICIES: dict[str, Policy] = {
     "prefix_affinity": PrefixAffinityConfig(),
     "least_load": LeastLoadConfig(),
     "round_robin": RoundRobinConfig(),
     "power_of_two": PowerOfTwoConfig(),
+    CLAIRVOYANT: CLAIRVOYANT,
 }
 
 
@@ -88,18 +100,19 @@ class Result:
 class _Engine:
     """One simulator: a FIFO queue in front of `slots` sequences, and its prefix cache."""
 
-    __slots__ = ("cache", "in_use", "queue", "running")
+    __slots__ = ("cache", "drains", "in_use", "queue", "running")
 
     def __init__(self, spec: FleetSpec) -> None:
         self.cache = PrefixCache(spec.block_size, spec.cache_blocks)
         self.queue: collections.deque[int] = collections.deque()
         self.running = 0
         self.in_use = 0  # tokens of the running requests (the engine's KV use)
+        self.drains = 0.0  # when its running and queued requests will have finished (clairvoyant only)
 
 
 def replay(
     workload: str,
-    policy: PolicyConfig,
+    policy: Policy,
     *,
     load: float,
     seconds: float = 20.0,
@@ -116,12 +129,14 @@ def replay(
     names = {e: [f"{e}-{i}" for i in range(spec.per_engine)] for e in ("vllm", "sglang")}
     every = names["vllm"] + names["sglang"]
     engines = {b: _Engine(spec) for b in every}
-    routers = [Router(policy_config=policy) for _ in range(replicas)]
+    clairvoyant = isinstance(policy, str)  # CLAIRVOYANT
+    routers = [] if isinstance(policy, str) else [Router(policy_config=policy) for _ in range(replicas)]
     own = [dict.fromkeys(every, 0) for _ in range(replicas)]  # each replica's in-flight counts
     pick_replica = random.Random(1234 + seed)
     rand = random.Random(seed)
     ids = [prompt_ids(r) for r in trace]
     features = [extract_features(r.body(MODEL)) for r in trace]
+    blocks = [PrefixCache.block_keys(x, spec.block_size) if clairvoyant else [] for x in ids]
     cache_tokens = spec.cache_blocks * spec.block_size
 
     # a conversation's next turn is sent when the previous one has finished (as the trace runner does)
@@ -187,6 +202,21 @@ def replay(
             )
         )
 
+    def earliest(i: int, now: float) -> str:
+        """The clairvoyant choice: the backend where request `i`'s first token comes earliest."""
+        size = len(ids[i])
+        most = ((size - 1) // spec.block_size) * spec.block_size
+        best, best_t, best_cached = every[0], math.inf, 0
+        for b in every:
+            e = engines[b]
+            cached = min(e.cache.hit_blocks(blocks[i]) * spec.block_size, most)
+            t = max(now, e.drains) + spec.first_token_s(size, cached)
+            if t < best_t:
+                best, best_t, best_cached = b, t, cached
+        e = engines[best]
+        e.drains = max(now, e.drains) + spec.service_s(size, best_cached)
+        return best
+
     def start(b: str, i: int, now: float) -> None:
         nonlocal cached_total, prompt_total
         e = engines[b]
@@ -217,15 +247,20 @@ def replay(
         if kind == "send":
             sent[i] = now
             replica = pick_replica.randrange(replicas)
-            d = routers[replica].decide(snapshot(now, replica), features[i], rand.random())
-            reasons[d.reason] += 1
-            served[d.backend] += 1
-            where[i] = (replica, d.backend)
-            own[replica][d.backend] += 1
-            e = engines[d.backend]
-            why[i] = (d.reason, e.running + len(e.queue))
+            reason: str = CLAIRVOYANT
+            if clairvoyant:
+                b = earliest(i, now)
+            else:
+                d = routers[replica].decide(snapshot(now, replica), features[i], rand.random())
+                b, reason = d.backend, d.reason
+            reasons[reason] += 1
+            served[b] += 1
+            where[i] = (replica, b)
+            own[replica][b] += 1
+            e = engines[b]
+            why[i] = (reason, e.running + len(e.queue))
             if e.running < spec.max_num_seqs:
-                start(d.backend, i, now)
+                start(b, i, now)
             else:
                 e.queue.append(i)
         else:  # done

@@ -15,7 +15,11 @@ For each seeded workload (bench/workloads.py) and load level:
   (output − 1) × itl` with the oracle's hits, and the fleet serves `sims × max_num_seqs` at once, so
   capacity = that ÷ the mean service time; offered load is a Poisson process at 50 % / 80 % of it;
 - **measured**: hit rate from the simulators' own counters (`/sim/stats`: cached ÷ prompt tokens),
-  TTFT p50/p99 and throughput from the trace client (bench/tracerunner.py, its own process).
+  TTFT p50/p99 and throughput from the trace client (bench/tracerunner.py, its own process);
+- **rounds** (full mode): the two routers an issue #5 verdict compares (ours and round robin; ours and
+  least load on uniform traffic) run the point again on other Poisson schedules of the same requests,
+  and the verdicts take the p99 of all their rounds' first tokens (`pool_rounds`): one 20 s run's p99
+  is its few slowest requests, and which requests collide depends on the schedule.
 """
 
 from __future__ import annotations
@@ -306,7 +310,8 @@ class Suite:
         cap: float,
         round_: int = 0,
     ) -> None:
-        """Run `router` on one point; round 0 is the table's row, every round joins `repeats`."""
+        """Run `router` on one point: round 0 is the table's row, and every round's first tokens go
+        into `samples` (`pool_rounds`)."""
         for s in self.sims:
             _post(s.base_url + "/sim/reset")
         try:
@@ -415,7 +420,13 @@ def preamble(spec: FleetSpec, m: Matrix, source: str) -> list[str]:
         "offered load is Poisson at the given share of it, so a router whose hit rate falls short of the oracle's runs the "
         "fleet above 100 % and its queues (TTFT p99) grow.",
         "",
-        f"Each run: {m.seconds:.0f} s of arrivals, caches and counters reset, router started fresh. Our gateway: {source}, "
+        f"Each run: {m.seconds:.0f} s of arrivals, caches and counters reset, router started fresh"
+        + (
+            f"; ours and its baseline run {m.rounds} schedules per point (below the table)"
+            if m.rounds > 1
+            else ""
+        )
+        + f". Our gateway: {source}, "
         "two pools (vLLM, SGLang) of four, weights 0.5/0.5, sticky pool choice, `routing.policy` as named. Hit rate = "
         "cached ÷ prompt tokens summed over the simulators' own `/sim/stats` counters; oracle = one pooled LRU cache of the "
         "fleet's total capacity replaying the same trace offline with the simulator's tokenizer and block hashing.",

@@ -68,6 +68,19 @@ class PrefixCache:
         self.hit_tokens += cached
         return Lease(held, cached)
 
+    def hit_blocks(self, keys: list[int]) -> int:
+        """How many of the leading `keys` (`block_keys` of a prompt) are cached now; changes nothing
+        (no recency, no counters): what `acquire` would find if nothing is evicted before it."""
+        if not self.enabled:
+            return 0
+        refs = self._refs
+        hit = 0
+        for key in keys:
+            if key not in refs:
+                break
+            hit += 1
+        return hit
+
     def _insert(self, key: int) -> bool:
         refs = self._refs
         if key in refs:

@@ -34,3 +34,14 @@ def test_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert line.startswith("uniform") and "prefix_affinity" in line and "least_load" in line
     with pytest.raises(SystemExit):
         main(["no_such_workload"])
+
+
+def test_clairvoyant_reference_beats_round_robin_and_reports_itself() -> None:
+    """The yardstick sees every engine's queue and cache: on shared prefixes it must keep first tokens
+    far below round robin's and find most of the cache, with every request counted once."""
+    ref = replay("shared_prefix", POLICIES["clairvoyant"], load=0.5, seconds=4.0)
+    rr = replay("shared_prefix", POLICIES["round_robin"], load=0.5, seconds=4.0)
+    assert ref.requests == rr.requests == sum(ref.per_backend.values())
+    assert set(ref.reasons) == {"clairvoyant"}
+    assert ref.vs_oracle > 0.6 > rr.vs_oracle
+    assert ref.ttft_p99_ms < 0.7 * rr.ttft_p99_ms

@@ -66,6 +66,20 @@ def test_prefix_cache_never_evicts_pinned_blocks() -> None:
     assert cache.acquire([9, 9, 8, 8]).keys
 
 
+def test_prefix_cache_hit_blocks_looks_without_touching() -> None:
+    cache = PrefixCache(block_size=4, capacity_blocks=3)
+    a, b = list(range(100, 108)), list(range(200, 204))  # 2 blocks, 1 block
+    cache.release(cache.acquire(a))
+    cache.release(cache.acquire(b))
+    keys = PrefixCache.block_keys([*a, 7, 7, 7, 7], 4)
+    assert cache.hit_blocks(keys) == 2 and cache.hit_blocks(PrefixCache.block_keys([1, 2, 3, 4], 4)) == 0
+    queries, hits = cache.queries_tokens, cache.hit_tokens
+    cache.release(cache.acquire([9, 9, 9, 9]))  # evicts the least recently used: a's first block
+    assert cache.hit_blocks(keys) == 0  # hit_blocks did not refresh a
+    assert (cache.queries_tokens, cache.hit_tokens) == (queries + 4, hits)
+    assert PrefixCache(4, 3, enabled=False).hit_blocks(keys) == 0
+
+
 def test_generator_is_deterministic_and_honours_limits() -> None:
     spec = GenSpec(seed=42)
     assert generate(spec).text == generate(spec).text and generate(spec, 1).text != generate(spec).text
