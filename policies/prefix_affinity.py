@@ -266,13 +266,16 @@ class PrefixAffinity(BackendPolicy):
             last = self._last_routed
             chosen = -1
             for i in candidates:
-                if costs[i] > limit:
-                    continue
-                if chosen < 0 or warm[i] > warm[chosen]:
-                    chosen = i
-                elif warm[i] == warm[chosen] and (
-                    sizes[i] < sizes[chosen]
-                    or (sizes[i] == sizes[chosen] and _frees_sooner(ranked[i], ranked[chosen], last))
+                if costs[i] <= limit and (
+                    chosen < 0
+                    or warm[i] > warm[chosen]
+                    or (
+                        warm[i] == warm[chosen]
+                        and (
+                            sizes[i] < sizes[chosen]
+                            or (sizes[i] == sizes[chosen] and _frees_sooner(ranked[i], ranked[chosen], last))
+                        )
+                    )
                 ):
                     chosen = i
         if chosen == placed and chosen > 0:
