@@ -35,17 +35,14 @@ trades a warm cache against a queue, refined by a bounded local prefix index.
 4. Choice. `cost = in_flight - warm blocks / blocks_per_request` (a cached block saves prefill; a
    queued request costs a service time; `in_flight` is this replica's own fresh count - the engine's
    scraped figures are global but up to a scrape old, and at low load they still count requests
-   that have finished, so they only enter through the bound). Among backends that *fit* - not
-   saturated and `score + 1 <= ceil((1 + load_factor) * (total + 1) / n) + load_slack` (consistent
-   hashing with bounded loads, Mirrokni et al. 2018: nothing runs far above the average) - of those
-   whose cost is within `tolerance` of the cheapest, the warmest wins, the first in HRW order on
-   ties; but of backends equally busy (one request or more each), the one this replica sent a
-   request to longest ago wins, since its running request is the likelier to finish first. So with
-   nothing warm (uniform traffic, first turns) this is join-the-shortest-queue with the HRW order
-   breaking ties among idle backends; a warm home keeps its requests until its queue is longer than
-   the prefill it saves; an overloaded group spills to the next backends of its own HRW order (the
-   same on every replica), which then become warm too. If nothing fits, the least loaded backend
-   wins.
+   that have finished, so they only enter through the bound). Among backends that *fit* - not saturated and
+   `score + 1 <= ceil((1 + load_factor) * (total + 1) / n) + load_slack` (consistent hashing with
+   bounded loads, Mirrokni et al. 2018: nothing runs far above the average) - of those whose cost is
+   within `tolerance` of the cheapest, the warmest wins, the first in HRW order on ties. So with nothing warm (uniform traffic, first
+   turns) this is join-the-shortest-queue with the HRW order breaking ties; a warm home keeps its
+   requests until its queue is longer than the prefill it saves; an overloaded group spills to the
+   next backends of its own HRW order (the same on every replica), which then become warm too.
+   If nothing fits, the least loaded backend wins.
 
 Reasons: `affinity:hit` (home; the index knows a prefix of this request there, or the index is
 disabled), `affinity:miss` (home, or a new group's placement; nothing known there yet), `affinity:index` (a non-home backend the
@@ -164,10 +161,6 @@ class PrefixAffinity(BackendPolicy):
         self._names = NameHashes()
         self._sets = WorkingSets(config.working_set_entries)
         self._demand = GroupDemand(1.0 / config.demand_window, config.demand_entries)
-        # requests this replica has routed, and per backend the number of the last one sent there
-        # (one int per backend name: bounded by the backends configured over the process's life)
-        self._routed = 0
-        self._last_routed: dict[str, int] = {}
 
     @property
     def config(self) -> PrefixAffinityConfig:
@@ -260,22 +253,14 @@ class PrefixAffinity(BackendPolicy):
             costs = [ranked[i].in_flight - value * warm[i] for i in range(n)]
             limit = min(costs[i] for i in candidates) + config.tolerance
             # HRW order: the warmest within the tolerance; on ties the earliest, or for a group the
-            # one with the smallest working set (a cold copy evicts the least there), or of backends
-            # equally busy the one sent a request longest ago (`_frees_sooner`)
+            # one with the smallest working set (a cold copy evicts the least there)
             sizes = [self._sets.size(b.name) for b in ranked] if group else [0] * n
-            last = self._last_routed
             chosen = -1
             for i in candidates:
                 if costs[i] <= limit and (
                     chosen < 0
                     or warm[i] > warm[chosen]
-                    or (
-                        warm[i] == warm[chosen]
-                        and (
-                            sizes[i] < sizes[chosen]
-                            or (sizes[i] == sizes[chosen] and _frees_sooner(ranked[i], ranked[chosen], last))
-                        )
-                    )
+                    or (warm[i] == warm[chosen] and sizes[i] < sizes[chosen])
                 ):
                     chosen = i
         if chosen == placed and chosen > 0:
@@ -300,21 +285,7 @@ class PrefixAffinity(BackendPolicy):
         key = self.key(features)
         self._sets.note(key, choice.backend, len(features.block_hashes))
         self._demand.note(pool.name, key if g else None)
-        self._routed += 1
-        self._last_routed[choice.backend] = self._routed
 
 
 def _first_two(entry: tuple[int, str, BackendView]) -> tuple[int, str]:
     return entry[0], entry[1]
-
-
-def _frees_sooner(a: BackendView, b: BackendView, last_routed: dict[str, int]) -> bool:
-    """Of two backends busy with as many of this replica's requests, `a` was sent its last one
-    longer ago, so its running request is the likelier to finish first (what round robin's cycle
-    knows and a count does not). Idle backends keep the rendezvous order: with no load every replica
-    must make the same choice."""
-    return (
-        b.in_flight >= 1
-        and a.in_flight == b.in_flight
-        and last_routed.get(a.name, 0) < last_routed.get(b.name, 0)
-    )

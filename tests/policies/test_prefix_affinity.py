@@ -302,29 +302,6 @@ def test_first_turns_with_nothing_warm_join_the_shortest_queue() -> None:
     assert policy.select(pool("a", members=members), f, 0.0).backend == order[2]
 
 
-def test_of_equally_busy_backends_the_one_sent_a_request_longest_ago_wins() -> None:
-    """Its running request is the likelier to finish first. Idle backends keep the rendezvous order,
-    whatever this replica sent where, so every replica still agrees with no load."""
-    rng = random.Random(18)
-    p = pool("a", 4)
-    policy = PrefixAffinity()
-    f = features(conversation(rng, system="s", words=300))
-    order = [b.name for b in policy.rank(p, f)]
-    # this replica sent its last requests to order[2], then order[0], then order[1]
-    for name in (order[2], order[0], order[1]):
-        other = features(conversation(rng, system="s", words=300))
-        policy.on_routed(p, other, BackendChoice(name, "affinity:miss", "miss"))
-    assert policy.select(p, f, 0.0).backend == order[0]  # all idle: the home
-    busy = {order[0]: 1, order[1]: 1, order[2]: 1, order[3]: 2}
-    members = tuple(dataclasses.replace(b, in_flight=busy[b.name]) for b in p.backends)
-    assert policy.select(pool("a", members=members), f, 0.0).backend == order[2]
-    busy[order[2]] = 2  # now the longest ago of those with one request is order[0], the home
-    members = tuple(dataclasses.replace(b, in_flight=busy[b.name]) for b in p.backends)
-    assert policy.select(pool("a", members=members), f, 0.0).backend == order[0]
-    fresh = PrefixAffinity()  # knows nothing of order: the rendezvous order decides
-    assert fresh.select(pool("a", members=members), f, 0.0).backend == order[0]
-
-
 def test_a_long_shared_preamble_is_the_key_whatever_the_question() -> None:
     rng = random.Random(18)
     p = pool("a", 8)
