@@ -51,11 +51,7 @@ class PrefixCache:
             return Lease([], 0)
         keys = self.block_keys(token_ids, self.block_size)
         refs = self._refs
-        hit_blocks = 0
-        for key in keys:
-            if key not in refs:
-                break
-            hit_blocks += 1
+        hit_blocks = self.hit_blocks(keys)
         held: list[int] = []
         for i, key in enumerate(keys):
             if i < hit_blocks:
