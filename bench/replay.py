@@ -42,7 +42,7 @@ from typing import Literal
 
 from bench.routing import FleetSpec, _pct, make_point, prompt_ids
 from bench.workloads import WORKLOADS
-from engines.sim.prefix_cache import Lease, PrefixCache
+from engines.sim.prefix_cache import Lease, PrefixCache, usable_hit
 from policies.factory import PolicyConfig
 from policies.features import extract_features
 from policies.least_load import LeastLoadConfig
@@ -129,8 +129,8 @@ def replay(
     names = {e: [f"{e}-{i}" for i in range(spec.per_engine)] for e in ("vllm", "sglang")}
     every = names["vllm"] + names["sglang"]
     engines = {b: _Engine(spec) for b in every}
-    clairvoyant = isinstance(policy, str)  # CLAIRVOYANT
     routers = [] if isinstance(policy, str) else [Router(policy_config=policy) for _ in range(replicas)]
+    clairvoyant = not routers  # the yardstick routes by itself
     own = [dict.fromkeys(every, 0) for _ in range(replicas)]  # each replica's in-flight counts
     pick_replica = random.Random(1234 + seed)
     rand = random.Random(seed)
@@ -205,11 +205,10 @@ def replay(
     def earliest(i: int, now: float) -> str:
         """The clairvoyant choice: the backend where request `i`'s first token comes earliest."""
         size = len(ids[i])
-        most = ((size - 1) // spec.block_size) * spec.block_size
         best, best_t, best_cached = every[0], math.inf, 0
         for b in every:
             e = engines[b]
-            cached = min(e.cache.hit_blocks(blocks[i]) * spec.block_size, most)
+            cached = usable_hit(e.cache.hit_blocks(blocks[i]) * spec.block_size, size, spec.block_size)
             t = max(now, e.drains) + spec.first_token_s(size, cached)
             if t < best_t:
                 best, best_t, best_cached = b, t, cached
@@ -224,7 +223,7 @@ def replay(
         lease = e.cache.acquire(ids[i])
         leases[i] = lease
         size = len(ids[i])
-        cached = min(lease.cached_tokens, ((size - 1) // spec.block_size) * spec.block_size) if size else 0
+        cached = usable_hit(lease.cached_tokens, size, spec.block_size)
         cached_total += cached
         prompt_total += size
         e.in_use += size + spec.output_tokens

@@ -40,9 +40,10 @@ import orjson
 from bench import peers
 from bench.procs import ROOT, WORK, Service, ServiceError, free_port
 from bench.targets import gateway_service, gateway_source
+from bench.verdicts import compared
 from bench.workloads import WORKLOADS, Request, schedule
 from engines.sim import tokenizer
-from engines.sim.prefix_cache import PrefixCache
+from engines.sim.prefix_cache import PrefixCache, usable_hit
 from engines.sim.prompt import render_chat
 from gateway.demo import SERVED
 from gateway.demo import sim_flags as demo_sim_flags
@@ -104,14 +105,6 @@ class Matrix:
     rounds: int = 1
 
 
-BASELINE = {"uniform": "ours (least_load)"}  # else round robin
-
-
-def compared(workload: str) -> tuple[str, str]:
-    """The routers whose TTFT p99 an issue #5 verdict compares on `workload`: ours and its baseline."""
-    return "ours (prefix_affinity)", BASELINE.get(workload, "ours (round_robin)")
-
-
 OURS = ("ours (prefix_affinity)", "ours (least_load)", "ours (round_robin)")
 QUICK = Matrix(
     workloads=("shared_prefix", "multi_turn_chat", "uniform"),
@@ -148,9 +141,7 @@ def oracle(trace: list[Request], spec: FleetSpec) -> tuple[float, list[tuple[int
         ids = prompt_ids(req)
         lease = cache.acquire(ids)
         cache.release(lease)
-        n = len(ids)
-        cached = min(lease.cached_tokens, ((n - 1) // spec.block_size) * spec.block_size) if n else 0
-        per.append((n, cached))
+        per.append((len(ids), usable_hit(lease.cached_tokens, len(ids), spec.block_size)))
     total = sum(n for n, _ in per)
     return (sum(c for _, c in per) / total if total else 0.0), per
 

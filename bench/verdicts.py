@@ -13,6 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 CPU_C = 16
+OURS = "ours (prefix_affinity)"
+BASELINE = {"uniform": "ours (least_load)"}  # else round robin
+
+
+def compared(workload: str) -> tuple[str, str]:
+    """The routers whose TTFT p99 an issue #5 verdict compares on `workload`: ours and its baseline."""
+    return OURS, BASELINE.get(workload, "ours (round_robin)")
 
 
 @dataclass
@@ -151,24 +158,26 @@ def routing_verdicts(r: dict[str, Any]) -> list[Verdict]:
             "hit_vs_oracle_each": [one["hit_vs_oracle"]],
         }
 
-    def p99_ratio(workload: str, load: float, base: str) -> tuple[float, str] | None:
-        a, b = pooled(workload, "ours (prefix_affinity)", load), pooled(workload, base, load)
+    def p99_ratio(workload: str, load: float, unit: str = "") -> tuple[float, str] | None:
+        """Ours ÷ the workload's baseline (`compared`), pooled over the rounds, and its text."""
+        ours, base = compared(workload)
+        a, b = pooled(workload, ours, load), pooled(workload, base, load)
         if not (a and b and b["ttft_p99_ms"] > 0):
             return None
         ratio = a["ttft_p99_ms"] / b["ttft_p99_ms"]
         rounds = min(a["rounds"], b["rounds"])
         if rounds < 2:
-            return ratio, f"{ratio:.2f}×"
+            return ratio, f"{ratio:.2f}×{unit}"
         each = ", ".join(
             f"{x / y:.2f}" for x, y in zip(a["ttft_p99_ms_each"], b["ttft_p99_ms_each"], strict=False)
         )
-        return ratio, f"{ratio:.2f}× ({rounds} rounds pooled; each round {each})"
+        return ratio, f"{ratio:.2f}×{unit} ({rounds} rounds pooled; each round {each})"
 
     heavy = [w for w in r.get("workloads", []) if w != "uniform"]
     loads = sorted({x["load"] for x in rows})
     hi = max(loads) if loads else 0.8
     for w in heavy:
-        ours = [p for p in (pooled(w, "ours (prefix_affinity)", load) for load in loads) if p]
+        ours = [p for p in (pooled(w, OURS, load) for load in loads) if p]
         if ours:
             # the same requests every round, so the mean of the rounds is the token-weighted rate
             frac = min(statistics.fmean(p["hit_vs_oracle_each"]) for p in ours)
@@ -176,14 +185,14 @@ def routing_verdicts(r: dict[str, Any]) -> list[Verdict]:
                 Verdict("#5", f"{w}: hit rate ≥ 95 % of the oracle", f"{frac:.0%} (worst load)", frac >= 0.95)
             )
         for load in loads:
-            got = p99_ratio(w, load, "ours (round_robin)")
+            got = p99_ratio(w, load)
             if got:
                 ratio, text = got
                 out.append(
                     Verdict("#5", f"{w} @ {load:.0%}: TTFT p99 ≤ 0.5× round robin", text, ratio <= 0.5)
                 )
         for peer in ("sglang-router cache_aware", "vllm-router cache_aware"):
-            a, b = row(w, "ours (prefix_affinity)", hi), row(w, peer, hi)
+            a, b = row(w, OURS, hi), row(w, peer, hi)
             if a and b:
                 ratio = a["ttft_p99_ms"] / b["ttft_p99_ms"] if b["ttft_p99_ms"] else math.nan
                 out.append(
@@ -192,14 +201,14 @@ def routing_verdicts(r: dict[str, Any]) -> list[Verdict]:
                     )
                 )
     for load in loads:
-        got = p99_ratio("uniform", load, "ours (least_load)")
+        got = p99_ratio("uniform", load, " least-load")
         if got:
             ratio, text = got
             out.append(
                 Verdict(
                     "#5",
                     f"uniform @ {load:.0%}: TTFT p99 within +5 % of least-load (lower is better, so below counts)",
-                    text.replace("×", "× least-load", 1),
+                    text,
                     ratio <= 1.05,
                 )
             )

@@ -213,6 +213,8 @@ class PrefixAffinity(BackendPolicy):
                         warm[i] = d - base
                 deep = max(depths.values()) > preamble
         known_home = warm[0] > 0
+        # working sets: a group's placement, its next holder and the tie-break all compare them
+        sizes = [self._sets.size(b.name) for b in ranked] if group else [0] * n
         placed = -1  # a new group's placement among its first choices
         spread = -1  # a hot group's next holder
         if group:
@@ -222,9 +224,8 @@ class PrefixAffinity(BackendPolicy):
                 # groups of the lightest of them. Not simply the lightest: working sets are this
                 # replica's own, and near-ties sent one group to different backends from different
                 # replicas. Opening groups take the lightest (see the module docstring, 3).
-                sizes = [self._sets.size(ranked[i].name) for i in range(min(config.group_choices, n))]
                 slack = 0.0 if opening_group(features, config) else config.placement_slack * preamble
-                placed = first_within(sizes, slack)
+                placed = first_within(sizes[: config.group_choices], slack)
                 warm[placed] = max(features.history_blocks, preamble)
             else:
                 # A hot group is kept warm on `span` backends (`policies.group_demand`): while fewer
@@ -236,15 +237,14 @@ class PrefixAffinity(BackendPolicy):
                     others = [i for i in range(n) if warm[i] < preamble]
                     room = [i for i in others if fits[i]]
                     if n - len(others) < span and room:
-                        spread = min(room, key=lambda i: self._sets.size(ranked[i].name))
+                        spread = min(room, key=sizes.__getitem__)
                         warm[spread] = preamble - 1
         elif not deep and features.history_blocks - base > warm[0]:
             warm[0] = features.history_blocks - base
 
         candidates = [i for i in range(n) if fits[i]]
         if not candidates:
-            least = min(range(n), key=scores.__getitem__)
-            chosen = least
+            chosen = min(range(n), key=scores.__getitem__)
         else:
             value = self._value
             # this replica's own, fresh in-flight counts: a scrape that still counts a finished
@@ -254,7 +254,6 @@ class PrefixAffinity(BackendPolicy):
             limit = min(costs[i] for i in candidates) + config.tolerance
             # HRW order: the warmest within the tolerance; on ties the earliest, or for a group the
             # one with the smallest working set (a cold copy evicts the least there)
-            sizes = [self._sets.size(b.name) for b in ranked] if group else [0] * n
             chosen = -1
             for i in candidates:
                 if costs[i] <= limit and (

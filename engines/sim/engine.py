@@ -22,7 +22,7 @@ from types import TracebackType
 from engines.sim.config import SimConfig
 from engines.sim.faults import FaultState
 from engines.sim.metrics import EngineMetrics, LiveGauges
-from engines.sim.prefix_cache import Lease, PrefixCache
+from engines.sim.prefix_cache import Lease, PrefixCache, usable_hit
 from engines.sim.scheduler import Scheduler
 from engines.sim.stats import SimStats
 
@@ -133,10 +133,7 @@ class Run:
         eng.scheduler.running_tokens += self._budget
         lease = eng.cache.acquire(self._prompt) if self._account else Lease([], 0)
         self._lease = lease
-        n = len(self._prompt)
-        bs = eng.cfg.block_size
-        # like vLLM, at least the last prompt token is always computed
-        self.cached_tokens = min(lease.cached_tokens, ((n - 1) // bs) * bs) if n else 0
+        self.cached_tokens = usable_hit(lease.cached_tokens, len(self._prompt), eng.cfg.block_size)
         return self
 
     async def prefill(self) -> None:

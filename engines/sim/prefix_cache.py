@@ -14,6 +14,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 
+def usable_hit(cached_tokens: int, prompt_tokens: int, block_size: int) -> int:
+    """The cached tokens a request actually skips: like vLLM, at least the last prompt token is
+    always computed, so a fully cached prompt still prefills its last block."""
+    return min(cached_tokens, ((prompt_tokens - 1) // block_size) * block_size) if prompt_tokens else 0
+
+
 @dataclass(slots=True)
 class Lease:
     """The blocks one request holds; give it back with `PrefixCache.release`."""

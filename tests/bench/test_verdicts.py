@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.routing import compared, pool_rounds
-from bench.verdicts import routing_verdicts
+from bench.routing import pool_rounds
+from bench.verdicts import compared, routing_verdicts
 
 OURS, RR, LL = "ours (prefix_affinity)", "ours (round_robin)", "ours (least_load)"
 
