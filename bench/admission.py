@@ -23,27 +23,27 @@ import jwt
 import orjson
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from gateway.admission_settings import (
+from gateway.admission.admit import AdmitStage
+from gateway.admission.auth import AuthenticateStage, Authenticator
+from gateway.admission.intake import ParseStage, ValidateStage
+from gateway.admission.jwt_auth import JwtVerifier
+from gateway.admission.limits import FailoverLimiter
+from gateway.admission.limits_local import LocalLimiter
+from gateway.admission.limits_redis import RedisLimiter
+from gateway.admission.sanitise import SanitiseStage
+from gateway.admission.settings import (
     JwtSettings,
     LimitSet,
     LimitsSettings,
     PublicKeySettings,
     SanitiseSettings,
 )
-from gateway.admit import AdmitStage
-from gateway.auth import AuthenticateStage, Authenticator
-from gateway.context import RequestContext
-from gateway.intake import ParseStage, ValidateStage
-from gateway.jwt_auth import JwtVerifier
-from gateway.limits import FailoverLimiter
-from gateway.limits_local import LocalLimiter
-from gateway.limits_redis import RedisLimiter
+from gateway.admission.tokens import mint_token
+from gateway.core.context import RequestContext
+from gateway.core.redis_client import open_redis
+from gateway.core.redis_wire import RespClient
 from gateway.pipeline import run_finalizers
-from gateway.redis_client import open_redis
-from gateway.redis_wire import RespClient
-from gateway.sanitise import SanitiseStage
 from gateway.settings import ModelSettings
-from gateway.tokens import mint_token
 
 SECRET = "bench-secret-" + "x" * 40
 BODY = orjson.dumps(

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from bench.procs import ROOT, WORK, Service, free_port
-from gateway.tokens import mint_token
+from gateway.admission.tokens import mint_token
 from tests.conftest import MODEL, single_pool_config
 
 JWT_SECRET = "bench-secret-not-for-production-0123456789abcdef"

@@ -22,8 +22,8 @@ import orjson
 import uvloop
 
 from engines.sim.launcher import SimProcess, free_port
-from gateway.h1 import H1Transport
-from gateway.upstream import AiohttpTransport, Transport
+from gateway.upstream.h1 import H1Transport
+from gateway.upstream.transport import AiohttpTransport, Transport
 
 _MESSAGES = [{"role": "user", "content": "hello there"}]
 BODY = orjson.dumps({"model": "m", "messages": _MESSAGES, "max_tokens": 16})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -20,28 +21,28 @@ from redis.exceptions import RedisError
 
 from engines.base import Endpoint
 from engines.errors import ApiError, model_not_found
-from gateway.access_log import AccessLog
-from gateway.admin import build_admin_app
 from gateway.admission import Admission
-from gateway.context import RequestContext
-from gateway.control import FleetControl
-from gateway.fleet import Fleet
-from gateway.h1 import H1Transport
-from gateway.health import HealthChecker
-from gateway.intake import ParseStage, ValidateStage
-from gateway.metrics import Metrics
-from gateway.metrics_export import CONTENT_TYPE, MetricsExporter
-from gateway.metrics_sampler import MetricsSampler, RedisProbe
+from gateway.admission.intake import ParseStage, ValidateStage
+from gateway.control.admin import build_admin_app
+from gateway.control.store import MemoryStore, RedisStore, Store
+from gateway.control.verbs import FleetControl
+from gateway.core.context import RequestContext
+from gateway.core.fleet import Fleet
+from gateway.core.redis_client import connect_redis, describe
+from gateway.core.responses import DISCONNECT, BytesResponse, Message, Receive, Send, error_response
+from gateway.edge.request_id import request_id_from
+from gateway.observability.access_log import AccessLog
+from gateway.observability.metrics import Metrics
+from gateway.observability.metrics_export import CONTENT_TYPE, MetricsExporter
+from gateway.observability.metrics_sampler import MetricsSampler, RedisProbe
 from gateway.pipeline import Pipeline, Stage, run_finalizers
-from gateway.proxy import ProxyStage
-from gateway.redis_client import connect_redis, describe
-from gateway.request_id import request_id_from
-from gateway.responses import DISCONNECT, BytesResponse, Message, Receive, Send, error_response
-from gateway.router_factory import build_router
-from gateway.routing import RouteStage
-from gateway.settings import Settings
-from gateway.state import MemoryStore, RedisStore, Store
-from gateway.upstream import AiohttpTransport, Transport
+from gateway.routing.factory import build_router
+from gateway.routing.stage import RouteStage
+from gateway.settings import PoolSettings, Settings, load_settings
+from gateway.upstream.h1 import H1Transport
+from gateway.upstream.health import HealthChecker
+from gateway.upstream.proxy import ProxyStage
+from gateway.upstream.transport import AiohttpTransport, Transport
 
 log = logging.getLogger("gateway")
 
@@ -69,17 +70,20 @@ class Gateway:
         self.pipeline: Pipeline | None = None
         self._created = int(time.time())
         self.redis: Redis | None = None
-        self.store: Store = MemoryStore()
         self.route: RouteStage | None = None
-        self.admission = Admission(settings, self.metrics)
-        #: None when auth is off; `FleetControl.authorize_admin` refuses /admin/* then
+        self.admission = Admission(
+            settings.auth, settings.limits, settings.sanitise, settings.redis, self.metrics
+        )
+        #: None when auth is off (every request is anonymous; the admin API refuses everyone then)
         self.authenticator = self.admission.authenticator
         self.auth_enabled = self.authenticator is not None
         #: API keys (create / revoke / list) for the admin API
         self.api_keys = self.admission.api_keys
-        #: the operator's verbs (admin API): fleet changes, audit, reload, explain
-        self.control = FleetControl(self)
-        self._admin_app = build_admin_app(self)
+        #: the operator's verbs (admin API): fleet changes, audit, reload; the store is bound at start-up
+        self.control = FleetControl(self.fleet, self, MemoryStore())
+        self._admin_app = build_admin_app(
+            self.control, self.admission.authorize_admin, self.api_keys, self.explain, list(self.models)
+        )
         for pool in self.fleet.pools.values():
             self.metrics.pool_weight.labels(pool.name).set(pool.weight)
 
@@ -114,14 +118,14 @@ class Gateway:
                 max_per_host=up.max_connections_per_backend,
                 keepalive_s=up.keepalive_s,
             )
+        store: Store = self.control.store
         if self.settings.redis.configured:
             # standalone, sentinel or cluster (redis.mode); a RedisCluster speaks the same commands
             self.redis = cast(Redis, connect_redis(self.settings.redis))
-            self.store = RedisStore(self.redis)
+            store = RedisStore(self.redis)
         await self.admission.start(self.redis)
         self.pipeline = self.build_pipeline(self._transport)
-        control = self.control
-        control.apply_overrides(await self.store.start(control.apply_overrides))
+        await self.control.start(store)
         self._health = HealthChecker(
             self.fleet,
             self._transport,
@@ -147,7 +151,7 @@ class Gateway:
     async def shutdown(self) -> None:
         if self._sampler is not None:
             await self._sampler.stop()
-        await self.store.stop()
+        await self.control.store.stop()
         await self.admission.aclose()
         if self._health is not None:
             await self._health.stop()
@@ -247,6 +251,37 @@ class Gateway:
         except (TimeoutError, RedisError, OSError):
             return False
         return True
+
+    # -- what the control wing is handed (gateway/control/verbs.py `ConfigSource`, the admin API) --
+    @property
+    def store(self) -> Store:
+        """Where the operator's overrides and the audit log live (Redis when configured)."""
+        return self.control.store
+
+    def base_pools(self) -> list[PoolSettings]:
+        return self.settings.pools
+
+    def reread_config(self) -> None:
+        path = os.environ.get("GATEWAY_CONFIG")
+        if not path:
+            log.warning("reload asked, but this replica has no config file (GATEWAY_CONFIG unset)")
+            return
+        try:
+            fresh = load_settings(path)
+        except Exception as exc:
+            log.error("reload failed, keeping the current config: %s", exc)
+            return
+        self.settings = self.settings.model_copy(update={"pools": fresh.pools, "models": fresh.models})
+        self.models = {m.name: m for m in fresh.models if any(m.name in p.models for p in fresh.pools)}
+        log.info("config reloaded from %s", path)
+
+    def explain(self, body: dict[str, Any], pin: str | None) -> dict[str, Any]:
+        """Where `body` would be routed now, and why (the admin API's dry run)."""
+        assert self.route is not None, "lifespan start-up has not run"
+        model = body.get("model")
+        if not isinstance(model, str) or model not in self.models:
+            raise model_not_found(str(model))
+        return self.route.explain(body, pin)
 
     def _model_object(self, name: str) -> dict[str, Any]:
         return {

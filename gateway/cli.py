@@ -30,7 +30,7 @@ def _sim(args: argparse.Namespace) -> None:
 
 
 def _token(args: argparse.Namespace) -> None:
-    from gateway.tokens import mint_token
+    from gateway.admission.tokens import mint_token
 
     secret = os.environ.get("GATEWAY_JWT_SECRET")
     if not secret:

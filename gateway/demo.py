@@ -13,8 +13,8 @@ import os
 from typing import Any
 
 from engines.sim.launcher import SimProcess, free_port
+from gateway.admission.tokens import mint_token, new_secret
 from gateway.settings import Settings, parse_settings
-from gateway.tokens import mint_token, new_secret
 
 MODEL = "demo-llama"
 SERVED = {"vllm": "meta-llama/Llama-3.1-8B-Instruct", "sglang": "meta-llama/Llama-3.1-8B-Instruct"}

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from engines.errors import ApiError, server_error
-from gateway.context import RequestContext
-from gateway.responses import Response, error_response
+from gateway.core.context import RequestContext
+from gateway.core.responses import Response, error_response
 
 log = logging.getLogger("gateway.pipeline")
 

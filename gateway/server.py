@@ -20,9 +20,9 @@ from typing import Any
 import uvicorn
 
 from gateway.app import Gateway
-from gateway.http_cycle import GatewayHttpProtocol
-from gateway.http_guard import configure_guard
-from gateway.metrics_export import multiprocess_dir
+from gateway.edge.http_cycle import GatewayHttpProtocol
+from gateway.edge.http_guard import configure_guard
+from gateway.observability.metrics_export import multiprocess_dir
 from gateway.settings import Settings, load_settings
 
 

@@ -1,7 +1,7 @@
 """Admission arithmetic: token reservations, limit verdicts, OpenAI's rate-limit headers and messages.
 
-Pure functions and values only (no clocks, no I/O): the limiters (gateway/limits_redis.py in Lua,
-gateway/limits_local.py in Python) compute a `Verdict` with the same algorithm — an exact sliding
+Pure functions and values only (no clocks, no I/O): the limiters (gateway/admission/limits_redis.py in Lua,
+gateway/admission/limits_local.py in Python) compute a `Verdict` with the same algorithm — an exact sliding
 window log, docs/admission.md — and everything the client sees is derived from it here.
 
 Durations are integers in milliseconds throughout.

@@ -44,8 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engines.sim.launcher import SimProcess, free_port  # noqa: E402
+from gateway.admission.tokens import mint_token  # noqa: E402
 from gateway.demo import SERVED, sim_flags  # noqa: E402
-from gateway.tokens import mint_token  # noqa: E402
 from tests.support import GatewayProcess  # noqa: E402
 
 MODEL = "soak-model"

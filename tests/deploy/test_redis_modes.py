@@ -1,6 +1,6 @@
 """`redis.mode` standalone / sentinel / cluster: settings validation, and `connect_redis` against real
 servers — a plain redis-server, a Sentinel-managed master that fails over, and a 3-master Cluster.
-The shared fleet state (gateway/state.py) runs unchanged on each."""
+The shared fleet state (gateway/control/store.py) runs unchanged on each."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
 from engines.sim.launcher import SimProcess
+from gateway.admission.tokens import mint_token
+from gateway.control.store import Overrides, RedisStore, audit_entry
+from gateway.core.redis_client import RedisClient, connect_redis, describe
 from gateway.demo import SERVED
-from gateway.redis_client import RedisClient, connect_redis, describe
 from gateway.settings import RedisSettings, parse_settings
-from gateway.state import Overrides, RedisStore, audit_entry
-from gateway.tokens import mint_token
 from tests.conftest import fast_sim
 from tests.deploy.redis_topologies import ClusterSetup, SentinelSetup, _Processes
 from tests.support import GatewayProcess, RedisServer, free_port

@@ -22,8 +22,8 @@ import pytest
 import redis as redis_sync
 
 from engines.sim.launcher import SimProcess
+from gateway.admission.tokens import mint_token
 from gateway.demo import SERVED
-from gateway.tokens import mint_token
 from tests.conftest import MODEL, fast_sim
 from tests.support import GatewayProcess, RedisServer, wait_until
 

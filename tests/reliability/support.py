@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import orjson
 
-from gateway.tokens import mint_token
+from gateway.admission.tokens import mint_token
 from tests.conftest import MODEL
 
 #: the JWT secret of every gateway these suites start (never a real one)

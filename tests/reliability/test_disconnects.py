@@ -187,7 +187,7 @@ def test_gone_mid_stream(rig: Rig) -> None:
 
 
 def test_gone_during_a_non_streamed_generation(rig: Rig) -> None:
-    # 400 tokens at 20 ms: the engine would take 8 s. Before the fix in gateway/proxy.py
+    # 400 tokens at 20 ms: the engine would take 8 s. Before the fix in gateway/upstream/proxy.py
     # (`_DisconnectWatch`) it ran to its end although nobody was waiting for the answer.
     before, cancelled = rig.completed(), rig.cancelled()
     with RawClient(rig.gw.port) as c:

@@ -1,6 +1,6 @@
 """Schemathesis against a running gateway: every documented operation, public and admin.
 
-The OpenAPI document is the gateway's own `/openapi.json` (gateway/openapi.py documents the public
+The OpenAPI document is the gateway's own `/openapi.json` (gateway/control/openapi.py documents the public
 endpoints next to the admin API). Cases are generated in both modes — schema-valid (positive) and
 schema-violating (negative) — and sent over loopback to a gateway with auth on, in front of two
 healthy zero-latency simulators (one per dialect). Since no engine is failing, any 5xx is the

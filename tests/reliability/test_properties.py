@@ -8,7 +8,7 @@
   answer is 413 as soon as the cap is passed; a disconnect mid-body is a 400, never a crash.
 - the sanitiser is idempotent: a body it already cleaned passes through it unchanged (neutralising
   never creates a new control sequence). The whole intake is property-tested in
-  tests/gateway/test_sanitise.py; this adds what that file does not.
+  tests/gateway/admission/test_sanitise.py; this adds what that file does not.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from hypothesis import strategies as st
 from engines.errors import ApiError
 from engines.openai import StreamEncoder
 from engines.registry import get_dialect
-from gateway.admission_settings import DEFAULT_SPECIAL_TOKENS, SanitiseSettings
-from gateway.context import RequestContext
-from gateway.intake import read_body
-from gateway.relay import SSESplitter, StreamRelay
-from gateway.sanitise import SanitiseStage
+from gateway.admission.intake import read_body
+from gateway.admission.sanitise import SanitiseStage
+from gateway.admission.settings import DEFAULT_SPECIAL_TOKENS, SanitiseSettings
+from gateway.core.context import RequestContext
 from gateway.settings import ModelSettings
+from gateway.upstream.relay import SSESplitter, StreamRelay
 from tests.conftest import fast_sim
 
 # -- SSESplitter --------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import pytest
 from redis.asyncio import Redis
 
 from engines.sim.launcher import SimProcess
-from gateway.api_keys import ApiKeys, ApiKeySpec, RedisBackend
+from gateway.admission.api_keys import ApiKeys, ApiKeySpec, RedisBackend
 from gateway.demo import SERVED
 from tests.conftest import MODEL, fast_sim
 from tests.reliability.support import SECRET, RawClient, bearer, chat, http_request, sim_stats, token

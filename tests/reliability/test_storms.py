@@ -25,7 +25,7 @@ from tests.support import GatewayProcess
 
 BURST = 60
 RATIO, MIN_PER_S = 0.1, 1.0
-BUCKET = max(10 * MIN_PER_S, 10.0)  # gateway/retry.py: the bucket starts full
+BUCKET = max(10 * MIN_PER_S, 10.0)  # gateway/upstream/retry.py: the bucket starts full
 
 
 def _assert_openai_error(r: httpx.Response, sims: list[SimProcess]) -> dict[str, Any]:
@@ -145,7 +145,7 @@ def test_flapping_backend_midstream_errors_are_events_never_hangs() -> None:
 
 
 def test_circuit_reopens_when_a_request_after_the_open_period_fails() -> None:
-    from gateway.circuit import CircuitBreaker
+    from gateway.core.circuit import CircuitBreaker
 
     c = CircuitBreaker(failure_threshold=3, open_s=2.0)
     for _ in range(3):
@@ -198,7 +198,7 @@ def test_5xx_burst_on_one_backend_is_isolated_under_least_load() -> None:
                 for t in threads:
                     t.join(20)
             print(f"\n503 burst on 1 of 3 (least_load): {statuses}; failing backend got {during} requests")
-            # Before the fix in gateway/circuit.py: ~1000 requests in 3 s and most clients got 503.
+            # Before the fix in gateway/core/circuit.py: ~1000 requests in 3 s and most clients got 503.
             assert during <= 20, during
             assert statuses.get(503, 0) <= 3, statuses
             assert statuses.get(200, 0) > 50

@@ -1,0 +1,212 @@
+"""Admission assembled from settings: who may call (auth), how much (limits), with what (sanitise).
+
+The root (`gateway/app.py`) builds one `Admission` at construction and asks it for its pipeline stages:
+
+    [AuthenticateStage]  ParseStage  ValidateStage  SanitiseStage  [AdmitStage]  RouteStage  ProxyStage
+     ^ only when auth is on                                         ^ only when some limit is set
+
+`start(redis)` binds the shared store (Redis limits, Redis-backed API keys, JWKS fetching) once the
+process's Redis client exists; `aclose()` stops the background tasks. Without Redis everything
+works in this process only, and the start-up log says so. `authorize_admin` is the guard of the
+admin API. What admission reports (rejections, Redis timings) goes to the `Observer` handed in.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from redis.asyncio import Redis
+
+from engines.errors import ApiError
+from gateway.admission.admit import AdmitStage
+from gateway.admission.api_keys import ApiKeys, MemoryBackend, RedisBackend
+from gateway.admission.auth import AuthenticateStage, Authenticator, require_admin
+from gateway.admission.jwks import JwksCache
+from gateway.admission.jwt_auth import JwtVerifier
+from gateway.admission.limits import FailoverLimiter
+from gateway.admission.limits_local import LocalLimiter
+from gateway.admission.limits_redis import RedisLimiter
+from gateway.admission.sanitise import SanitiseStage
+from gateway.admission.settings import AuthSettings, LimitsSettings, SanitiseSettings
+from gateway.core.context import Principal, RequestContext
+from gateway.core.redis_wire import RespClient
+from gateway.core.settings import RedisSettings
+from policies.features import FeatureConfig
+
+log = logging.getLogger("gateway.admission")
+
+
+class Observer(Protocol):
+    """Where admission reports (gateway/observability/metrics.py's `Metrics` is one); its own
+    counters go on `registry`."""
+
+    registry: CollectorRegistry
+
+    def reject(self, stage: str, reason: str, ctx: RequestContext | None = None) -> None: ...
+
+    def observe_redis(self, op: str, seconds: float) -> None: ...
+
+    def redis_failure(self, op: str) -> None: ...
+
+
+class Admission:
+    def __init__(
+        self,
+        auth: AuthSettings,
+        limits: LimitsSettings,
+        sanitise: SanitiseSettings,
+        redis: RedisSettings,
+        observer: Observer,
+    ) -> None:
+        self._auth, self._limits, self._sanitise, self._redis = auth, limits, sanitise, redis
+        self._observer = observer
+        r = observer.registry
+        self._limiter_local = Counter(
+            "gateway_limiter_local_decisions",
+            "Limit decisions taken by this process alone because Redis was unreachable (fail_open).",
+            registry=r,
+        )
+        self._limiter_down = Gauge(
+            "gateway_limiter_redis_down",
+            "1 while the shared limiter's Redis is unreachable.",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self._limiter_outages = Counter(
+            "gateway_limiter_redis_outages", "Times the shared limiter lost Redis.", registry=r
+        )
+        self.jwks: JwksCache | None = None
+        if auth.jwt.jwks_url:
+            j = auth.jwt
+            self.jwks = JwksCache(
+                j.jwks_url or "",
+                j.jwks_algorithms,
+                refresh_s=j.jwks_refresh_s,
+                min_refresh_s=j.jwks_min_refresh_s,
+                timeout_s=j.jwks_timeout_s,
+            )
+        jwt = JwtVerifier(auth.jwt, self.jwks) if auth.jwt.has_keys else None
+        k = auth.api_keys
+        self.api_keys = ApiKeys(
+            MemoryBackend(), pepper=k.pepper, cache_ttl_s=k.cache_ttl_s, cache_size=k.cache_size
+        )
+        #: None when authentication is off (every request is `anonymous`)
+        self.authenticator: Authenticator | None = None
+        if auth.active:
+            self.authenticator = Authenticator(
+                jwt, self.api_keys if k.enabled else None, self.count_rejection
+            )
+        self.limiter = FailoverLimiter(
+            LocalLimiter(window_s=limits.window_s),
+            limits.on_redis_error,
+            limits.redis_probe_s,
+            self._on_limiter_event,
+        )
+        self._redis_limiter: RedisLimiter | None = None
+        self._wire: RespClient | None = None
+
+    # -- stages -----------------------------------------------------------------------------------
+    def authenticate_stages(self) -> list[AuthenticateStage]:
+        """The stage that goes first (before the body is read), or none when auth is off."""
+        return [AuthenticateStage(self.authenticator)] if self.authenticator is not None else []
+
+    def sanitise_stage(self, features: FeatureConfig) -> SanitiseStage:
+        """After ValidateStage; `features` must be the routing's config (its estimate is reused)."""
+        return SanitiseStage(self._sanitise, features, self.count_rejection)
+
+    def admit_stages(self) -> list[AdmitStage]:
+        """After SanitiseStage; none when no limit is configured at all."""
+        limits = self._limits
+        return [] if limits.unlimited else [AdmitStage(self.limiter, limits, self.count_rejection)]
+
+    async def authorize_admin(self, headers: dict[bytes, bytes]) -> Principal:
+        """The caller's principal if it has the admin role; ApiError 401/403 otherwise (and 403 for
+        everyone when authentication is off: the admin API never runs unauthenticated)."""
+        if self.authenticator is None:
+            raise ApiError(
+                403, "The admin API needs authentication to be configured (auth section).", code="forbidden"
+            )
+        principal = await self.authenticator.authenticate(headers)
+        require_admin(principal)
+        return principal
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    async def start(self, redis: Redis | None) -> None:
+        limits = self._limits
+        if redis is not None:
+            rs = self._redis
+            if rs.mode == "standalone" and rs.url:
+                # The hot path's two scripts go over one auto-pipelining connection (redis_wire.py).
+                self._wire = RespClient(
+                    rs.url, timeout_s=max(rs.timeout_s, 1.0), username=rs.username, password=rs.password
+                )
+            self._redis_limiter = RedisLimiter(
+                redis,
+                window_s=limits.window_s,
+                lease_s=limits.concurrency_lease_s,
+                observe=self._observe_redis,
+                wire=self._wire,
+            )
+            self.limiter.bind(self._redis_limiter, redis.ping)
+            self.api_keys.bind(RedisBackend(redis))
+        if self.jwks is not None:
+            await self.jwks.start()
+        log.info("%s", self.describe(redis is not None))
+
+    async def aclose(self) -> None:
+        await self.limiter.aclose()
+        if self._redis_limiter is not None:
+            await self._redis_limiter.aclose()
+        if self._wire is not None:
+            await self._wire.aclose()
+        if self.jwks is not None:
+            await self.jwks.aclose()
+
+    def describe(self, shared: bool) -> str:
+        """One start-up line on how admission runs in this process."""
+        if self.authenticator is None:
+            auth = "authentication off (every request is anonymous; /admin/* refused)"
+        else:
+            j = self._auth.jwt
+            sources = [
+                name
+                for name, on in (
+                    (f"HS secret ({'/'.join(j.secret_algorithms)})", bool(j.secret)),
+                    (f"{len(j.public_keys)} public key(s)", bool(j.public_keys)),
+                    (f"JWKS {j.jwks_url}", bool(j.jwks_url)),
+                    (
+                        "API keys" + (" in Redis" if shared else " in memory (this process only)"),
+                        self._auth.api_keys.enabled,
+                    ),
+                )
+                if on
+            ]
+            auth = "authentication: " + ", ".join(sources)
+        if self._limits.unlimited:
+            limits = "limits: none configured"
+        elif shared:
+            limits = f"limits: shared in Redis, exact across replicas (on Redis outage: {self._limits.on_redis_error})"
+        else:
+            limits = "limits: in-process only (no Redis configured) — each gateway process enforces them on its own"
+        return f"admission: {auth}; {limits}"
+
+    # -- observers --------------------------------------------------------------------------------
+    def count_rejection(self, stage: str, reason: str, ctx: RequestContext | None) -> None:
+        self._observer.reject(stage, reason, ctx)
+
+    def _observe_redis(self, op: str, seconds: float | None) -> None:
+        if seconds is None:
+            self._observer.redis_failure(op)
+        else:
+            self._observer.observe_redis(op, seconds)
+
+    def _on_limiter_event(self, event: str) -> None:
+        if event == "fallback":
+            self._limiter_local.inc()
+        elif event == "down":
+            self._limiter_outages.inc()
+            self._limiter_down.set(1)
+        elif event == "up":
+            self._limiter_down.set(0)

@@ -1,0 +1,101 @@
+"""The first stages: read the body (size-capped), parse it, resolve the model, validate semantics.
+
+After `ParseStage`, `ctx.raw_body`, `ctx.body`, `ctx.model`, `ctx.stream` and `ctx.include_usage` are
+set. `ValidateStage` applies the OpenAI semantics both engines disagree on (engines.validate), so both
+pools answer alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from engines.base import Endpoint
+from engines.errors import ApiError, invalid_request, model_not_found
+from engines.validate import validate_request
+from gateway.core.context import RequestContext
+from gateway.core.responses import Receive, Response
+from gateway.core.settings import ModelSettings
+
+_BAD_JSON = (
+    "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your "
+    "HTTP library correctly. The API expects a JSON payload, but what was sent was not valid JSON.)"
+)
+
+
+async def read_body(receive: Receive, max_bytes: int) -> bytes:
+    """The whole request body, or ApiError 413 as soon as it grows past `max_bytes`."""
+    message = await receive()
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):
+        if len(body) > max_bytes:
+            raise _too_large(max_bytes)
+        return body
+    parts = [body]
+    size = len(body)
+    while message.get("more_body", False):
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ApiError(400, "The client closed the connection before sending the whole body.")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > max_bytes:
+            raise _too_large(max_bytes)
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _too_large(max_bytes: int) -> ApiError:
+    return ApiError(
+        413, f"The request body is larger than the maximum of {max_bytes} bytes.", code="request_too_large"
+    )
+
+
+class ParseStage:
+    name = "parse"
+
+    def __init__(self, models: dict[str, ModelSettings], max_body_bytes: int) -> None:
+        self._models = models
+        self._max = max_body_bytes
+
+    async def __call__(self, ctx: RequestContext) -> Response | None:
+        raw = await read_body(ctx.receive, self._max)
+        ctx.raw_body = raw
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise invalid_request(f"The request body is not valid UTF-8 (byte {exc.start}).") from None
+            raise invalid_request(_BAD_JSON) from None
+        if not isinstance(body, dict):
+            raise invalid_request("The request body must be a JSON object.")
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise invalid_request("you must provide a model parameter", param="model")
+        spec = self._models.get(model)
+        if spec is None:
+            raise model_not_found(model)
+        ctx.body = body
+        ctx.model = spec
+        ctx.stream = body.get("stream") is True
+        ctx.include_usage = ctx.stream and _asks_usage(body.get("stream_options"))
+        return None
+
+
+def _asks_usage(options: Any) -> bool:
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+class ValidateStage:
+    name = "validate"
+
+    def __init__(self, endpoint_check: Callable[[Endpoint, dict[str, Any]], None] = validate_request) -> None:
+        self._check = endpoint_check
+
+    async def __call__(self, ctx: RequestContext) -> Response | None:
+        self._check(ctx.endpoint, ctx.body)
+        return None

@@ -1,0 +1,198 @@
+"""Fleet changes made at run time (admin API), persisted and shared by every gateway replica.
+
+What is stored is the operator's *overrides* on top of the config file — pool weights, drained
+backends, backends added or removed — plus an audit log. Each replica applies the overrides to its
+own `Fleet`; the config file stays the base, so a reload of the file keeps the overrides.
+
+    RedisStore   one hash `gw:{fleet}:overrides` (field → JSON value) + a version counter, changes
+                 announced on the channel `gw:fleet:changed`; every replica applies a change when
+                 the announcement arrives and, as a fallback for a lost message, whenever the
+                 version it polls every `poll_s` (default 0.5 s) moved. A restarted replica starts
+                 from the stored overrides. Keys carry the `{fleet}` hash tag (Redis Cluster safe).
+    MemoryStore  the same in this process only (no Redis configured); the start-up log says so.
+
+Field names in the hash: `weight:<pool>` → float, `drain:<backend>` → true,
+`add:<backend>` → {"pool", "url"}, `remove:<backend>` → true, `reload:` → when a reload of the
+config file on every replica was last asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from gateway.core.overrides import Overrides
+from gateway.core.tasks import cancel_and_wait, stop_requested
+
+log = logging.getLogger("gateway.state")
+
+OVERRIDES_KEY = "gw:{fleet}:overrides"
+VERSION_KEY = "gw:{fleet}:version"
+AUDIT_KEY = "gw:{fleet}:audit"
+CHANNEL = "gw:fleet:changed"
+AUDIT_MAX = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    ts: float
+    actor: str
+    action: str
+    target: str
+    before: Any
+    after: Any
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ts": self.ts,
+            "actor": self.actor,
+            "action": self.action,
+            "target": self.target,
+            "before": self.before,
+            "after": self.after,
+        }
+
+
+class Store(Protocol):
+    """Where overrides live. `on_change` is called (in the event loop) whenever they may have changed."""
+
+    shared: bool
+
+    async def start(self, on_change: Callable[[Overrides], None]) -> Overrides: ...
+
+    async def stop(self) -> None: ...
+
+    async def change(self, updates: dict[str, Any], deletes: list[str], audit: AuditEntry) -> None:
+        """Apply field updates/deletes atomically, record the audit entry, announce the change."""
+        ...
+
+    async def audit(self, limit: int) -> list[dict[str, Any]]: ...
+
+
+class MemoryStore:
+    shared = False
+
+    def __init__(self) -> None:
+        self._fields: dict[str, Any] = {}
+        self._audit: deque[AuditEntry] = deque(maxlen=AUDIT_MAX)
+        self._on_change: Callable[[Overrides], None] | None = None
+
+    async def start(self, on_change: Callable[[Overrides], None]) -> Overrides:
+        self._on_change = on_change
+        return Overrides.from_fields(self._fields)
+
+    async def stop(self) -> None:
+        return None
+
+    async def change(self, updates: dict[str, Any], deletes: list[str], audit: AuditEntry) -> None:
+        for key in deletes:
+            self._fields.pop(key, None)
+        self._fields.update(updates)
+        self._audit.appendleft(audit)
+        if self._on_change is not None:
+            self._on_change(Overrides.from_fields(self._fields))
+
+    async def audit(self, limit: int) -> list[dict[str, Any]]:
+        return [e.as_dict() for e in list(self._audit)[:limit]]
+
+
+class RedisStore:
+    shared = True
+
+    def __init__(self, redis: Redis, poll_s: float = 0.5) -> None:
+        self._redis = redis
+        self._poll_s = poll_s
+        self._version = -1
+        self._on_change: Callable[[Overrides], None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self, on_change: Callable[[Overrides], None]) -> Overrides:
+        self._on_change = on_change
+        overrides = await self._load()
+        self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._poll())]
+        return overrides
+
+    async def stop(self) -> None:
+        # Bounded: closing a pub/sub connection to a sick Redis must not hold up shutdown.
+        await cancel_and_wait(self._tasks, within_s=2.0, what="shared-state tasks")
+        self._tasks = []
+
+    async def _load(self) -> Overrides:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.get(VERSION_KEY)
+            pipe.hgetall(OVERRIDES_KEY)
+            version, raw = await pipe.execute()
+        self._version = int(version or 0)
+        return Overrides.from_fields({k.decode(): orjson.loads(v) for k, v in raw.items()})
+
+    async def _refresh(self) -> None:
+        overrides = await self._load()
+        if self._on_change is not None:
+            self._on_change(overrides)
+
+    async def _listen(self) -> None:
+        while not stop_requested():
+            try:
+                pubsub = self._redis.pubsub()
+                await pubsub.subscribe(CHANNEL)
+                try:
+                    async for message in pubsub.listen():
+                        if message.get("type") == "message":
+                            await self._refresh()
+                finally:
+                    with contextlib.suppress(Exception):
+                        async with asyncio.timeout(1.0):
+                            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError):
+                if stop_requested():  # the cancel was swallowed on its way (gateway/core/tasks.py)
+                    return
+                await asyncio.sleep(1.0)  # the poller keeps state fresh meanwhile
+
+    async def _poll(self) -> None:
+        while not stop_requested():
+            await asyncio.sleep(self._poll_s)
+            try:
+                version = int(await self._redis.get(VERSION_KEY) or 0)
+                if version != self._version:
+                    await self._refresh()
+            except (RedisError, OSError) as exc:
+                if stop_requested():
+                    return
+                log.warning(
+                    "shared state unreachable (%s); keeping the last known overrides", type(exc).__name__
+                )
+
+    async def change(self, updates: dict[str, Any], deletes: list[str], audit: AuditEntry) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            if deletes:
+                pipe.hdel(OVERRIDES_KEY, *deletes)
+            if updates:
+                pipe.hset(OVERRIDES_KEY, mapping={k: orjson.dumps(v) for k, v in updates.items()})
+            pipe.incr(VERSION_KEY)
+            pipe.lpush(AUDIT_KEY, orjson.dumps(audit.as_dict()))
+            pipe.ltrim(AUDIT_KEY, 0, AUDIT_MAX - 1)
+            await pipe.execute()
+        await self._redis.publish(CHANNEL, b"1")
+        await self._refresh()
+
+    async def audit(self, limit: int) -> list[dict[str, Any]]:
+        raw = await self._redis.lrange(AUDIT_KEY, 0, max(0, limit - 1))
+        return [orjson.loads(r) for r in raw]
+
+
+def audit_entry(actor: str, action: str, target: str, before: Any, after: Any) -> AuditEntry:
+    return AuditEntry(
+        ts=round(time.time(), 3), actor=actor, action=action, target=target, before=before, after=after
+    )

@@ -1,0 +1,70 @@
+"""The one typed object that flows through the pipeline for a request.
+
+Stages fill it in order (see gateway/pipeline.py); later stages may rely on what earlier ones set.
+`finalizers` run once when the response has ended — sent in full, failed or abandoned by the client —
+in reverse order of registration, so a stage that reserves something (a limit, an in-flight slot)
+registers its release right where it reserves it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from engines.base import Endpoint, Usage
+
+if TYPE_CHECKING:
+    from gateway.core.fleet import Backend, Pool
+    from gateway.core.settings import ModelSettings
+
+Finalizer = Callable[["RequestContext"], Awaitable[None] | None]
+
+
+@dataclass(slots=True, eq=False)
+class Principal:
+    """Who is calling. `anonymous` when authentication is off."""
+
+    user: str
+    tenant: str | None = None
+    roles: frozenset[str] = frozenset()
+    tier: str = "default"
+
+    @property
+    def is_admin(self) -> bool:
+        return "admin" in self.roles
+
+
+ANONYMOUS = Principal(user="anonymous")
+
+
+@dataclass(slots=True, eq=False)
+class RequestContext:
+    request_id: str
+    endpoint: Endpoint
+    #: time.perf_counter() when the request arrived (not loop.time(): uvloop's clock ticks in whole
+    #: milliseconds, too coarse for the latencies the metrics and access log report)
+    started: float
+    headers: dict[bytes, bytes]  # request headers, lower-cased names (last value wins)
+    receive: Callable[[], Awaitable[Any]]  # the ASGI receive channel (the body is read by a stage)
+    #: the server's disconnect-callback setter, when it has one (gateway/edge/http_cycle.py); else the
+    #: stages that must notice a client leaving park a task on `receive`
+    on_disconnect: Callable[[Callable[[], None] | None], None] | None = None
+    raw_body: bytes = b""
+    body: dict[str, Any] = field(default_factory=dict)  # the parsed, validated OpenAI request
+    principal: Principal = ANONYMOUS
+    model: ModelSettings | None = None
+    stream: bool = False
+    include_usage: bool = False  # the client asked for the usage chunk
+    pool: Pool | None = None
+    backend: Backend | None = None
+    route_reason: str = ""
+    affinity: str = "none"
+    attempts: int = 0
+    status: int = 0
+    usage: Usage | None = None
+    first_token_at: float | None = None
+    error_kind: str | None = None  # label for metrics and the access log when the request failed
+    response_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    finalizers: list[Finalizer] = field(default_factory=list)
+    extras: dict[str, Any] = field(default_factory=dict)  # per-stage scratch space (documented by the stage)

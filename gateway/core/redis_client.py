@@ -1,0 +1,143 @@
+"""The one Redis client of a gateway process (limits, API keys, shared admin state).
+
+Tuned for a request path that must never hang on Redis: short connect and read timeouts, and a
+single immediate retry on a broken connection only (after a Redis restart every pooled connection
+is dead; the retry reconnects, and the command had not reached the new server). Timeouts are not
+retried: a script that may have run must not run twice. The pool blocks (up to `pool_wait_s`)
+rather than failing when every connection is busy, so a burst is never mistaken for an outage.
+
+`connect_redis(settings.redis)` picks the client by `redis.mode` (docs/operations.md):
+
+    standalone  open_redis(url): one server (redis://, rediss:// for TLS, unix://)
+    sentinel    a Redis whose pool asks the Sentinels for the current master, and asks again after a
+                failover (a connection to a demoted master fails once, then the next goes to the new one)
+    cluster     a RedisCluster: commands go to the slot's node; every key a gateway script touches
+                at once carries one hash tag (`{fleet}`, `{t:tenant}`), so scripts stay single-slot
+
+All three open their connections lazily: constructing a client never blocks or fails on the network.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeAlias
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from gateway.core.settings import RedisSettings
+
+#: what `connect_redis` returns; both speak the same command API (scripts, pipelines, pub/sub)
+RedisClient: TypeAlias = Redis | RedisCluster
+
+
+def open_redis(
+    url: str, *, timeout_s: float = 1.0, max_connections: int = 64, pool_wait_s: float = 2.0
+) -> Redis:
+    """A client for `url` (`redis://`, `rediss://`, `unix://`). Connections open lazily."""
+    pool = BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=pool_wait_s,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=max(timeout_s, 1.0),
+        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+        health_check_interval=0,
+    )
+    return Redis(connection_pool=pool)
+
+
+def _address(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _tls_kwargs(settings: RedisSettings) -> dict[str, Any]:
+    if not settings.tls:
+        return {}
+    return {
+        "ssl": True,
+        "ssl_ca_certs": settings.tls_ca_file,
+        "ssl_certfile": settings.tls_cert_file,
+        "ssl_keyfile": settings.tls_key_file,
+    }
+
+
+def connect_redis(settings: RedisSettings) -> RedisClient:
+    """The client for `settings` (its `configured` must be true). Same timeouts in every mode: a
+    command waits at most `timeout_s` for an answer; a broken connection is retried once, a timeout
+    never (a script that may have run must not run twice)."""
+    if not settings.configured:
+        raise ValueError("no Redis configured (redis.url, redis.sentinels or redis.nodes)")
+    timeouts: dict[str, Any] = {
+        "socket_timeout": settings.timeout_s,
+        "socket_connect_timeout": max(settings.timeout_s, 1.0),
+    }
+    auth: dict[str, Any] = {}
+    if settings.username is not None:
+        auth["username"] = settings.username
+    if settings.password is not None:
+        auth["password"] = settings.password
+    if settings.mode == "sentinel":
+        sentinel_kwargs: dict[str, Any] = {**timeouts, **_tls_kwargs(settings)}
+        if settings.sentinel_password is not None:
+            sentinel_kwargs["password"] = settings.sentinel_password
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            [_address(a) for a in settings.sentinels],
+            sentinel_kwargs=sentinel_kwargs,
+            db=settings.db,
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+            health_check_interval=0,
+            max_connections=settings.max_connections,
+            **timeouts,
+            **auth,
+            **_tls_kwargs(settings),
+        )
+        assert settings.service_name is not None  # checked by RedisSettings
+        master: Redis = sentinel.master_for(settings.service_name, redis_class=Redis)
+        return master
+    if settings.mode == "cluster":
+        seeds = [_address(a) for a in settings.nodes]
+        if settings.url is not None:
+            return RedisCluster.from_url(
+                settings.url, max_connections=settings.max_connections, **timeouts, **auth
+            )
+        return RedisCluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in seeds],
+            max_connections=settings.max_connections,
+            **timeouts,
+            **auth,
+            **_tls_kwargs(settings),
+        )
+    assert settings.url is not None
+    client = open_redis(
+        settings.url,
+        timeout_s=settings.timeout_s,
+        max_connections=settings.max_connections,
+        pool_wait_s=settings.pool_wait_s,
+    )
+    if auth:
+        client.connection_pool.connection_kwargs.update(auth)
+    return client
+
+
+def describe(settings: RedisSettings) -> str:
+    """Where the shared state is, for the start-up log: never a password."""
+    if not settings.configured:
+        return "none (this process only)"
+    if settings.mode == "sentinel":
+        return f"sentinel {settings.service_name} via {','.join(settings.sentinels)} db {settings.db}"
+    if settings.mode == "cluster":
+        seeds = settings.nodes or [_strip_credentials(settings.url or "")]
+        return f"cluster via {','.join(seeds)}"
+    return f"standalone {_strip_credentials(settings.url or '')}"
+
+
+def _strip_credentials(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest.split("/", 1)[0]:
+        return url
+    return f"{scheme}://***@{rest.split('@', 1)[1]}"

@@ -1,0 +1,133 @@
+"""Settings types every wing shares: the models, the pools and their backends, health checking, Redis.
+
+Each wing keeps the settings only it reads beside its code (`gateway/<wing>/settings.py`); the root's
+`gateway/settings.py` composes them into `Settings` and is the one place that reads files and the
+environment. The reference for every field is docs/configuration.md.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class SettingsModel(BaseModel):
+    """The base of every settings section: unknown keys are errors, values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BackendSettings(SettingsModel):
+    #: an opaque name shown to operators; never shown to clients
+    name: str
+    url: str
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("backend url must start with http:// or https://")
+        return v.rstrip("/")
+
+
+class PoolSettings(SettingsModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    dialect: Literal["vllm", "sglang"]
+    weight: float = Field(1.0, ge=0)
+    #: public model name -> the name the engines of this pool serve it under
+    models: dict[str, str]
+    #: the engines run a tool-call parser (tool requests may go here)
+    tool_calling: bool = True
+    #: the engines support response_format / structured output
+    structured_output: bool = True
+    backends: list[BackendSettings] = Field(default_factory=list)
+
+
+class ModelSettings(SettingsModel):
+    #: the public name clients use
+    name: str
+    context_length: int = Field(8192, ge=16)
+    owned_by: str = "gateway"
+    #: max_tokens assumed when the request sets none (for token accounting)
+    default_max_tokens: int = Field(1024, ge=1)
+
+
+class HealthSettings(SettingsModel):
+    #: seconds between active probes of each backend's health path
+    interval_s: float = Field(5.0, gt=0)
+    timeout_s: float = Field(3.0, gt=0)
+    #: consecutive failures (probes or requests) that open a backend's circuit
+    failure_threshold: int = Field(3, ge=1)
+    #: seconds a circuit stays open before one trial request is let through
+    open_s: float = Field(10.0, gt=0)
+
+
+class RedisSettings(SettingsModel):
+    """Where the shared state lives (limits, API keys, fleet overrides). `gateway/core/redis_client.py`
+    turns this into a client; docs/operations.md ("Redis in production") explains the modes."""
+
+    mode: Literal["standalone", "sentinel", "cluster"] = "standalone"
+    #: standalone: the server, `redis://[user:password@]host:port/db`, `rediss://…` (TLS) or
+    #: `unix://path`; cluster: one seed node (an alternative to `nodes`); not used by sentinel
+    url: str | None = None
+    #: sentinel: the Sentinel processes, "host:port" each
+    sentinels: list[str] = Field(default_factory=list)
+    #: sentinel: the name of the monitored master (`sentinel monitor <name> …`)
+    service_name: str | None = None
+    #: sentinel: the Sentinels' own password, when they require one (`requirepass` in sentinel.conf)
+    sentinel_password: str | None = None
+    #: cluster: seed nodes, "host:port" each; any reachable one reveals the rest
+    nodes: list[str] = Field(default_factory=list)
+    #: ACL user and password (or put them in `url`); `GATEWAY_REDIS__PASSWORD` keeps it out of files
+    username: str | None = None
+    password: str | None = None
+    #: database number (sentinel; standalone takes it from the url; cluster has only 0)
+    db: int = Field(0, ge=0)
+    #: TLS for sentinel and cluster (standalone: use a `rediss://` url); files are PEM
+    tls: bool = False
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    #: connect and read timeout of every command: the request path never waits longer on Redis
+    #: (1 s: a burst on a small, busy machine can take Redis half a second to answer)
+    timeout_s: float = Field(1.0, gt=0)
+    #: connections per process (per node in cluster mode)
+    max_connections: int = Field(64, ge=1)
+    #: standalone: how long a command waits for a free pooled connection before failing
+    pool_wait_s: float = Field(2.0, gt=0)
+
+    @model_validator(mode="after")
+    def _mode_fields(self) -> RedisSettings:
+        if self.mode == "sentinel":
+            if not self.sentinels or not self.service_name:
+                raise ValueError("redis.mode sentinel needs redis.sentinels and redis.service_name")
+            if self.url is not None:
+                raise ValueError(
+                    "redis.url is not used in sentinel mode (unset REDIS_URL; use redis.sentinels)"
+                )
+        if self.mode == "cluster":
+            if not self.nodes and self.url is None:
+                raise ValueError("redis.mode cluster needs redis.nodes (or one seed in redis.url)")
+            if self.db != 0:
+                raise ValueError("Redis Cluster has only database 0")
+        if self.mode != "sentinel" and (self.sentinels or self.service_name or self.sentinel_password):
+            raise ValueError("redis.sentinels / service_name / sentinel_password need redis.mode: sentinel")
+        if self.mode != "cluster" and self.nodes:
+            raise ValueError("redis.nodes needs redis.mode: cluster")
+        if self.mode == "standalone" and self.tls and self.url and not self.url.startswith("rediss://"):
+            raise ValueError("standalone TLS: use a rediss:// url")
+        for addr in (*self.sentinels, *self.nodes):
+            host, sep, port = addr.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"redis address {addr!r} is not host:port")
+        return self
+
+    @property
+    def configured(self) -> bool:
+        """True when a shared Redis is configured; False: this process keeps its state in memory."""
+        if self.mode == "sentinel":
+            return True
+        if self.mode == "cluster":
+            return bool(self.nodes or self.url)
+        return self.url is not None

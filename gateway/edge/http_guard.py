@@ -1,0 +1,132 @@
+"""Limits on the request head that uvicorn's httptools protocol does not have: size and time.
+
+(The gateway serves with `GatewayHttpProtocol`, gateway/edge/http_cycle.py: this guard plus our request
+cycle.)
+
+uvicorn 0.x with httptools accepts request heads of any size (an 8 MB header, or 20 000 headers,
+are parsed and buffered; `h11_max_incomplete_event_size` applies to h11 only) and has no timeout
+for reading a head: `timeout_keep_alive` is armed only after a response, and any byte cancels it,
+so a connection that never sends anything, or sends its head one byte a minute (slowloris), stays
+open for ever. `GuardedHttpToolsProtocol` adds both limits, below the ASGI app:
+
+- a request head (request line + headers) larger than `max_header_bytes` is answered 431 in
+  OpenAI's error shape and the connection closed. Bytes are counted as they arrive, so nothing
+  past the limit is buffered (a head may overshoot by at most one socket read, ≤ 256 KiB);
+- a head not complete within `header_timeout_s` of the connection opening — or of its first byte,
+  on a kept-alive connection — is answered 408 and the connection closed. Idle kept-alive
+  connections stay uvicorn's business (`timeout_keep_alive`).
+
+Class attributes hold the limits: `configure_guard()` sets them from the settings in each process before
+the server starts (`gateway.server`), so worker processes get them too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from engines.errors import ApiError
+from gateway.edge.settings import ServerSettings
+
+
+def _raw_response(status: int, reason: str, err: ApiError) -> bytes:
+    body = err.body()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+_TOO_LARGE = _raw_response(
+    431,
+    "Request Header Fields Too Large",
+    ApiError(
+        431, "The request headers are too large.", type="invalid_request_error", code="headers_too_large"
+    ),
+)
+_TIMEOUT = _raw_response(
+    408,
+    "Request Timeout",
+    ApiError(
+        408, "The request headers were not received in time.", type="invalid_request_error", code="timeout"
+    ),
+)
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a size cap and a deadline on every request head."""
+
+    max_header_bytes = 64 * 1024
+    header_timeout_s = 10.0
+
+    _in_head = True
+    _head_bytes = 0
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._in_head = True
+        self._head_bytes = 0
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self._in_head and self._head_bytes > self.max_header_bytes:
+            self._refuse(_TOO_LARGE)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head = True
+        if self._head_timer is None:
+            self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._head_bytes = 0
+        self._disarm()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        # What arrives next is the head of the next request (its deadline starts at its first byte).
+        self._in_head = True
+        self._head_bytes = 0
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timeout(self) -> None:
+        self._head_timer = None
+        if self._in_head and not self.transport.is_closing():
+            self._refuse(_TIMEOUT)
+
+    def _refuse(self, response: bytes) -> None:
+        self._disarm()
+        self._in_head = False
+        if self.transport.is_closing():
+            return
+        # Never in the middle of another response on this connection (pipelining): just close then.
+        if self.cycle is None or self.cycle.response_complete:
+            self.transport.write(response)
+        self.transport.close()
+
+
+def configure_guard(server: ServerSettings) -> None:
+    """Set the limits of this process's protocol instances from `server.max_header_bytes` and
+    `server.header_timeout_s` (called before the server starts, in every worker)."""
+    GuardedHttpToolsProtocol.max_header_bytes = server.max_header_bytes
+    GuardedHttpToolsProtocol.header_timeout_s = server.header_timeout_s

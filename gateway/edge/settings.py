@@ -1,0 +1,30 @@
+"""Settings of the ASGI edge: the listening socket, workers, request-head limits, logging."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from gateway.core.settings import SettingsModel
+
+
+class ServerSettings(SettingsModel):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    workers: int = Field(1, ge=1, le=64)
+    #: seconds in-flight streams may take to finish on shutdown before they are cancelled
+    graceful_shutdown_s: float = Field(30.0, ge=0)
+    #: largest request body accepted (413 above)
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    #: uvicorn keep-alive for client connections
+    keepalive_s: float = Field(75.0, gt=0)
+    #: largest number of concurrent client connections (503 above); 0 = unlimited
+    limit_concurrency: int = Field(0, ge=0)
+    #: largest request head (request line + headers), in bytes (431 above; gateway/edge/http_guard.py)
+    max_header_bytes: int = Field(64 * 1024, ge=4096, le=16 * 1024 * 1024)
+    #: a request head must be complete this many seconds after the connection opened, or after its
+    #: first byte on a kept-alive connection (408 and close otherwise: slow-header attacks)
+    header_timeout_s: float = Field(10.0, gt=0)
+    #: log level of the gateway's own logger
+    log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -1,0 +1,137 @@
+"""The gauges that describe state rather than events, sampled in every worker process.
+
+Pool weights, in-flight counts, backend health and circuit states live in the `Fleet` of each worker.
+A scrape reaches one worker only, so sampling them when a scrape arrives would leave the other
+workers' gauges as old as their last scrape; instead every worker samples its fleet every
+`metrics.sample_interval_s` (and once more when it answers a scrape). Gauge values are therefore at
+most one interval old; the multiprocess merge then combines the workers' values (gateway/observability/metrics.py).
+
+When Redis is configured, the same loop PINGs it: the round trip goes to
+`gateway_redis_latency_seconds{op="ping"}`, a failure to `gateway_redis_failures_total{op="ping"}`,
+and `gateway_redis_up` tells whether the last probe answered — so "Redis unreachable" is known even
+when no request needs Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from gateway.core.fleet import Fleet
+from gateway.core.tasks import cancel_and_wait, stop_requested
+from gateway.observability.metrics import Metrics
+
+log = logging.getLogger("gateway.metrics")
+
+_CIRCUIT_STATE = {"closed": 0, "half_open": 1, "open": 2}
+
+
+class RedisProbe:
+    """PING with a timeout through the gateway's Redis client (which it does not own); never raises."""
+
+    def __init__(self, client: Any, metrics: Metrics, timeout_s: float) -> None:
+        self._client = client
+        self._metrics = metrics
+        self._timeout = timeout_s
+        self._up: bool | None = None
+        metrics.redis_failures.labels("ping")  # the series exists (at 0) from the start
+
+    async def probe(self) -> bool:
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._client.ping()
+        except (RedisError, OSError, TimeoutError):
+            ok = False
+            self._metrics.redis_failure("ping")
+        else:
+            ok = True
+            self._metrics.observe_redis("ping", time.perf_counter() - started)
+        self._metrics.set_redis_up(ok)
+        if ok is not self._up:
+            if self._up is not None or not ok:
+                log.warning("redis is %s", "reachable again" if ok else "unreachable")
+            self._up = ok
+        return ok
+
+
+class MetricsSampler:
+    def __init__(
+        self, fleet: Fleet, metrics: Metrics, interval_s: float, redis: RedisProbe | None = None
+    ) -> None:
+        self._fleet = fleet
+        self._metrics = metrics
+        self._interval = interval_s
+        self._redis = redis
+        self._task: asyncio.Task[None] | None = None
+        self._seen: set[tuple[str, str]] = set()
+        self._pools: set[str] = set()
+
+    def sample(self) -> None:
+        """Copy the fleet's state into the gauges (cheap: a few dozen gauge sets)."""
+        m = self._metrics
+        now = time.monotonic()
+        seen: set[tuple[str, str]] = set()
+        pools: set[str] = set()
+        for pool in self._fleet.pools.values():
+            pools.add(pool.name)
+            m.pool_weight.labels(pool.name).set(pool.weight)
+            total = 0
+            for b in pool.backends.values():
+                seen.add((pool.name, b.name))
+                total += b.in_flight
+                state = b.circuit.state
+                m.backend_healthy.labels(pool.name, b.name).set(1 if b.healthy else 0)
+                m.backend_circuit.labels(pool.name, b.name).set(0 if state == "closed" else 1)
+                if state == "open" and not b.circuit.is_open(now):
+                    state = "half_open"  # due for its trial: the next request may go through
+                m.backend_circuit_state.labels(pool.name, b.name).set(_CIRCUIT_STATE[state])
+                m.backend_in_flight.labels(pool.name, b.name).set(b.in_flight)
+                m.backend_draining.labels(pool.name, b.name).set(1 if b.draining else 0)
+            m.in_flight.labels(pool.name).set(total)
+        # Backends and pools removed at run time: their series go with them.
+        backend_gauges = (
+            m.backend_healthy,
+            m.backend_circuit,
+            m.backend_circuit_state,
+            m.backend_in_flight,
+            m.backend_draining,
+        )
+        for key in self._seen - seen:
+            for gauge in backend_gauges:
+                with contextlib.suppress(KeyError):
+                    gauge.remove(*key)
+        for name in self._pools - pools:
+            for gauge in (m.pool_weight, m.in_flight):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(name)
+        self._seen = seen
+        self._pools = pools
+
+    async def start(self) -> None:
+        self.sample()
+        if self._redis is not None:
+            await self._redis.probe()
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            await cancel_and_wait([self._task], within_s=2.0, what="the metrics sampler")
+            self._task = None
+
+    async def _run(self) -> None:
+        while not stop_requested():
+            await asyncio.sleep(self._interval)
+            try:
+                self.sample()
+                if self._redis is not None:
+                    await self._redis.probe()
+            except Exception:
+                if stop_requested():  # the cancel was swallowed on its way (gateway/core/tasks.py)
+                    return
+                log.exception("metrics sampling failed")

@@ -1,0 +1,142 @@
+"""The route stage: features of the request + a snapshot of the fleet → pool, backend and a reason.
+`explain` is the same decision as a dry run, for the admin API.
+
+The decision itself is pure (`policies.router.Router`); this stage only gathers its inputs (the
+fleet snapshot, a random draw, an admin's pin) and applies its output to the context and the
+response headers (`x-gateway-pool`, `x-gateway-route` — never a backend address).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Collection
+from typing import Any
+
+from engines.errors import ApiError, model_not_found, overloaded
+from gateway.core.context import RequestContext
+from gateway.core.fleet import Fleet
+from gateway.core.responses import Response, safe_header_value
+from policies.features import FeatureConfig, extract_features
+from policies.router import Router
+from policies.types import Decision, FleetSnapshot, RequestFeatures, RoutingError
+
+PIN_HEADER = b"x-gateway-pool"
+
+#: observer of every decision (metrics); pool, reason, affinity
+DecisionHook = Callable[[Decision], None]
+
+
+class RouteStage:
+    name = "route"
+
+    def __init__(
+        self, fleet: Fleet, router: Router, features: FeatureConfig, on_decision: DecisionHook | None = None
+    ) -> None:
+        self._fleet = fleet
+        self.router = router
+        self.features = features
+        self._random = random.Random()
+        self._on_decision = on_decision
+        self._header_values: dict[str, bytes] = {}
+
+    async def __call__(self, ctx: RequestContext) -> Response | None:
+        # the sanitise stage computed them already (same config, same session key): reuse
+        features = ctx.extras.get("features") or extract_features(
+            ctx.body, self.features, session_key=ctx.principal.user
+        )
+        ctx.extras["features"] = features
+        pin: str | None = None
+        if ctx.principal.is_admin:
+            raw = ctx.headers.get(PIN_HEADER)
+            if raw:
+                pin = raw.decode("latin-1")
+        snapshot = self._fleet.snapshot(time.monotonic())
+        self._apply(ctx, self.decide(snapshot, ctx, pin))
+        return None
+
+    def decide(
+        self, snapshot: FleetSnapshot, ctx: RequestContext, pin: str | None, exclude: Collection[str] = ()
+    ) -> Decision:
+        try:
+            return self.router.decide(
+                snapshot, ctx.extras["features"], self._random.random(), pin=pin, exclude=exclude
+            )
+        except RoutingError as exc:
+            raise _routing_error(exc, ctx) from None
+
+    def explain(self, body: dict[str, Any], pin: str | None) -> dict[str, Any]:
+        """Where `body` would be routed now, and why (a dry run: no routing state changes)."""
+        features = extract_features(body, self.features)
+        try:
+            decision = self.router.decide(
+                self._fleet.snapshot(time.monotonic()), features, 0.5, pin=pin, dry_run=True
+            )
+        except RoutingError as exc:
+            return {
+                "routable": False,
+                "error": exc.kind,
+                "reason": exc.reason,
+                "features": _features_dict(features),
+            }
+        return {
+            "routable": True,
+            "pool": decision.pool,
+            "backend": decision.backend,
+            "reason": decision.reason,
+            "affinity": decision.affinity,
+            "features": _features_dict(features),
+        }
+
+    def reroute(self, ctx: RequestContext, exclude: set[str]) -> None:
+        """Choose another backend in the same pool for a retry, never one already tried."""
+        assert ctx.pool is not None
+        snapshot = self._fleet.snapshot(time.monotonic())
+        decision = self.decide(snapshot, ctx, ctx.pool.name, exclude)
+        # The pin only keeps the retry in its pool; label it as the retry it is.
+        reason = "retry+" + decision.reason.partition("+")[2]
+        self._apply(ctx, Decision(decision.pool, decision.backend, reason, decision.affinity), retry=True)
+
+    def _header_value(self, text: str) -> bytes:
+        """`safe_header_value`, remembered: pool names and reasons come from a small set."""
+        value = self._header_values.get(text)
+        if value is None:
+            if len(self._header_values) >= 4096:
+                self._header_values.clear()
+            value = self._header_values[text] = safe_header_value(text)
+        return value
+
+    def _apply(self, ctx: RequestContext, decision: Decision, retry: bool = False) -> None:
+        pool = self._fleet.pools[decision.pool]
+        ctx.pool = pool
+        ctx.backend = pool.backends[decision.backend]
+        ctx.route_reason = decision.reason
+        ctx.affinity = decision.affinity
+        headers = ctx.response_headers
+        if retry:  # a retry replaces the headers of the first decision
+            headers[:] = [h for h in headers if h[0] not in (b"x-gateway-pool", b"x-gateway-route")]
+        headers.append((b"x-gateway-pool", self._header_value(pool.name)))
+        headers.append((b"x-gateway-route", self._header_value(decision.reason)))
+        if self._on_decision is not None:
+            self._on_decision(decision)
+
+
+def _routing_error(exc: RoutingError, ctx: RequestContext) -> ApiError:
+    if exc.kind == "unknown_model":
+        return model_not_found(str(ctx.body.get("model", "")))
+    if exc.kind == "unknown_pool":
+        return ApiError(400, "The pool named in x-gateway-pool does not serve this model.", param=None)
+    ctx.error_kind = "no_backend"
+    return overloaded()
+
+
+def _features_dict(f: RequestFeatures) -> dict[str, Any]:
+    return {
+        "prompt_tokens": f.prompt_tokens,
+        "blocks": len(f.block_hashes),
+        "anchor": f"{f.anchor_hash:016x}",
+        "has_tools": f.has_tools,
+        "tool_choice": f.tool_choice,
+        "structured_output": f.structured_output,
+        "max_tokens": f.max_tokens,
+    }

@@ -1,0 +1,108 @@
+"""Active health checks and the engine-metrics scrape, one background task each.
+
+Every `interval_s` each backend's dialect health path is probed (200 → healthy, anything else or a
+timeout → unhealthy; a failed probe also counts against the circuit breaker). Every
+`scrape_interval_s` each backend's `/metrics` is read and parsed by its dialect into `EngineLoad`,
+which routing uses while it is fresher than `scrape_stale_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from gateway.core.fleet import Backend, Fleet
+from gateway.upstream.transport import Transport, UpstreamError
+
+log = logging.getLogger("gateway.health")
+
+
+class HealthChecker:
+    def __init__(
+        self,
+        fleet: Fleet,
+        transport: Transport,
+        *,
+        interval_s: float,
+        timeout_s: float,
+        scrape_interval_s: float,
+        on_change: Callable[[Backend], None] | None = None,
+    ) -> None:
+        self._fleet = fleet
+        self._transport = transport
+        self._interval = interval_s
+        self._timeout = timeout_s
+        self._scrape_interval = scrape_interval_s
+        self._on_change = on_change
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        """Probe once (so readiness is known at once), then keep probing in the background."""
+        await self.probe_all()
+        self._tasks.append(asyncio.create_task(self._loop(self.probe_all, self._interval)))
+        if self._scrape_interval > 0:
+            self._tasks.append(asyncio.create_task(self._loop(self.scrape_all, self._scrape_interval)))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    async def _loop(self, step: Callable[[], object], every: float) -> None:
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await step()  # type: ignore[misc]
+            except Exception:
+                log.exception("background check failed")
+
+    async def probe_all(self) -> None:
+        await asyncio.gather(*(self._probe(b) for b in list(self._fleet.backends.values())))
+
+    async def scrape_all(self) -> None:
+        await asyncio.gather(*(self._scrape(b) for b in list(self._fleet.backends.values())))
+
+    async def _probe(self, backend: Backend) -> None:
+        dialect = self._fleet.pools[backend.pool].dialect
+        ok = False
+        try:
+            async with asyncio.timeout(self._timeout):
+                resp = await self._transport.request("GET", backend.url + dialect.health_path, headers={})
+                try:
+                    await resp.read()
+                finally:
+                    resp.close()
+                ok = resp.status == 200
+        except (TimeoutError, UpstreamError):
+            ok = False
+        now = time.monotonic()
+        if ok and backend.circuit.state == "open" and backend.healthy is False:
+            # A backend that comes back is given its trial at once.
+            backend.circuit.success()
+        if not ok:
+            backend.circuit.failure(now)
+        if backend.healthy is not ok:
+            if backend.healthy is not None or not ok:
+                log.warning("backend %s is now %s", backend.name, "healthy" if ok else "unhealthy")
+            backend.healthy = ok
+            if self._on_change is not None:
+                self._on_change(backend)
+
+    async def _scrape(self, backend: Backend) -> None:
+        dialect = self._fleet.pools[backend.pool].dialect
+        try:
+            async with asyncio.timeout(self._timeout):
+                resp = await self._transport.request("GET", backend.url + dialect.metrics_path, headers={})
+                try:
+                    text = await resp.read()
+                finally:
+                    resp.close()
+        except (TimeoutError, UpstreamError):
+            return
+        if resp.status != 200:
+            return
+        backend.load = dialect.parse_metrics(text.decode("utf-8", "replace"))
+        backend.load_at = time.monotonic()

@@ -1,0 +1,304 @@
+"""The proxy stage: adapt the request, call the engine, adapt the answer — with failover.
+
+Failover happens only before the first byte reaches the client: a refused or reset connection, a
+timeout before the engine's first event, or an engine status that says "try elsewhere" (429, 502,
+503, 504) sends the request to another backend of the same pool, up to `retries.max_attempts`
+attempts and within the retry budget. For a stream, the client's `200` is sent only once the engine's
+first event is in, so a backend that accepts and then stalls is also failed over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from engines.base import StreamDecoder
+from engines.errors import ApiError, overloaded, upstream_timeout
+from engines.openai import StreamEncoder, encode_completion, new_completion_id
+from gateway.core.context import RequestContext
+from gateway.core.disconnect import ClientWatch
+from gateway.core.fleet import Backend
+from gateway.core.responses import BytesResponse, Response, error_response
+from gateway.upstream.relay import SSESplitter, StreamRelay
+from gateway.upstream.retry import RetryBudget
+from gateway.upstream.settings import UpstreamSettings
+from gateway.upstream.transport import Transport, UpstreamError, UpstreamResponse
+
+RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+_BACKEND_FAULTS_MID_STREAM = frozenset({"upstream_broken", "idle_timeout"})
+_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+#: picks another backend for a retry, never one in `exclude`; raises ApiError when none is left
+Reroute = Callable[[RequestContext, set[str]], None]
+#: called once when a request to the engine has ended (accounting, in-flight release)
+OnEnd = Callable[[RequestContext, bool], Awaitable[None]]
+
+
+class _Retry(Exception):
+    """This attempt failed in a way another backend may not."""
+
+    def __init__(self, kind: str, error: ApiError) -> None:
+        self.kind = kind
+        self.error = error
+
+
+class ProxyStage:
+    name = "proxy"
+
+    def __init__(
+        self,
+        transport: Transport,
+        settings: UpstreamSettings,
+        reroute: Reroute,
+        on_upstream_error: Callable[[RequestContext, Backend, str], None],
+    ) -> None:
+        self._transport = transport
+        self._timeouts = settings.timeouts
+        self._max_attempts = settings.retries.max_attempts
+        self._budget = RetryBudget(settings.retries.budget_ratio, settings.retries.budget_min_per_s)
+        self._reroute = reroute
+        self._on_upstream_error = on_upstream_error
+
+    async def __call__(self, ctx: RequestContext) -> Response | None:
+        # Until the answer starts, nothing reads the client's connection: a watcher cancels the
+        # upstream wait when the client goes away, so the engine's request is dropped at once (a
+        # non-streamed generation or a stream still waiting for its first token), not run to its end.
+        task = asyncio.current_task()
+        assert task is not None
+        watch = _DisconnectWatch(ctx, task)
+        try:
+            return await self._attempts(ctx)
+        except asyncio.CancelledError:
+            if not watch.fired:
+                raise
+            task.uncancel()
+            ctx.error_kind = "client_disconnect"
+            return error_response(_client_gone(), ctx.response_headers)
+        finally:
+            watch.stop()
+
+    async def _attempts(self, ctx: RequestContext) -> Response:
+        assert ctx.pool is not None and ctx.backend is not None and ctx.model is not None
+        dialect = ctx.pool.dialect
+        upstream_body = dialect.build_request(ctx.endpoint, ctx.body, ctx.pool.models[ctx.model.name])
+        path = _PATHS[ctx.endpoint]
+        tried: set[str] = set()
+        self._budget.on_request(time.monotonic())
+        last_error: ApiError = overloaded()
+        while True:
+            backend = ctx.backend
+            tried.add(backend.name)
+            if not backend.circuit.allow(time.monotonic()):
+                # Half-open and its one trial request is already out: take another backend.
+                try:
+                    self._reroute(ctx, tried)
+                except ApiError:
+                    ctx.error_kind = "no_backend"
+                    raise last_error from None
+                continue
+            ctx.attempts += 1
+            backend.in_flight += 1
+            backend.requests_total += 1
+            try:
+                if ctx.stream:
+                    return await self._stream(ctx, backend, backend.url + path, upstream_body)
+                return await self._complete(ctx, backend, backend.url + path, upstream_body)
+            except _Retry as retry:
+                backend.in_flight -= 1
+                backend.circuit.failure(time.monotonic())
+                self._on_upstream_error(ctx, backend, retry.kind)
+                last_error = retry.error
+            except BaseException:
+                backend.in_flight -= 1
+                raise
+            if ctx.attempts >= self._max_attempts or not self._budget.try_spend(time.monotonic()):
+                ctx.error_kind = "upstream_exhausted"
+                raise last_error
+            try:
+                self._reroute(ctx, tried)
+            except ApiError:
+                ctx.error_kind = "upstream_exhausted"
+                raise last_error from None
+
+    # -- non-streamed -----------------------------------------------------------------------------
+    async def _complete(self, ctx: RequestContext, backend: Backend, url: str, body: bytes) -> Response:
+        assert ctx.pool is not None and ctx.model is not None
+        try:
+            async with asyncio.timeout(self._timeouts.total_s):
+                resp = await self._transport.request("POST", url, body)
+                try:
+                    data = await resp.read()
+                finally:
+                    resp.close()
+        except TimeoutError:
+            # The engine may have generated for a long time: not retried.
+            backend.circuit.failure(time.monotonic())
+            self._on_upstream_error(ctx, backend, "timeout")
+            ctx.error_kind = "upstream_timeout"
+            await self._end(ctx, False)
+            return error_response(upstream_timeout(), ctx.response_headers)
+        except UpstreamError as exc:
+            raise _Retry(exc.kind, overloaded()) from None
+        if resp.status != 200:
+            return await self._engine_error(ctx, backend, resp.status, data)
+        dialect = ctx.pool.dialect
+        backend.circuit.success()
+        try:
+            completion = dialect.decode_response(ctx.endpoint, data)
+        except ApiError as err:
+            ctx.error_kind = "engine_bad_response"
+            await self._end(ctx, False)
+            return error_response(err, ctx.response_headers)
+        ctx.usage = completion.usage
+        out = encode_completion(
+            completion,
+            endpoint=ctx.endpoint,
+            id=new_completion_id(ctx.endpoint),
+            created=int(time.time()),
+            model=ctx.model.name,
+            tool_choice_named=_named_tool_choice(ctx),
+        )
+        await self._end(ctx, True)
+        return BytesResponse(200, out, ctx.response_headers)
+
+    # -- streamed ---------------------------------------------------------------------------------
+    async def _stream(self, ctx: RequestContext, backend: Backend, url: str, body: bytes) -> Response:
+        assert ctx.pool is not None and ctx.model is not None
+        dialect = ctx.pool.dialect
+        encoder = StreamEncoder(
+            endpoint=ctx.endpoint,
+            id=new_completion_id(ctx.endpoint),
+            created=int(time.time()),
+            model=ctx.model.name,
+            include_usage=ctx.include_usage,
+            tool_choice_named=_named_tool_choice(ctx),
+            continuous_usage=ctx.include_usage and _continuous_usage(ctx),
+        )
+        decoder = dialect.stream_decoder(ctx.endpoint)
+        splitter = SSESplitter()
+        resp: UpstreamResponse | None = None
+        try:
+            async with asyncio.timeout(self._timeouts.first_byte_s):
+                resp = await self._transport.request("POST", url, body)
+                if resp.status != 200:
+                    data = await resp.read()
+                    resp.close()
+                    return await self._engine_error(ctx, backend, resp.status, data)
+                chunks = resp.chunks()
+                first = await self._first_events(chunks, splitter, decoder, encoder)
+        except TimeoutError:
+            if resp is not None:
+                resp.close()
+            raise _Retry("timeout", upstream_timeout()) from None
+        except UpstreamError as exc:
+            if resp is not None:
+                resp.close()
+            raise _Retry(exc.kind, overloaded()) from None
+        except ApiError as err:
+            # The engine's first event was an error: nothing went out yet, so answer it plainly.
+            assert resp is not None
+            resp.close()
+            backend.circuit.success()
+            ctx.error_kind = "engine_error"
+            await self._end(ctx, False)
+            return error_response(err, ctx.response_headers)
+        # The backend's verdict comes when the stream ends (`_end`): a stream cut midway is a failure.
+        ctx.first_token_at = time.perf_counter()
+        return StreamRelay(
+            ctx,
+            upstream=resp,
+            chunks=chunks,
+            splitter=splitter,
+            decoder=decoder,
+            encoder=encoder,
+            first=first,
+            idle_s=self._timeouts.idle_s,
+            headers=ctx.response_headers,
+            on_end=self._end,
+        )
+
+    async def _first_events(
+        self,
+        chunks: AsyncIterator[bytes],
+        splitter: SSESplitter,
+        decoder: StreamDecoder,
+        encoder: StreamEncoder,
+    ) -> bytes:
+        """Read until the engine's first event has produced output bytes (raises ApiError on an error event)."""
+        feed = decoder.feed
+        async for chunk in chunks:
+            out = b""
+            for payload in splitter.feed(chunk):
+                events = feed(payload)
+                for ev in events:
+                    if isinstance(ev, ApiError):
+                        raise ev
+                out += encoder.encode(events)
+            if out or splitter.done:
+                return out
+        raise UpstreamError("upstream closed before its first event")
+
+    async def _engine_error(
+        self, ctx: RequestContext, backend: Backend, status: int, data: bytes
+    ) -> Response:
+        """The engine answered an error before any byte went out: fail over, or answer it re-shaped."""
+        assert ctx.pool is not None
+        err = ctx.pool.dialect.decode_error(status, data, ctx.endpoint)
+        if status in RETRYABLE_STATUS:
+            raise _Retry(f"status_{status}", err)
+        if status >= 500:
+            backend.circuit.failure(time.monotonic())
+            self._on_upstream_error(ctx, backend, f"status_{status}")
+        else:
+            backend.circuit.success()  # a 4xx is the request's fault, not the backend's
+        ctx.error_kind = f"engine_{status}"
+        await self._end(ctx, False)
+        return error_response(err, ctx.response_headers)
+
+    async def _end(self, ctx: RequestContext, ok: bool) -> None:
+        backend = ctx.backend
+        if backend is not None:
+            backend.in_flight -= 1
+            if ok and ctx.stream:
+                backend.circuit.success()
+            elif not ok and ctx.error_kind in _BACKEND_FAULTS_MID_STREAM:
+                # A stream the engine broke or abandoned after its first byte counts against it too,
+                # or a backend that cuts every stream would keep drawing its share of traffic.
+                backend.circuit.failure(time.monotonic())
+                self._on_upstream_error(ctx, backend, ctx.error_kind or "upstream_broken")
+
+
+class _DisconnectWatch(ClientWatch):
+    """Cancels `task` once, when the client disconnects, while `stop()` has not been called."""
+
+    __slots__ = ("_active", "_target", "fired")
+
+    def __init__(self, ctx: RequestContext, task: asyncio.Task[object]) -> None:
+        self._target = task
+        self._active = True
+        self.fired = False
+        super().__init__(ctx, self._fire)
+
+    def _fire(self) -> None:
+        if self._active:
+            self.fired = True
+            self._target.cancel()
+
+    def stop(self) -> None:
+        self._active = False
+        super().stop()
+
+
+def _client_gone() -> ApiError:
+    # Never seen by the client (it has gone); 499 is the status access logs use for this case.
+    return ApiError(499, "The client closed the connection before the answer started.")
+
+
+def _continuous_usage(ctx: RequestContext) -> bool:
+    options = ctx.body.get("stream_options")
+    return isinstance(options, dict) and options.get("continuous_usage_stats") is True
+
+
+def _named_tool_choice(ctx: RequestContext) -> bool:
+    return isinstance(ctx.body.get("tool_choice"), dict)

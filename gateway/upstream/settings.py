@@ -1,0 +1,39 @@
+"""Settings of the upstream wing: timeouts, retries, health checks and the HTTP client for the engines."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from gateway.core.settings import HealthSettings, SettingsModel
+
+
+class TimeoutSettings(SettingsModel):
+    connect_s: float = Field(2.0, gt=0)
+    #: until the engine's status line and, for streams, its first event
+    first_byte_s: float = Field(60.0, gt=0)
+    #: longest silence between two streamed chunks
+    idle_s: float = Field(30.0, gt=0)
+    #: a whole non-streamed answer
+    total_s: float = Field(600.0, gt=0)
+
+
+class RetrySettings(SettingsModel):
+    #: attempts per request, the first included (failover happens only before the first byte)
+    max_attempts: int = Field(3, ge=1, le=10)
+    #: retries allowed as a fraction of recent requests (a retry budget against retry storms)
+    budget_ratio: float = Field(0.2, ge=0, le=1)
+    #: retries always allowed per second even when the budget is spent
+    budget_min_per_s: float = Field(5.0, ge=0)
+
+
+class UpstreamSettings(SettingsModel):
+    timeouts: TimeoutSettings = TimeoutSettings()
+    retries: RetrySettings = RetrySettings()
+    health: HealthSettings = HealthSettings()
+    #: the HTTP client for the engines (`TRANSPORTS` in gateway/app.py)
+    client: Literal["h1", "aiohttp"] = "h1"
+    #: h1: idle keep-alive connections kept per backend; aiohttp: concurrent connections per backend
+    max_connections_per_backend: int = Field(1024, ge=1)
+    keepalive_s: float = Field(30.0, gt=0)

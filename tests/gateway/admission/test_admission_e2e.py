@@ -1,0 +1,332 @@
+"""Admission end to end: real gateway processes, real simulators, a real redis-server.
+
+- exactness: 4 gateways sharing one Redis, 400 concurrent requests of one user limited to 100/min
+  → exactly 100 admitted, 300 refused with OpenAI's 429 and a true `retry-after`;
+- tokens/min across the 4 gateways, with the reconciliation visible in Redis and in the headers;
+- concurrency slots freed on client disconnect and, after a replica is killed, by lease expiry;
+- Redis stopped mid-test → `fail_open` serves from the local limiter, `fail_closed` answers 503;
+  Redis back → shared limits again without a restart;
+- the hostile-token catalogue over HTTP (401 each, never 5xx) and JWKS rotation without restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import re
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import httpx
+import openai
+import orjson
+import pytest
+import redis as redis_sync
+
+from engines.sim.launcher import SimProcess
+from gateway.admission.tokens import mint_token
+from tests.conftest import MODEL, fast_sim, single_pool_config
+from tests.gateway.admission.jwt_support import JwksServer, Keys, hostile_catalogue
+from tests.support import GatewayProcess, RedisServer, wait_until
+
+SECRET = "e2e-secret-" + "k" * 64
+TPM = 2000
+LEASE_S = 3
+CHAT = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "Say hello to the sea, please."}],
+    "max_tokens": 1,
+}
+
+
+def auth_header(user: str, tier: str | None = None) -> dict[str, str]:
+    return {"authorization": f"Bearer {mint_token(SECRET, user, tier=tier)}"}
+
+
+def limits_config(urls: list[str], redis_url: str | None, **limits: Any) -> dict[str, Any]:
+    base_limits: dict[str, Any] = {
+        "tiers": {
+            "default": {"requests_per_minute": 100},
+            "tok": {"tokens_per_minute": TPM},
+            "conc": {"concurrent_requests": 1},
+        },
+        "concurrency_lease_s": LEASE_S,
+    }
+    base_limits.update(limits)
+    cfg = single_pool_config("vllm", urls, auth={"jwt": {"secret": SECRET}}, limits=base_limits)
+    if redis_url is not None:
+        cfg["redis"] = {"url": redis_url, "timeout_s": 2.0}
+    return cfg
+
+
+def start_all(gateways: list[GatewayProcess]) -> None:
+    with concurrent.futures.ThreadPoolExecutor(len(gateways)) as pool:
+        list(pool.map(lambda g: g.start(), gateways))
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimProcess]:
+    # 10 ms between tokens: `max_tokens: 1` answers at once, a long stream lasts long enough to hold
+    with fast_sim("vllm", "--itl-ms", "10") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def four(sim: SimProcess, redis_server: RedisServer) -> Iterator[list[GatewayProcess]]:
+    redis_sync.Redis.from_url(redis_server.url).flushdb()
+    gateways = [GatewayProcess(limits_config([sim.base_url], redis_server.url)) for _ in range(4)]
+    try:
+        start_all(gateways)
+        yield gateways
+    finally:
+        for g in gateways:
+            g.stop()
+
+
+class Answer:
+    """One burst response (status, headers, JSON body)."""
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status_code = status
+        self.headers = {k.lower(): v for k, v in headers.items()}
+        self._body = body
+
+    def json(self) -> Any:
+        return orjson.loads(self._body)
+
+
+async def _burst(
+    gateways: list[GatewayProcess], headers: dict[str, str], n: int, body: dict[str, Any]
+) -> list[Answer]:
+    """`n` requests in flight at once, spread over `gateways` (aiohttp: httpx's pool is too slow
+    with hundreds of connections, and a slow client would not make the requests concurrent)."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def one(i: int) -> Answer:
+            url = gateways[i % len(gateways)].base_url + "/v1/chat/completions"
+            async with session.post(url, json=body, headers=headers) as r:
+                return Answer(r.status, dict(r.headers), await r.read())
+
+        return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+
+def test_exact_across_four_gateways(four: list[GatewayProcess]) -> None:
+    started = time.time()
+    responses = asyncio.run(_burst(four, auth_header("exact-user"), 400, CHAT))
+    statuses = [r.status_code for r in responses]
+    assert statuses.count(200) == 100, {s: statuses.count(s) for s in set(statuses)}
+    assert statuses.count(429) == 300
+    elapsed = time.time() - started
+    for r in responses:
+        assert r.headers["x-ratelimit-limit-requests"] == "100"
+        assert re.fullmatch(r"(\d+m)?\d+(\.\d+)?m?s", r.headers["x-ratelimit-reset-requests"])
+        if r.status_code == 429:
+            err = r.json()["error"]
+            assert (err["type"], err["code"], err["param"]) == ("requests", "rate_limit_exceeded", None)
+            assert (
+                "Limit 100, Used 100, Requested 1" in err["message"]
+                and "requests per min (RPM)" in err["message"]
+            )
+            # the first admission leaves the window 60 s after it happened: that is the true wait
+            retry = int(r.headers["retry-after"])
+            assert 60 - elapsed - 2 <= retry <= 60, retry
+            assert 0 < int(r.headers["retry-after-ms"]) <= 60_000
+            assert r.headers["x-ratelimit-remaining-requests"] == "0"
+    remaining = sorted(
+        int(r.headers["x-ratelimit-remaining-requests"]) for r in responses if r.status_code == 200
+    )
+    assert remaining == list(range(100))  # every admission saw a distinct count: one atomic sequence
+
+
+def test_sdk_sees_rate_limit_and_auth_errors(four: list[GatewayProcess]) -> None:
+    client = openai.OpenAI(
+        base_url=four[0].base_url + "/v1", api_key=mint_token(SECRET, "exact-user"), max_retries=0
+    )
+    with pytest.raises(openai.RateLimitError) as info:
+        client.chat.completions.create(**CHAT)
+    assert info.value.status_code == 429
+    bad = openai.OpenAI(base_url=four[0].base_url + "/v1", api_key="sk-gw-nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(**CHAT)
+
+
+def test_tokens_per_minute_with_visible_reconciliation(
+    four: list[GatewayProcess], redis_server: RedisServer
+) -> None:
+    r = redis_sync.Redis.from_url(redis_server.url)
+    headers = auth_header("tok-user", tier="tok")
+    body = {**CHAT, "max_tokens": 300}
+    sum_key = "gw:rl:{u:tok-user}:u:sum"
+    first = httpx.post(four[0].base_url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
+    assert first.status_code == 200, first.text
+    reserved = TPM - int(first.headers["x-ratelimit-remaining-tokens"])
+    used = first.json()["usage"]["total_tokens"]
+    assert used < reserved  # the sim stopped early: the reservation was generous
+    # the finalizer replaces the reservation by the real usage once the response has ended
+    wait_until(lambda: int(r.get(sum_key) or 0) == used, 5, what="token reconciliation")
+    second = httpx.post(four[1].base_url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
+    assert second.status_code == 200
+    assert int(second.headers["x-ratelimit-remaining-tokens"]) == TPM - used - reserved
+    # a burst over all four gateways: whatever was admitted, never more than the limit was counted
+    responses = asyncio.run(_burst(four, headers, 40, body))
+    refused = [x for x in responses if x.status_code == 429]
+    assert refused and any(x.status_code == 200 for x in responses)
+    for x in refused:
+        err = x.json()["error"]
+        assert (err["type"], err["code"]) == ("tokens", "rate_limit_exceeded")
+        m = re.search(
+            r"Limit (\d+), Used (\d+), Requested (\d+)\. Please try again in (\S+)\.", err["message"]
+        )
+        assert m is not None, err["message"]
+        limit, was_used, requested = (int(g) for g in m.groups()[:3])
+        assert limit == TPM and was_used + requested > limit  # refused only when it truly did not fit
+        assert int(x.headers["retry-after"]) >= 1
+    wait_until(lambda: int(r.get(sum_key) or 0) <= TPM, 5, what="reconciled burst")
+    assert int(r.get(sum_key) or 0) <= TPM
+
+
+def _open_stream(base_url: str, headers: dict[str, str]) -> tuple[httpx.Client, Iterator[bytes]]:
+    client = httpx.Client(timeout=30)
+    body = {**CHAT, "max_tokens": 3000, "stream": True, "ignore_eos": True}
+    req = client.build_request("POST", base_url + "/v1/chat/completions", json=body, headers=headers)
+    resp = client.send(req, stream=True)
+    assert resp.status_code == 200, resp.read()
+    chunks = resp.iter_raw()
+    next(chunks)  # the stream is running: the slot is held (keep `chunks` alive: dropping it closes)
+    return client, chunks
+
+
+def _status(base_url: str, headers: dict[str, str]) -> int:
+    return httpx.post(base_url + "/v1/chat/completions", json=CHAT, headers=headers, timeout=30).status_code
+
+
+def test_concurrency_slot_freed_on_client_disconnect(four: list[GatewayProcess]) -> None:
+    headers = auth_header("conc-user", tier="conc")
+    client, chunks = _open_stream(four[0].base_url, headers)
+    refused = httpx.post(four[1].base_url + "/v1/chat/completions", json=CHAT, headers=headers, timeout=30)
+    assert refused.status_code == 429 and refused.json()["error"]["type"] == "requests"
+    assert "concurrent requests" in refused.json()["error"]["message"]
+    next(chunks)  # still streaming
+    client.close()  # the client goes away mid-stream
+    wait_until(lambda: _status(four[2].base_url, headers) == 200, 10, what="slot freed after disconnect")
+
+
+def test_concurrency_slot_of_a_killed_replica_expires(four: list[GatewayProcess]) -> None:
+    """Runs after the other tests of `four`: it kills one of them."""
+    headers = auth_header("kill-user", tier="conc")
+    doomed, survivor = four[3], four[0]
+    client, _chunks = _open_stream(doomed.base_url, headers)
+    assert doomed.proc is not None
+    doomed.proc.kill()  # SIGKILL: no finalizer, no release — only the lease can free the slot
+    doomed.proc.wait(5)
+    client.close()
+    assert _status(survivor.base_url, headers) == 429  # the lease (3 s) still holds the slot
+    wait_until(
+        lambda: _status(survivor.base_url, headers) == 200, LEASE_S * 4, interval=0.1, what="lease expiry"
+    )
+
+
+def _metric(base_url: str, name: str) -> float:
+    text = httpx.get(base_url + "/metrics", timeout=5).text
+    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_redis_outage_fail_open_and_fail_closed_then_recovery(sim: SimProcess) -> None:
+    own = RedisServer().start()
+    opened = GatewayProcess(limits_config([sim.base_url], own.url, on_redis_error="fail_open"))
+    closed = GatewayProcess(limits_config([sim.base_url], own.url, on_redis_error="fail_closed"))
+    start_all([opened, closed])
+    r = redis_sync.Redis.from_url(own.url)
+    headers = auth_header("outage-user")
+    try:
+        for g in (opened, closed):
+            assert _status(g.base_url, headers) == 200
+        assert r.zcard("gw:rl:{u:outage-user}:u:req") == 2
+        own.stop()  # Redis gone mid-test
+        for _ in range(3):
+            assert _status(opened.base_url, headers) == 200  # the local limiter took over
+        down = httpx.post(closed.base_url + "/v1/chat/completions", json=CHAT, headers=headers, timeout=30)
+        assert down.status_code == 503, down.text  # an outage is not the client's rate limit
+        assert down.json()["error"]["code"] == "rate_limiter_unavailable"
+        assert _metric(opened.base_url, "gateway_limiter_local_decisions_total") >= 3
+        assert _metric(opened.base_url, "gateway_limiter_redis_down") == 1
+        # Redis back on the same port, empty: both gateways share it again without a restart
+        own = RedisServer(port=own.port).start()
+        back = time.monotonic()
+        r = redis_sync.Redis.from_url(own.url)
+        wait_until(
+            lambda: _status(closed.base_url, headers) == 200, 5, interval=0.05, what="fail_closed recovery"
+        )
+        recovered_s = time.monotonic() - back
+        wait_until(
+            lambda: _metric(opened.base_url, "gateway_limiter_redis_down") == 0, 5, what="fail_open recovery"
+        )
+        assert _status(opened.base_url, headers) == 200
+        assert r.zcard("gw:rl:{u:outage-user}:u:req") == 2  # both counted in Redis again
+        print(f"fail_closed gateway recovered {recovered_s:.2f} s after Redis came back")
+    finally:
+        opened.stop()
+        closed.stop()
+        own.stop()
+
+
+def _raw_post(port: int, authorization: bytes | None) -> tuple[int, bytes]:
+    """POST CHAT with the Authorization header sent byte for byte (clients refuse some of these)."""
+    body = orjson.dumps(CHAT)
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+    if authorization is not None:
+        head += b"authorization: " + authorization + b"\r\n"
+    head += b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head + body)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    status_line, _, rest = data.partition(b"\r\n")
+    return int(status_line.split()[1]), rest.partition(b"\r\n\r\n")[2]
+
+
+def test_hostile_tokens_over_http_and_jwks_rotation(sim: SimProcess) -> None:
+    keys = Keys()
+    with JwksServer() as jwks:
+        jwks.set_keys(Keys.jwk(keys.rsa, "rsa-1"), Keys.jwk(keys.ec, "ec-1"), Keys.jwk(keys.ed, "ed-1"))
+        cfg = single_pool_config(
+            "vllm",
+            [sim.base_url],
+            auth={
+                "jwt": {
+                    "secret": SECRET,
+                    "jwks_url": jwks.url,
+                    "jwks_algorithms": ["RS256", "ES256", "EdDSA"],
+                    "jwks_min_refresh_s": 0,
+                }
+            },
+        )
+        with GatewayProcess(cfg) as gw, httpx.Client(base_url=gw.base_url, timeout=30) as http:
+            ok = http.post(
+                "/v1/chat/completions",
+                json=CHAT,
+                headers={"authorization": "Bearer " + Keys.sign(keys.ec, "ES256", "ec-1")},
+            )
+            assert ok.status_code == 200, ok.text
+            jwks.down = True
+            catalogue = hostile_catalogue(keys, SECRET)
+            for name, header in catalogue:
+                status, body = _raw_post(gw.port, header)
+                assert status == 401, (name, status, body)
+                assert orjson.loads(body)["error"]["code"] in ("invalid_api_key", None)
+            # rotation: the provider publishes a new key; the running gateway accepts it
+            jwks.down = False
+            jwks.set_keys(Keys.jwk(keys.rsa2, "rsa-2", "RS256"))
+            rotated = http.post(
+                "/v1/chat/completions",
+                json=CHAT,
+                headers={"authorization": "Bearer " + Keys.sign(keys.rsa2, "RS256", "rsa-2")},
+            )
+            assert rotated.status_code == 200, rotated.text
+            metrics = http.get("/metrics").text
+            assert 'gateway_rejections_total{reason="expired",stage="auth"}' in metrics

@@ -1,0 +1,128 @@
+"""Shared fleet state: overrides applied to a Fleet, and propagation between replicas via real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from redis.asyncio import Redis
+
+from gateway.control.store import MemoryStore, Overrides, RedisStore, audit_entry
+from gateway.core.fleet import Fleet
+from gateway.settings import HealthSettings, PoolSettings
+from tests.support import RedisServer
+
+
+def _pools() -> list[PoolSettings]:
+    return [
+        PoolSettings.model_validate(
+            {
+                "name": "vllm",
+                "dialect": "vllm",
+                "weight": 0.5,
+                "models": {"m": "served"},
+                "backends": [
+                    {"name": "v0", "url": "http://127.0.0.1:1"},
+                    {"name": "v1", "url": "http://127.0.0.1:2"},
+                ],
+            }
+        ),
+        PoolSettings.model_validate(
+            {"name": "sglang", "dialect": "sglang", "weight": 0.5, "models": {"m": "served"}, "backends": []}
+        ),
+    ]
+
+
+def _fleet() -> Fleet:
+    return Fleet(_pools(), HealthSettings(), stale_s=10)
+
+
+def test_apply_overrides_weights_drain_add_remove() -> None:
+    fleet = _fleet()
+    o = Overrides(
+        weights={"vllm": 0.1}, drained={"v1"}, added={"s0": ("sglang", "http://127.0.0.1:3")}, removed={"v0"}
+    )
+    fleet.apply(_pools(), o)
+    assert fleet.pools["vllm"].weight == 0.1
+    assert fleet.pools["sglang"].weight == 0.5
+    assert set(fleet.backends) == {"v1", "s0"}
+    assert fleet.backends["v1"].draining and not fleet.backends["s0"].draining
+    assert fleet.backends["s0"].pool == "sglang" and "s0" in fleet.pools["sglang"].backends
+    # Clearing the overrides restores the config.
+    fleet.apply(_pools(), Overrides())
+    assert set(fleet.backends) == {"v0", "v1"} and fleet.pools["vllm"].weight == 0.5
+    assert not fleet.backends["v1"].draining
+
+
+def test_apply_keeps_runtime_state_of_unchanged_backends() -> None:
+    fleet = _fleet()
+    fleet.backends["v0"].in_flight = 3
+    fleet.backends["v0"].healthy = True
+    fleet.apply(_pools(), Overrides(weights={"vllm": 2.0}))
+    assert fleet.backends["v0"].in_flight == 3 and fleet.backends["v0"].healthy is True
+
+
+def test_added_backend_for_unknown_pool_is_ignored() -> None:
+    fleet = _fleet()
+    fleet.apply(_pools(), Overrides(added={"x": ("nope", "http://127.0.0.1:9")}))
+    assert "x" not in fleet.backends
+
+
+async def test_memory_store_applies_and_audits() -> None:
+    store = MemoryStore()
+    seen: list[Overrides] = []
+    await store.start(seen.append)
+    await store.change({"weight:vllm": 0.3}, [], audit_entry("alice", "set_weight", "vllm", 0.5, 0.3))
+    assert seen[-1].weights == {"vllm": 0.3}
+    entries = await store.audit(10)
+    assert entries[0]["actor"] == "alice" and entries[0]["before"] == 0.5 and entries[0]["after"] == 0.3
+
+
+async def test_redis_store_reaches_other_replicas_within_a_second() -> None:
+    with RedisServer() as server:
+        a_redis, b_redis = Redis.from_url(server.url), Redis.from_url(server.url)
+        a, b = RedisStore(a_redis), RedisStore(b_redis)
+        seen_b: list[Overrides] = []
+        await a.start(lambda o: None)
+        await b.start(seen_b.append)
+        try:
+            started = time.monotonic()
+            await a.change(
+                {"weight:vllm": 0.25, "drain:v1": True},
+                [],
+                audit_entry("op", "set_weight", "vllm", 0.5, 0.25),
+            )
+            while not (seen_b and seen_b[-1].weights.get("vllm") == 0.25):
+                assert time.monotonic() - started < 1.0, "replica B did not see the change within 1 s"
+                await asyncio.sleep(0.01)
+            assert seen_b[-1].drained == {"v1"}
+            # A replica started later begins from the persisted state.
+            c = RedisStore(Redis.from_url(server.url))
+            initial = await c.start(lambda o: None)
+            assert initial.weights == {"vllm": 0.25} and initial.drained == {"v1"}
+            await c.stop()
+            assert (await b.audit(5))[0]["action"] == "set_weight"
+        finally:
+            await a.stop()
+            await b.stop()
+            await a_redis.aclose()
+            await b_redis.aclose()
+
+
+async def test_redis_store_poll_catches_a_missed_announcement() -> None:
+    with RedisServer() as server:
+        r = Redis.from_url(server.url)
+        store = RedisStore(r, poll_s=0.1)
+        seen: list[Overrides] = []
+        await store.start(seen.append)
+        try:
+            # A change written without the pub/sub announcement (as if the message were lost).
+            await r.hset("gw:{fleet}:overrides", "weight:sglang", b"0.75")
+            await r.incr("gw:{fleet}:version")
+            deadline = time.monotonic() + 2
+            while not (seen and seen[-1].weights.get("sglang") == 0.75):
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.02)
+        finally:
+            await store.stop()
+            await r.aclose()
