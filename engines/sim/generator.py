@@ -8,6 +8,10 @@ Natural length: a seeded draw in [`min_len`, `max_len`] tokens (raised to `min_t
 `max_tokens` cuts it (`finish_reason="length"`); `ignore_eos` makes it exactly `max_tokens`; the first
 `stop` string found ends it (`"stop"`, the string reported). Reasoning, when on, comes first and counts
 against `max_tokens`.
+
+JSON mode (the `json_object` constraint) answers with the object the prompt asks for
+(`engines.sim.prompt_schema`: a schema it carries, or keys it names), else with `plausible_object`: a
+short answer, never `{}`. Tool-call arguments always form a JSON object valid for the tool's parameters.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import json
 import random
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from engines.sim import schema_gen
 
@@ -89,13 +93,18 @@ WORDS: tuple[str, ...] = (
 )
 _CAPS = [w.capitalize() for w in WORDS]  # prose() maps one random byte to a word with `& 63`
 _SPACED = [" " + w for w in WORDS]
+_TOPICS = WORDS[54:]  # "weather" … "money"
 
 Constraint = (
-    tuple[Literal["json"], Any]  # JSON schema (json_object is {"type": "object"})
+    tuple[Literal["json"], Any]  # JSON schema
+    | tuple[Literal["json_object"], Any]  # JSON mode: the schema the prompt asks for, or None
     | tuple[Literal["regex"], str]
     | tuple[Literal["choice"], list[Any]]
     | tuple[Literal["grammar"], str]
 )
+# How the dialects pass JSON mode (`response_format` json_object, vLLM's `structured_outputs.json_object`;
+# SGLang itself turns json_object into this schema): any object. `plan_outputs` makes it "json_object".
+JSON_OBJECT: Final[Constraint] = ("json", {"type": "object"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,10 +194,25 @@ def tool_call_text(calls: list[ToolCallOut]) -> str:
     )
 
 
+def plausible_object(rng: random.Random) -> dict[str, Any]:
+    """What JSON mode gives when the prompt asks for no particular object: a short answer."""
+    answer = "".join(prose(rng, rng.randint(6, 12))).rstrip(",.") + "."
+    return {
+        "answer": answer,
+        "confidence": round(rng.uniform(0.5, 0.99), 2),
+        "topics": rng.sample(_TOPICS, rng.randint(1, 3)),
+    }
+
+
 def _constrained_text(constraint: Constraint, rng: random.Random) -> str:
     kind, arg = constraint
     if kind == "json":
         return json.dumps(schema_gen.sample(arg, rng), ensure_ascii=False)
+    if kind == "json_object":
+        value = schema_gen.sample(arg, rng) if isinstance(arg, dict) else None
+        if not isinstance(value, dict) or not value:
+            value = plausible_object(rng)
+        return json.dumps(value, ensure_ascii=False)
     if kind == "regex":
         return schema_gen.sample_regex(str(arg), rng)
     if kind == "choice":
@@ -211,7 +235,7 @@ def generate(spec: GenSpec, index: int = 0) -> Output:
             return out
     if spec.tool_calls:
         calls = [
-            ToolCallOut(name, json.dumps(schema_gen.sample(params or {}, rng), ensure_ascii=False))
+            ToolCallOut(name, json.dumps(schema_gen.sample_object(params, rng), ensure_ascii=False))
             for name, params in spec.tool_calls
         ]
         raw = tool_call_text(calls)

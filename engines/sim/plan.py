@@ -6,7 +6,8 @@ import os
 from typing import Any
 
 from engines.sim.config import SimConfig
-from engines.sim.generator import Constraint, GenSpec, Output, generate, token_logprobs
+from engines.sim.generator import JSON_OBJECT, Constraint, GenSpec, Output, generate, token_logprobs
+from engines.sim.prompt_schema import requested_schema
 from engines.sim.request import max_tokens_of, seed_of, stop_list
 
 
@@ -43,6 +44,8 @@ def plan_outputs(
     if max_tokens is None:
         max_tokens = max(0, cfg.max_model_len - prompt_tokens)
     min_tokens = body.get("min_tokens") if honour_min_tokens else 0
+    if constraint == JSON_OBJECT:  # JSON mode answers with the object the prompt asks for
+        constraint = ("json_object", requested_schema(body.get("messages", body.get("prompt"))))
     spec = GenSpec(
         seed=seed,
         min_len=cfg.min_output_tokens,
