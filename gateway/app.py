@@ -56,8 +56,15 @@ TRANSPORTS: dict[str, Callable[..., Transport]] = {"h1": H1Transport, "aiohttp":
 class Gateway:
     """The ASGI application. Create it anywhere; connections are opened at ASGI lifespan start-up."""
 
-    def __init__(self, settings: Settings, transport: Transport | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        transport: Transport | None = None,
+        on_ready: Callable[[], None] | None = None,
+    ) -> None:
         self.settings = settings
+        #: called once start-up has completed (the demo prints its banner then)
+        self._on_ready = on_ready
         self.metrics = Metrics()
         self.metrics_export = MetricsExporter(self.metrics.registry, settings.metrics)
         self._sampler: MetricsSampler | None = None
@@ -147,6 +154,8 @@ class Gateway:
             healthy,
             describe(self.settings.redis),
         )
+        if self._on_ready is not None:
+            self._on_ready()
 
     async def shutdown(self) -> None:
         if self._sampler is not None:

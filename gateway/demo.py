@@ -3,13 +3,15 @@
 Starts two vLLM-dialect and two SGLang-dialect simulators on free loopback ports and a gateway in
 front of them, with in-memory state (Redis when `REDIS_URL` is set) and a JWT secret from
 `GATEWAY_JWT_SECRET` (generated when unset). Prints the base URL, a user and an admin token, and
-ready-to-paste curl and OpenAI SDK examples. Ctrl-C stops everything it started.
+ready-to-paste curl and OpenAI SDK examples. Ctrl-C (or SIGTERM) stops everything it started.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
+from types import FrameType
 from typing import Any
 
 from engines.sim.launcher import SimProcess, free_port
@@ -90,10 +92,17 @@ Ctrl-C stops everything.
 """
 
 
+def _exit(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run_demo(port: int = 8080, host: str = "127.0.0.1") -> None:
     from gateway.app import Gateway
     from gateway.server import configure_logging, run_single
 
+    # uvicorn shuts down on SIGTERM and then re-raises the signal with the handler it found; with the
+    # default one the process would die there, before the ExitStack stops the simulators.
+    signal.signal(signal.SIGTERM, _exit)
     secret = os.environ.get("GATEWAY_JWT_SECRET") or new_secret()
     os.environ["GATEWAY_JWT_SECRET"] = secret
     with contextlib.ExitStack() as stack:
@@ -103,15 +112,12 @@ def run_demo(port: int = 8080, host: str = "127.0.0.1") -> None:
             urls[engine].append(sim.base_url)
         settings: Settings = parse_settings(demo_config(urls, port, host))
         configure_logging(settings.server.log_level)
-        gateway = Gateway(settings)
-        base = f"http://{host}:{port}"
-        print(
-            _banner(
-                base,
-                mint_token(secret, "demo-user", tier="default"),
-                mint_token(secret, "demo-admin", roles=["admin"]),
-                with_auth=getattr(gateway, "auth_enabled", False),
-            ),
-            flush=True,
+        banner = _banner(
+            f"http://{host}:{port}",
+            mint_token(secret, "demo-user", tier="default"),
+            mint_token(secret, "demo-admin", roles=["admin"]),
+            with_auth=settings.auth.active,
         )
+        # The banner goes out once the gateway serves, so what it offers works when it is read.
+        gateway = Gateway(settings, on_ready=lambda: print(banner, flush=True))
         run_single(gateway, settings)

@@ -1,0 +1,131 @@
+"""`gateway demo`, run as a user runs it: the banner's tokens work against both pools, and Ctrl-C or
+SIGTERM stops the gateway and every simulator it started."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from openai import OpenAI
+
+from engines.sim.launcher import free_port
+from tests.support import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _children(pid: int) -> set[int]:
+    """PIDs whose parent is `pid` (from /proc)."""
+    out: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                out.add(int(entry.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rpartition(")")[2].split()[0] != "Z"
+
+
+class Demo:
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.log = (ROOT / ".pytest_cache").with_name(f".demo-{self.port}.log")
+        self._out = open(self.log, "wb")  # noqa: SIM115 - closed in stop()
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env.pop("GATEWAY_JWT_SECRET", None)
+        env.pop("REDIS_URL", None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "demo", "--port", str(self.port)],
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=env,
+        )
+        wait_until(lambda: "Ctrl-C" in self.text() or self.proc.poll() is not None, 60, what="the banner")
+        assert self.proc.poll() is None, self.text()
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def token(self, label: str) -> str:
+        match = re.search(rf"^\s*{label}\s+(\S+)$", self.text(), re.M)
+        assert match, self.text()
+        return match.group(1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._out.close()
+        self.log.unlink(missing_ok=True)
+
+
+@pytest.fixture()
+def demo() -> Iterator[Demo]:
+    d = Demo()
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def test_the_banner_tokens_answer_on_both_pools(demo: Demo) -> None:
+    base = re.search(r"base URL\s+(\S+)", demo.text())
+    assert base and base.group(1) == f"http://127.0.0.1:{demo.port}/v1"
+    model = re.search(r"^\s*model\s+(\S+)$", demo.text(), re.M)
+    assert model
+    user = OpenAI(base_url=base.group(1), api_key=demo.token("user token"), max_retries=0)
+    admin = OpenAI(base_url=base.group(1), api_key=demo.token("admin token"), max_retries=0)
+    wait_until(lambda: _ready(demo.port), 30, what="a healthy backend")
+    reply = user.chat.completions.create(model=model.group(1), messages=[{"role": "user", "content": "Hi"}])
+    assert reply.choices[0].message.content
+    for pool in ("vllm", "sglang"):
+        raw = admin.chat.completions.with_raw_response.create(
+            model=model.group(1),
+            messages=[{"role": "user", "content": "Hi"}],
+            extra_headers={"x-gateway-pool": pool},
+        )
+        assert raw.headers["x-gateway-pool"] == pool
+        assert raw.parse().choices[0].message.content
+
+
+def _ready(port: int) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_stops_the_gateway_and_every_simulator(demo: Demo, sig: signal.Signals) -> None:
+    sims = _children(demo.proc.pid)
+    assert len(sims) == 4, demo.text()
+    demo.proc.send_signal(sig)
+    try:
+        demo.proc.wait(30)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(demo.text()) from None
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in sims):
+        time.sleep(0.1)
+    assert not [p for p in sims if _alive(p)], "simulators outlived the demo"
