@@ -45,9 +45,9 @@ def _alive(pid: int) -> bool:
 
 
 class Demo:
-    def __init__(self) -> None:
+    def __init__(self, log_dir: Path) -> None:
         self.port = free_port()
-        self.log = (ROOT / ".pytest_cache").with_name(f".demo-{self.port}.log")
+        self.log = log_dir / "demo.log"
         self._out = open(self.log, "wb")  # noqa: SIM115 - closed in stop()
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         env.pop("GATEWAY_JWT_SECRET", None)
@@ -75,12 +75,11 @@ class Demo:
             self.proc.kill()
             self.proc.wait(10)
         self._out.close()
-        self.log.unlink(missing_ok=True)
 
 
 @pytest.fixture()
-def demo() -> Iterator[Demo]:
-    d = Demo()
+def demo(tmp_path: Path) -> Iterator[Demo]:
+    d = Demo(tmp_path)
     try:
         yield d
     finally:
