@@ -23,6 +23,7 @@ import orjson
 from engines import prometheus
 from engines.base import Endpoint, EngineLoad
 from engines.decoding import OpenAIShapedAnswers
+from engines.embeddings import build_embeddings_request
 from engines.request import (
     Constraint,
     base_request,
@@ -83,6 +84,8 @@ class SGLangDialect(OpenAIShapedAnswers):
     metrics_path = "/metrics"
 
     def build_request(self, endpoint: Endpoint, body: dict[str, Any], served_model: str) -> bytes:
+        if endpoint == "embeddings":
+            return build_embeddings_request(body, served_model, "sglang")
         out = base_request(endpoint, body, served_model)
         found = pop_constraints(out, native_regex=True)
         c = check_constraint_conflicts(out, found)

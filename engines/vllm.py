@@ -19,6 +19,7 @@ from typing import Any
 from engines import prometheus
 from engines.base import Endpoint, EngineLoad
 from engines.decoding import OpenAIShapedAnswers
+from engines.embeddings import build_embeddings_request
 from engines.request import (
     base_request,
     check_constraint_conflicts,
@@ -47,6 +48,8 @@ class VLLMDialect(OpenAIShapedAnswers):
     metrics_path = "/metrics"
 
     def build_request(self, endpoint: Endpoint, body: dict[str, Any], served_model: str) -> bytes:
+        if endpoint == "embeddings":
+            return build_embeddings_request(body, served_model, "vllm")
         out = base_request(endpoint, body, served_model)
         found = pop_constraints(out, native_regex=False)
         c = check_constraint_conflicts(out, found)
