@@ -20,7 +20,9 @@ Wire shapes (read from each engine's `/v1/embeddings` server):
   "reasoning_tokens": 0, "completion_tokens_details": null}}` (no id, no created); any model name
   is served; empty or whitespace-only input: 400 "Input cannot be empty or whitespace only";
   `dimensions` > N: "Provided dimensions are greater than max embedding dimension: N".
-Both: `encoding_format` float or base64 (little-endian float32); the cost is one prefill.
+Both: `encoding_format` float or base64 (little-endian float32); the cost is one prefill. The fault
+flags apply as on chat: `--startup-delay` (503), `--stall` (no answer until the client goes away),
+`--fault-rate` / `--fault-kind` (an error answer).
 """
 
 from __future__ import annotations
@@ -104,6 +106,8 @@ class EmbeddingsEndpoint:
         eng.stats.requests_total += 1
         eng.stats.record(scope["method"], scope["path"], scope["headers"], raw)
         vllm = self.cfg.engine == "vllm"
+        if await self._fault(receive, send):
+            return
         if self._vectors is None:
             eng.stats.errors_total += 1
             if vllm:
@@ -149,6 +153,38 @@ class EmbeddingsEndpoint:
             watcher.stop()
         vectors = [self._vectors.embed(one, dims) for one in ids]
         await asgi.send_bytes(send, 200, self._body(body, vectors, fmt, len(flat)))
+
+    async def _fault(self, receive: Receive, send: Send) -> bool:
+        """Apply the fault flags (as the chat endpoints do); True when the request was answered."""
+        eng = self._engine
+        faults = eng.faults
+        if faults.starting():
+            eng.stats.errors_total += 1
+            await self._error(
+                send, RequestError("The server is starting up. Please retry later.", status=503)
+            )
+            return True
+        if faults.stall:
+            watcher = Disconnect(receive)
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                if not watcher.disconnected:
+                    raise
+                eng.stats.cancelled_total += 1
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+            finally:
+                watcher.stop()
+            return True
+        kind = faults.draw_error()
+        if kind is None:
+            return False
+        eng.stats.faults_injected_total += 1
+        status = {"429": 429, "503": 503, "context": 400}.get(kind, 500)
+        await self._error(send, RequestError(f"Simulated fault ({kind}).", status=status))
+        return True
 
     def _check(self, body: dict[str, Any]) -> tuple[list[list[int]], str, int | None]:
         cfg = self.cfg

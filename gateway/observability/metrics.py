@@ -80,7 +80,9 @@ _BUDGET_HEADERS = {
 }
 REJECTED_MARK = "metrics.rejected"
 #: the client APIs that read the Responses store and never reach routing
-_LOOKUPS = frozenset({"responses.get", "responses.delete", "responses.input_items"})  # ctx.extras key: this refusal was already counted by `reject`
+_LOOKUPS = frozenset(
+    {"responses.get", "responses.delete", "responses.input_items"}
+)  # ctx.extras key: this refusal was already counted by `reject`
 
 
 class _Value(Protocol):
@@ -299,7 +301,9 @@ class Metrics:
         api_status = (ctx.api, status)
         counter = series.status.get(api_status)
         if counter is None:
-            counter = series.status[api_status] = _value(self.requests.labels(pool, model, ctx.api, str(status)))
+            counter = series.status[api_status] = _value(
+                self.requests.labels(pool, model, ctx.api, str(status))
+            )
         counter.inc(1)
         if ctx.response_headers:
             self._observe_budget(ctx.response_headers)

@@ -9,15 +9,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from agents.models import get_default_model
 
 from gateway.admission.tokens import mint_token
-from tests.conftest import MODEL, fast_sim, single_pool_config
+from gateway.demo import SERVED
+from tests.conftest import fast_sim, single_pool_config
 from tests.support import GatewayProcess
 
 SECRET = "apis-suite-secret-" + "y" * 32
 EMBED_MODEL = "test-embed"
 EMBED_SERVED = "BAAI/bge-small-en-v1.5"
 EMBED_DIM = 32
+#: the model the OpenAI Agents SDK uses when an agent names none (its "default model")
+AGENTS_DEFAULT_MODEL = get_default_model()
 
 
 def token(sub: str) -> str:
@@ -38,6 +42,8 @@ class Rig:
 
 def apis_config(engine: str, chat_urls: list[str], embed_url: str, **overrides: Any) -> dict[str, Any]:
     config = single_pool_config(engine, chat_urls, **overrides)
+    config["models"].append({"name": AGENTS_DEFAULT_MODEL, "context_length": 8192})
+    config["pools"][0]["models"][AGENTS_DEFAULT_MODEL] = SERVED[engine]
     config["models"].append({"name": EMBED_MODEL, "task": "embed", "context_length": 512})
     config["pools"].append(
         {
@@ -51,8 +57,10 @@ def apis_config(engine: str, chat_urls: list[str], embed_url: str, **overrides: 
     return config
 
 
-def embed_sim(engine: str) -> Any:
-    return fast_sim(engine, "--model", EMBED_SERVED, "--embedding-dim", str(EMBED_DIM), "--max-model-len", "512")
+def embed_sim(engine: str, *extra: str) -> Any:
+    return fast_sim(
+        engine, "--model", EMBED_SERVED, "--embedding-dim", str(EMBED_DIM), "--max-model-len", "512", *extra
+    )
 
 
 @pytest.fixture(scope="module")

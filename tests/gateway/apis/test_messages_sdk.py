@@ -54,7 +54,9 @@ def test_stream(client: anthropic.Anthropic) -> None:
     assert raw[0] == "message_start"
     assert raw[1] == "content_block_start"
     assert raw[-3:] == ["content_block_stop", "message_delta", "message_stop"]
-    text = "".join(e.delta.text for e in events if e.type == "content_block_delta" and e.delta.type == "text_delta")
+    text = "".join(
+        e.delta.text for e in events if e.type == "content_block_delta" and e.delta.type == "text_delta"
+    )
     assert text and final.content[0].type == "text" and final.content[0].text == text
     assert final.stop_reason == "end_turn"
     # message_delta carries the engine's own figures, which replace message_start's estimate
@@ -75,7 +77,10 @@ def test_stream_wire_has_ping_and_event_names(rig: Rig) -> None:
 
 def test_tool_use_round_trip(client: anthropic.Anthropic) -> None:
     first = client.messages.create(
-        model=MODEL, max_tokens=200, tools=[WEATHER], messages=[{"role": "user", "content": "Weather in Lisbon?"}]
+        model=MODEL,
+        max_tokens=200,
+        tools=[WEATHER],
+        messages=[{"role": "user", "content": "Weather in Lisbon?"}],
     )
     assert first.stop_reason == "tool_use"
     [use] = [b for b in first.content if b.type == "tool_use"]
@@ -88,7 +93,10 @@ def test_tool_use_round_trip(client: anthropic.Anthropic) -> None:
         messages=[
             {"role": "user", "content": "Weather in Lisbon?"},
             {"role": "assistant", "content": first.content},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "21 C, sunny"}]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "21 C, sunny"}],
+            },
         ],
     )
     assert second.stop_reason == "end_turn"
@@ -144,24 +152,40 @@ def test_errors_are_anthropics(client: anthropic.Anthropic, rig: Rig) -> None:
             max_tokens=5,
             messages=[
                 {"role": "user", "content": "hi"},
-                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x", "content": "1"}]},
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": "toolu_x", "content": "1"}],
+                },
             ],
         )
     assert isinstance(br.value.body, dict)
     assert br.value.body["error"]["type"] == "invalid_request_error"
-    assert "unexpected `tool_use_id` found in `tool_result` blocks: toolu_x" in br.value.body["error"]["message"]
+    assert (
+        "unexpected `tool_use_id` found in `tool_result` blocks: toolu_x" in br.value.body["error"]["message"]
+    )
 
 
 @pytest.mark.parametrize(
     ("body", "fragment"),
     [
         ({"model": MODEL, "messages": HI}, "max_tokens: Field required"),
-        ({"model": MODEL, "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
+        (
+            {"model": MODEL, "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]},
+            "messages.0.role",
+        ),
         ({"model": MODEL, "max_tokens": 5, "messages": HI, "temperature": 1.5}, "temperature"),
-        ({"model": MODEL, "max_tokens": 5, "messages": HI, "frequency_penalty": 1}, "Extra inputs are not permitted"),
+        (
+            {"model": MODEL, "max_tokens": 5, "messages": HI, "frequency_penalty": 1},
+            "Extra inputs are not permitted",
+        ),
         ({"model": MODEL, "max_tokens": 5, "messages": HI, "tool_choice": {"type": "any"}}, "needs tools"),
         (
-            {"model": MODEL, "max_tokens": 5, "messages": HI, "tools": [{"type": "web_search_20250305", "name": "w"}]},
+            {
+                "model": MODEL,
+                "max_tokens": 5,
+                "messages": HI,
+                "tools": [{"type": "web_search_20250305", "name": "w"}],
+            },
             "tools.0.type",
         ),
         (
@@ -170,7 +194,10 @@ def test_errors_are_anthropics(client: anthropic.Anthropic, rig: Rig) -> None:
                 "max_tokens": 5,
                 "messages": [
                     {"role": "user", "content": "hi"},
-                    {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
+                    {
+                        "role": "assistant",
+                        "content": [{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}],
+                    },
                     {"role": "user", "content": "and?"},
                 ],
             },

@@ -165,9 +165,20 @@ def test_another_users_response_is_not_found(client: openai.OpenAI, rig: Rig) ->
         ({"model": "no-such-model", "input": "hi"}, 404, None),
         ({"model": MODEL, "input": [{"role": "robot", "content": "hi"}]}, 400, "input[0].role"),
         ({"model": MODEL, "input": [{"role": "user"}]}, 400, "input[0].content"),
-        ({"model": MODEL, "input": [{"role": "user", "content": [{"type": "input_text"}]}]}, 400, "input[0].content[0].text"),
+        (
+            {"model": MODEL, "input": [{"role": "user", "content": [{"type": "input_text"}]}]},
+            400,
+            "input[0].content[0].text",
+        ),
         ({"model": MODEL, "input": [{"type": "computer_call", "id": "x"}]}, 400, "input[0].type"),
-        ({"model": MODEL, "input": [{"type": "function_call_output", "call_id": "call_nope", "output": "1"}]}, 400, "input[0].call_id"),
+        (
+            {
+                "model": MODEL,
+                "input": [{"type": "function_call_output", "call_id": "call_nope", "output": "1"}],
+            },
+            400,
+            "input[0].call_id",
+        ),
         ({"model": MODEL, "input": 42}, 400, "input"),
         ({"model": MODEL, "input": "hi", "max_output_tokens": 4}, 400, "max_output_tokens"),
         ({"model": MODEL, "input": "hi", "tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
@@ -176,8 +187,12 @@ def test_another_users_response_is_not_found(client: openai.OpenAI, rig: Rig) ->
         ({"model": MODEL, "input": "hi", "background": True}, 400, "background"),
     ],
 )
-def test_bad_input_in_openais_error_shape(rig: Rig, body: dict[str, Any], status: int, param: str | None) -> None:
-    r = httpx.post(rig.base_url + "/v1/responses", json=body, headers={"authorization": f"Bearer {rig.alice}"})
+def test_bad_input_in_openais_error_shape(
+    rig: Rig, body: dict[str, Any], status: int, param: str | None
+) -> None:
+    r = httpx.post(
+        rig.base_url + "/v1/responses", json=body, headers={"authorization": f"Bearer {rig.alice}"}
+    )
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}

@@ -290,5 +290,7 @@ def test_requests_are_counted_by_client_api_and_lookups_are_no_refusals() -> Non
     s = _samples(m)
     assert _v(s, "gateway_requests_total", pool="vllm", model="m", endpoint="responses", status="200") == 1
     assert _v(s, "gateway_requests_total", pool="vllm", model="m", endpoint="chat", status="200") == 0
-    assert _v(s, "gateway_requests_total", pool="none", model="m", endpoint="responses.get", status="404") == 1
+    assert (
+        _v(s, "gateway_requests_total", pool="none", model="m", endpoint="responses.get", status="404") == 1
+    )
     assert _v(s, "gateway_rejections_total", stage="intake", reason="model_not_found") == 0
