@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
@@ -46,7 +46,10 @@ class StoredResponse:
         return str(self.response["id"])
 
     def dumps(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        # not dataclasses.asdict: it deep-copies every nested dict and list first
+        return orjson.dumps(
+            {"owner": self.owner, "response": self.response, "input_items": self.input_items, "context": self.context}
+        )
 
     @classmethod
     def loads(cls, raw: bytes | str) -> StoredResponse | None:
