@@ -9,6 +9,10 @@ single encoder writes every byte a client sees, a client cannot tell which engin
     engine JSON ──► Dialect.decode_response ──► Completion ──► openai.encode_completion ──► client
     engine SSE  ──► StreamDecoder.feed      ──► [Delta | Usage | ApiError] ──► openai.StreamEncoder
 
+The other client APIs write the same neutral events in their own shapes (a `StreamWriter` each:
+`engines.responses`, `engines.anthropic`; embeddings: `Dialect.decode_embeddings` →
+`engines.embeddings`), so every API answers alike whichever engine answered.
+
 Contracts:
 - Decoders never raise on engine output they do not understand: they return an `ApiError` event (or
   raise `ApiError` from `decode_response`) with a generic upstream message — never the engine's

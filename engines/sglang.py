@@ -11,7 +11,8 @@ Request fields (beyond the common rules of `engines.request`; table in docs/engi
   false`, `length_penalty: 1.0`, `bad_words: []`, `allowed_token_ids: []`, `add_generation_prompt:
   true`, `add_special_tokens` at the endpoint's default, `include_reasoning: true`,
   `return_token_ids: false`); any other value, and `prompt_logprobs`, `truncate_prompt_tokens`,
-  `chat_template`, `thinking_token_budget`, `structural_tag` / `whitespace_pattern` constraints → 400.
+  `chat_template`, `thinking_token_budget`, `structural_tag` / `whitespace_pattern` constraints → 400;
+- `/v1/embeddings` requests: `engines.embeddings` (SGLang's own embedding fields pass, vLLM's → 400).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ Request fields (beyond the common rules of `engines.request`; table in docs/engi
 - SGLang's `separate_reasoning`, `stream_reasoning` (true), `return_meta_info`,
   `return_hidden_states` (false) are dropped when they hold the value vLLM behaves as, else 400;
 - SGLang's `stop_regex`, `lora_path`, `custom_params` → 400 (no vLLM equivalent);
-- `return_token_ids: true` → 400 (OpenAI's shapes have no place for token ids).
+- `return_token_ids: true` → 400 (OpenAI's shapes have no place for token ids);
+- `/v1/embeddings` requests: `engines.embeddings` (vLLM's own embedding fields pass, SGLang's → 400).
 """
 
 from __future__ import annotations

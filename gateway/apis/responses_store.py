@@ -48,7 +48,12 @@ class StoredResponse:
     def dumps(self) -> bytes:
         # not dataclasses.asdict: it deep-copies every nested dict and list first
         return orjson.dumps(
-            {"owner": self.owner, "response": self.response, "input_items": self.input_items, "context": self.context}
+            {
+                "owner": self.owner,
+                "response": self.response,
+                "input_items": self.input_items,
+                "context": self.context,
+            }
         )
 
     @classmethod
