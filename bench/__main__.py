@@ -9,7 +9,8 @@
 
 Suites: `overhead` (proxy cost against the peers, bench/overhead.py), `routing` (cache-hit quality and
 TTFT on a simulated fleet, bench/routing.py), `micro` (bench/transports.py — h1 vs aiohttp vs
-httpx — and bench/adapters.py). Progress is printed as it goes; everything started is stopped by PID.
+httpx —, bench/adapters.py, and bench/apis.py — gateway CPU of /v1/responses and /v1/messages beside
+chat). Progress is printed as it goes; everything started is stopped by PID.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def micro(quick: bool, log: Progress) -> dict[str, str]:
             "1" if quick else "3",
         ],
         "bench/adapters.py": ["-m", "bench.adapters"],
+        "bench/apis.py": ["-m", "bench.apis", "--requests", "300" if quick else "1000", "--rounds", "3"],
     }
     for name, args in runs.items():
         if not (ROOT / name).exists():

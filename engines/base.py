@@ -9,6 +9,10 @@ single encoder writes every byte a client sees, a client cannot tell which engin
     engine JSON ──► Dialect.decode_response ──► Completion ──► openai.encode_completion ──► client
     engine SSE  ──► StreamDecoder.feed      ──► [Delta | Usage | ApiError] ──► openai.StreamEncoder
 
+The other client APIs write the same neutral events in their own shapes (a `StreamWriter` each:
+`engines.responses`, `engines.anthropic`; embeddings: `Dialect.decode_embeddings` →
+`engines.embeddings`), so every API answers alike whichever engine answered.
+
 Contracts:
 - Decoders never raise on engine output they do not understand: they return an `ApiError` event (or
   raise `ApiError` from `decode_response`) with a generic upstream message — never the engine's
@@ -23,7 +27,8 @@ from typing import Any, Literal, Protocol
 
 from engines.errors import ApiError
 
-Endpoint = Literal["chat", "completions"]
+#: the engine endpoint a request goes to (the client's API may differ: `gateway.core.context.Api`)
+Endpoint = Literal["chat", "completions", "embeddings"]
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
 
 
@@ -60,6 +65,8 @@ class Delta:
     tool_calls: list[ToolCallDelta] | None = None
     finish_reason: str | None = None
     logprobs: Any = None
+    #: the stop string that ended the choice, when the engine says which (finish_reason "stop")
+    stop_sequence: str | None = None
 
 
 StreamEvent = Delta | Usage | ApiError
@@ -82,11 +89,22 @@ class Choice:
     reasoning: str | None = None
     tool_calls: list[ToolCall] | None = None
     logprobs: Any = None
+    #: the stop string that ended the choice, when the engine says which (finish_reason "stop")
+    stop_sequence: str | None = None
 
 
 @dataclass(slots=True)
 class Completion:
     choices: list[Choice]
+    usage: Usage = field(default_factory=Usage)
+
+
+@dataclass(slots=True)
+class Embeddings:
+    """An embeddings answer: one vector per input, in input order, each either floats or the
+    base64 string of its little-endian float32 values (as the engine sent it)."""
+
+    vectors: list[list[float] | str]
     usage: Usage = field(default_factory=Usage)
 
 
@@ -102,6 +120,27 @@ class EngineLoad:
     #: vLLM's raw counters (tokens), so a scraper can compute a windowed rate by differencing.
     prefix_cache_hits: float | None = None
     prefix_cache_queries: float | None = None
+
+
+class StreamWriter(Protocol):
+    """Writes one client stream from neutral events, in the client's API (`engines.openai.StreamEncoder`
+    for chat and completions; `engines.responses`, `engines.anthropic` for the others). One per
+    response; after `error()` or `finish()` the stream is over."""
+
+    #: the last usage the engine reported (the gateway bills from it)
+    usage: Usage | None
+
+    def encode(self, events: list[StreamEvent]) -> bytes:
+        """Zero or more complete SSE events for `events` (an `ApiError` among them ends the stream)."""
+        ...
+
+    def finish(self) -> bytes:
+        """The stream's closing events, after the engine's last event."""
+        ...
+
+    def error(self, err: ApiError) -> bytes:
+        """The events that end the stream with `err`."""
+        ...
 
 
 class StreamDecoder(Protocol):
@@ -134,6 +173,10 @@ class Dialect(Protocol):
 
     def stream_decoder(self, endpoint: Endpoint) -> StreamDecoder:
         """A fresh decoder for one streamed response."""
+        ...
+
+    def decode_embeddings(self, body: bytes) -> Embeddings:
+        """A 200 body of the engine's `/v1/embeddings` → neutral `Embeddings` (raises `ApiError`)."""
         ...
 
     def decode_error(self, status: int, body: bytes, endpoint: Endpoint = "chat") -> ApiError:

@@ -8,8 +8,11 @@ every difference between them is absorbed here, field by field:
 - tool calls: SGLang's `content: ""` beside `tool_calls` → None; SGLang's repeated `id: null` /
   `name: null` on later pieces are dropped — a call's id and name are taken from its first piece only;
 - finish reasons: `function_call` → `tool_calls`; unknown → `stop`; `abort` → an error event;
-- engine extras (`matched_stop`, `metadata`, `stop_reason`, `token_ids`, `prompt_token_ids`,
-  `kv_transfer_params`, `sglext`, `hidden_states`…) are never read, so never shown.
+- the stop string that ended a choice: vLLM `stop_reason`, SGLang `matched_stop` (when a string;
+  an int there is the EOS token id) → `stop_sequence` (the Anthropic encoder reports it);
+- embeddings: both engines' `data[].embedding` (floats or base64) and `usage.prompt_tokens`;
+- other engine extras (`metadata`, `token_ids`, `prompt_token_ids`, `kv_transfer_params`, `sglext`,
+  `hidden_states`…) are never read, so never shown.
 
 Nothing here raises anything but `ApiError`, whatever the bytes.
 """
@@ -20,7 +23,17 @@ from typing import Any
 
 import orjson
 
-from engines.base import Choice, Completion, Delta, Endpoint, StreamEvent, ToolCall, ToolCallDelta, Usage
+from engines.base import (
+    Choice,
+    Completion,
+    Delta,
+    Embeddings,
+    Endpoint,
+    StreamEvent,
+    ToolCall,
+    ToolCallDelta,
+    Usage,
+)
 from engines.errors import ApiError, server_error
 from engines.upstream_errors import GENERIC_UPSTREAM, decode_error_body, decode_error_event
 
@@ -123,6 +136,14 @@ def _reasoning(d: dict[str, Any]) -> str | None:
     return r if type(r) is str and r else None
 
 
+def stop_string(ch: dict[str, Any]) -> str | None:
+    """The stop string that ended a finished choice (vLLM `stop_reason`, SGLang `matched_stop`)."""
+    v = ch.get("stop_reason")
+    if type(v) is not str:
+        v = ch.get("matched_stop")
+    return v if type(v) is str else None
+
+
 def _is_error(obj: dict[str, Any]) -> bool:
     return obj.get("error") is not None or obj.get("object") == "error"
 
@@ -175,12 +196,43 @@ def decode_body(endpoint: Endpoint, body: bytes) -> Completion:
             content = _str(msg.get("content"))
             if tcs and not content:
                 content = None
-            choices.append(Choice(idx, content, fr, _reasoning(msg), tcs, chat_logprobs(ch.get("logprobs"))))
+            choice = Choice(idx, content, fr, _reasoning(msg), tcs, chat_logprobs(ch.get("logprobs")))
         else:
-            choices.append(
-                Choice(idx, _str(ch.get("text")) or "", fr, logprobs=text_logprobs(ch.get("logprobs")))
-            )
+            choice = Choice(idx, _str(ch.get("text")) or "", fr, logprobs=text_logprobs(ch.get("logprobs")))
+        if fr == "stop":
+            choice.stop_sequence = stop_string(ch)
+        choices.append(choice)
     return Completion(choices, decode_usage(obj.get("usage")) or Usage())
+
+
+def decode_embeddings_body(body: bytes) -> Embeddings:
+    """A 200 body of either engine's `/v1/embeddings` → `Embeddings`. Raises only `ApiError`.
+
+    vLLM: `{"id", "object": "list", "created", "model", "data": [{"index", "object", "embedding"}],
+    "usage": {...}}`; SGLang: the same without `id`/`created`, `model` the model path. Vectors are
+    put in `index` order; each is a list of numbers or a base64 string."""
+    try:
+        obj = _loads(body)
+    except orjson.JSONDecodeError:
+        raise _upstream_garbage() from None
+    if type(obj) is not dict:
+        raise _upstream_garbage()
+    if _is_error(obj):
+        raise decode_error_event(obj, "embeddings")
+    data = obj.get("data")
+    if type(data) is not list:
+        raise _upstream_garbage()
+    indexed: list[tuple[int, list[float] | str]] = []
+    for pos, item in enumerate(data):
+        vec = item.get("embedding") if type(item) is dict else None
+        if type(vec) is not list and type(vec) is not str:
+            raise _upstream_garbage()
+        idx = item.get("index")
+        indexed.append((idx if type(idx) is int else pos, vec))
+    indexed.sort(key=lambda p: p[0])
+    usage = decode_usage(obj.get("usage")) or Usage()
+    usage.completion_tokens = 0
+    return Embeddings([v for _, v in indexed], usage)
 
 
 # -- streamed -----------------------------------------------------------------------------------
@@ -249,14 +301,18 @@ class ChunkDecoder:
                 lp = chat_logprobs(lp)
             if content is None and reasoning is None and tools is None and fr is None:
                 return None
-            return Delta(idx, content, reasoning, tools, fr, lp)
-        text = ch.get("text")
-        text = text if type(text) is str and text else None
-        if lp is not None:
-            lp = text_logprobs(lp)
-        if text is None and fr is None:
-            return None
-        return Delta(idx, text, None, None, fr, lp)
+            delta = Delta(idx, content, reasoning, tools, fr, lp)
+        else:
+            text = ch.get("text")
+            text = text if type(text) is str and text else None
+            if lp is not None:
+                lp = text_logprobs(lp)
+            if text is None and fr is None:
+                return None
+            delta = Delta(idx, text, None, None, fr, lp)
+        if fr == "stop":
+            delta.stop_sequence = stop_string(ch)
+        return delta
 
     def _tools(self, choice: int, raw: list[Any]) -> list[ToolCallDelta] | None:
         out: list[ToolCallDelta] = []
@@ -283,14 +339,17 @@ class ChunkDecoder:
 
 class OpenAIShapedAnswers:
     """The answer side both dialects share: each engine answers in OpenAI-like JSON whose differences
-    `decode_body`, `ChunkDecoder` and `decode_error_body` absorb. A dialect inherits these three
-    methods and writes only its request side and its metrics."""
+    `decode_body`, `ChunkDecoder`, `decode_embeddings_body` and `decode_error_body` absorb. A dialect
+    inherits these methods and writes only its request side and its metrics."""
 
     def decode_response(self, endpoint: Endpoint, body: bytes) -> Completion:
         return decode_body(endpoint, body)
 
     def stream_decoder(self, endpoint: Endpoint) -> ChunkDecoder:
         return ChunkDecoder(endpoint)
+
+    def decode_embeddings(self, body: bytes) -> Embeddings:
+        return decode_embeddings_body(body)
 
     def decode_error(self, status: int, body: bytes, endpoint: Endpoint = "chat") -> ApiError:
         return decode_error_body(status, body, endpoint)

@@ -50,6 +50,9 @@ _PATH = re.compile(r"(?<![\w.])(?:~|\.{1,2})?/(?:[\w.@+-]+/)*[\w.@+-]+")
 _PARAM_OK = re.compile(r"^[A-Za-z_][\w.\[\]]{0,63}$")
 _MAX_MESSAGE = 1000
 
+#: the request field a context-length error is about, per engine endpoint
+_PROMPT_PARAM: dict[Endpoint, str] = {"chat": "messages", "completions": "prompt", "embeddings": "input"}
+
 GENERIC_UPSTREAM = "The server had an error while processing your request. Sorry about that!"
 
 
@@ -78,8 +81,7 @@ def _first_int(rx: re.Pattern[str], text: str) -> int | None:
 
 def context_error(message: str, endpoint: Endpoint) -> ApiError:
     """One canonical message whichever engine's wording came in (OpenAI's classic wording)."""
-    param = "messages" if endpoint == "chat" else "prompt"
-    what = "messages" if endpoint == "chat" else "prompt"
+    param = what = _PROMPT_PARAM[endpoint]
     ctx = _first_int(_CTX_LEN, message)
     inp = _first_int(_INPUT, message)
     out = _first_int(_OUTPUT, message)
@@ -144,7 +146,7 @@ def map_error(status: int, message: str, param: Any, endpoint: Endpoint) -> ApiE
         )
     p = param if type(param) is str and _PARAM_OK.match(param) else None
     if p == "input_tokens":
-        p = "messages" if endpoint == "chat" else "prompt"
+        p = _PROMPT_PARAM[endpoint]
     text = scrub(message) or "Invalid request."
     return ApiError(400, text, type="invalid_request_error", param=p)
 

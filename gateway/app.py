@@ -1,9 +1,11 @@
 """The gateway as one ASGI application, assembled once from `Settings`.
 
 Hot paths (`/v1/chat/completions`, `/v1/completions`) go straight to the pipeline without any
-framework routing; the small fixed endpoints (`/healthz`, `/readyz`, `/metrics`, `/v1/models`) are
-plain functions; everything else is answered 404 in OpenAI's shape. `build_pipeline` is the one
-place where the order of the request path is written down.
+framework routing; the other client APIs (`/v1/responses…`, `/v1/embeddings`, `/v1/messages…`:
+gateway/apis/) are matched next, each to its own pipeline; the small fixed endpoints (`/healthz`,
+`/readyz`, `/metrics`, `/v1/models`) are plain functions; everything else is answered 404 in
+OpenAI's shape. `build_pipelines` is the one place where the order of each request path is written
+down.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from engines.base import Endpoint
 from engines.errors import ApiError, model_not_found
 from gateway.admission import Admission
 from gateway.admission.intake import ParseStage, ValidateStage
+from gateway.apis import ApiRoute, Apis
 from gateway.control.admin import build_admin_app
 from gateway.control.store import MemoryStore, RedisStore, Store
 from gateway.control.verbs import FleetControl
-from gateway.core.context import RequestContext
+from gateway.core.context import Api, RequestContext
 from gateway.core.fleet import Fleet
 from gateway.core.redis_client import connect_redis, describe
 from gateway.core.responses import DISCONNECT, BytesResponse, Message, Receive, Send, error_response
@@ -75,6 +78,9 @@ class Gateway:
         self._health: HealthChecker | None = None
         self.access_log = AccessLog(settings.access_log)
         self.pipeline: Pipeline | None = None
+        #: one pipeline per client API beyond chat/completions (gateway/apis/)
+        self.pipelines: dict[Api, Pipeline] = {}
+        self.apis = Apis(settings.apis)
         self._created = int(time.time())
         self.redis: Redis | None = None
         self.route: RouteStage | None = None
@@ -96,19 +102,48 @@ class Gateway:
 
     # -- assembly ---------------------------------------------------------------------------------
     def build_pipeline(self, transport: Transport) -> Pipeline:
+        """The chat and completions pipeline (`build_pipelines` builds it with the others)."""
+        return self.build_pipelines(transport)["chat"]
+
+    def build_pipelines(self, transport: Transport) -> dict[Api, Pipeline]:
+        """Every API's request path. The stages after the intake are the same objects for all, so
+        routing state (prefix affinity) is one whichever API a conversation uses."""
         s = self.settings
         router, features = build_router(s.routing)
         route = self.route = RouteStage(self.fleet, router, features, on_decision=self._on_decision)
-        stages: list[Stage] = [
-            *self.admission.authenticate_stages(),
-            ParseStage(self.models, s.server.max_body_bytes),
-            ValidateStage(),
-            self.admission.sanitise_stage(features),
-            *self.admission.admit_stages(),
-            route,
-            ProxyStage(transport, s.upstream, route.reroute, self._on_upstream_error),
-        ]
-        return Pipeline(stages)
+        auth = self.admission.authenticate_stages()
+        admit = self.admission.admit_stages()
+        sanitise = self.admission.sanitise_stage(features)
+        validate = ValidateStage()
+        proxy = ProxyStage(transport, s.upstream, route.reroute, self._on_upstream_error)
+        parse = ParseStage(self.models, s.server.max_body_bytes)
+        apis = self.apis
+        chat: list[Stage] = [*auth, parse, validate, sanitise, *admit, route, proxy]
+        pipelines: dict[Api, list[Stage]] = {
+            "chat": chat,
+            "responses": [*auth, parse, apis.responses_intake(), validate, sanitise, *admit, route, proxy],
+            "messages": [*auth, parse, apis.messages_intake(), validate, sanitise, *admit, route, proxy],
+            "messages.count_tokens": [
+                *auth,
+                parse,
+                apis.messages_intake(count_only=True),
+                validate,
+                sanitise,
+                *admit,
+                apis.count_tokens(),
+            ],
+            "embeddings": [
+                *auth,
+                ParseStage(self.models, s.server.max_body_bytes, task="embed"),
+                apis.embeddings_intake(features, s.sanitise.context_slack),
+                *admit,
+                route,
+                proxy,
+            ],
+        }
+        for lookup in ("responses.get", "responses.delete", "responses.input_items"):
+            pipelines[lookup] = [*auth, apis.lookup(lookup)]
+        return {api: Pipeline(stages) for api, stages in pipelines.items()}
 
     def _on_decision(self, decision: Any) -> None:
         self.metrics.observe_decision(decision)
@@ -131,7 +166,9 @@ class Gateway:
             self.redis = cast(Redis, connect_redis(self.settings.redis))
             store = RedisStore(self.redis)
         await self.admission.start(self.redis)
-        self.pipeline = self.build_pipeline(self._transport)
+        self.apis.start(self.redis)
+        self.pipelines = self.build_pipelines(self._transport)
+        self.pipeline = self.pipelines["chat"]
         await self.control.start(store)
         self._health = HealthChecker(
             self.fleet,
@@ -177,6 +214,8 @@ class Gateway:
             endpoint = _HOT.get(path)
             if endpoint is not None and scope["method"] == "POST":
                 await self._proxy(scope, receive, send, endpoint)
+            elif (api := self.apis.match(scope["method"], path)) is not None:
+                await self._api(scope, receive, send, api)
             elif path.startswith("/admin/") or path in ("/docs", "/openapi.json"):
                 await self._admin_app(scope, receive, _with_request_id(send, dict(scope["headers"])))
             else:
@@ -184,7 +223,18 @@ class Gateway:
         elif kind == "lifespan":
             await self._lifespan(receive, send)
 
-    async def _proxy(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint) -> None:
+    async def _api(self, scope: Scope, receive: Receive, send: Send, api: ApiRoute) -> None:
+        if api.allowed:
+            await self._proxy(scope, receive, send, api.endpoint, api)
+            return
+        rid = request_id_from(dict(scope["headers"]))
+        headers = [(b"x-request-id", rid.encode()), (b"allow", ", ".join(api.methods).encode())]
+        err = api.not_allowed(scope["method"], scope["path"])
+        await error_response(err, headers, api.render_error)(send, receive)
+
+    async def _proxy(
+        self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint, api: ApiRoute | None = None
+    ) -> None:
         headers = dict(scope["headers"])
         rid = request_id_from(headers)
         extensions = scope.get("extensions")
@@ -195,9 +245,13 @@ class Gateway:
             headers=headers,
             receive=receive,
             on_disconnect=extensions.get(DISCONNECT) if extensions else None,
+            api="completions" if endpoint == "completions" else "chat",
         )
         ctx.response_headers.append((b"x-request-id", rid.encode()))
         pipeline = self.pipeline
+        if api is not None:
+            api.prepare(ctx, scope.get("query_string", b""))
+            pipeline = self.pipelines.get(api.api)
         assert pipeline is not None, "lifespan start-up has not run"
         response = await pipeline.run(ctx)
         ctx.status = response.status

@@ -1,7 +1,7 @@
 """`gateway demo`: the embedded default.
 
-Starts two vLLM-dialect and two SGLang-dialect simulators on free loopback ports and a gateway in
-front of them, with in-memory state (Redis when `REDIS_URL` is set) and a JWT secret from
+Starts two vLLM-dialect and two SGLang-dialect simulators on free loopback ports (plus one embedding
+model simulator of each dialect, for /v1/embeddings) and a gateway in front of them, with in-memory state (Redis when `REDIS_URL` is set) and a JWT secret from
 `GATEWAY_JWT_SECRET` (generated when unset). Prints the base URL, a user and an admin token, and
 ready-to-paste curl and OpenAI SDK examples. Ctrl-C (or SIGTERM) stops everything it started.
 """
@@ -20,11 +20,21 @@ from gateway.settings import Settings, parse_settings
 
 MODEL = "demo-llama"
 SERVED = {"vllm": "meta-llama/Llama-3.1-8B-Instruct", "sglang": "meta-llama/Llama-3.1-8B-Instruct"}
+#: the demo's embedding model, served by one simulator of each dialect
+EMBED_MODEL = "demo-embed"
+EMBED_SERVED = "BAAI/bge-small-en-v1.5"
+EMBED_DIM = 384
 
 
-def demo_config(backend_urls: dict[str, list[str]], port: int, host: str = "127.0.0.1") -> dict[str, Any]:
-    """The demo's settings as a plain mapping (also used by tests): two pools of two backends."""
-    return {
+def demo_config(
+    backend_urls: dict[str, list[str]],
+    port: int,
+    host: str = "127.0.0.1",
+    embed_urls: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The demo's settings as a plain mapping (also used by tests): two pools of two backends, and
+    with `embed_urls` (dialect → URL) an embedding model served by one pool of each dialect."""
+    config: dict[str, Any] = {
         "server": {"host": host, "port": port, "graceful_shutdown_s": 5},
         "models": [{"name": MODEL, "context_length": 8192, "owned_by": "demo"}],
         "pools": [
@@ -46,6 +56,25 @@ def demo_config(backend_urls: dict[str, list[str]], port: int, host: str = "127.
         },
         "upstream": {"health": {"interval_s": 2.0}},
     }
+    if embed_urls:
+        config["models"].append(
+            {"name": EMBED_MODEL, "task": "embed", "context_length": 512, "owned_by": "demo"}
+        )
+        config["pools"].extend(
+            {
+                "name": f"{name}-embed",
+                "dialect": name,
+                "weight": 0.5,
+                "models": {EMBED_MODEL: EMBED_SERVED},
+                "backends": [{"name": f"{name}-embed-0", "url": url}],
+            }
+            for name, url in embed_urls.items()
+        )
+    return config
+
+
+def embed_sim_flags() -> list[str]:
+    return ["--model", EMBED_SERVED, "--embedding-dim", str(EMBED_DIM), "--max-model-len", "512"]
 
 
 def sim_flags(engine: str) -> list[str]:
@@ -66,10 +95,11 @@ def _banner(base: str, user_token: str, admin_token: str, with_auth: bool) -> st
     auth = f'-H "Authorization: Bearer {user_token}" ' if with_auth else ""
     key = user_token if with_auth else "unused"
     return f"""
-LLM gateway demo — 2 vLLM-dialect + 2 SGLang-dialect simulators behind one gateway
+LLM gateway demo — 2 vLLM-dialect + 2 SGLang-dialect simulators (and an embedding model on one
+of each) behind one gateway
 
-  base URL     {base}/v1
-  model        {MODEL}
+  base URL     {base}/v1   (OpenAI: chat, completions, responses, embeddings; Anthropic: /v1/messages)
+  model        {MODEL}   embeddings: {EMBED_MODEL}
   user token   {user_token}
   admin token  {admin_token}
 
@@ -79,6 +109,15 @@ curl:
 
   curl -sN {base}/v1/chat/completions {auth}-H "Content-Type: application/json" \\
     -d '{{"model": "{MODEL}", "stream": true, "stream_options": {{"include_usage": true}}, "messages": [{{"role": "user", "content": "Hello!"}}]}}'
+
+  curl -s {base}/v1/responses {auth}-H "Content-Type: application/json" \\
+    -d '{{"model": "{MODEL}", "input": "Hello!"}}'
+
+  curl -s {base}/v1/messages {auth.replace("Authorization: Bearer", "x-api-key:")}-H "Content-Type: application/json" \\
+    -d '{{"model": "{MODEL}", "max_tokens": 100, "messages": [{{"role": "user", "content": "Hello!"}}]}}'
+
+  curl -s {base}/v1/embeddings {auth}-H "Content-Type: application/json" \\
+    -d '{{"model": "{EMBED_MODEL}", "input": ["Hello!", "How are you?"]}}'
 
 OpenAI SDK (Python):
   from openai import OpenAI
@@ -110,7 +149,8 @@ def run_demo(port: int = 8080, host: str = "127.0.0.1") -> None:
         for engine in ("vllm", "vllm", "sglang", "sglang"):
             sim = stack.enter_context(SimProcess(engine, free_port(), sim_flags(engine)))
             urls[engine].append(sim.base_url)
-        settings: Settings = parse_settings(demo_config(urls, port, host))
+        embed = {e: stack.enter_context(SimProcess(e, free_port(), embed_sim_flags())).base_url for e in urls}
+        settings: Settings = parse_settings(demo_config(urls, port, host, embed))
         configure_logging(settings.server.log_level)
         banner = _banner(
             f"http://{host}:{port}",

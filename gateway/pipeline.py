@@ -2,8 +2,9 @@
 
 Each stage is `async (ctx) -> Response | None`: `None` continues with the next stage, a `Response`
 ends the pipeline (an error, or the proxied answer). A stage may raise `ApiError`, which becomes the
-response in OpenAI's shape. The list is assembled once at start-up (`gateway.app.build_pipeline`),
-so the order of the request path is visible in one place:
+response in the shape of the request's API (`ctx.render_error`: OpenAI's, or Anthropic's). The list
+is assembled once at start-up (`gateway.app.build_pipeline`, one list per API), so the order of
+the request path is visible in one place:
 
     parse → authenticate → validate → admit → route → proxy (adapt request, upstream, adapt response)
 
@@ -48,14 +49,14 @@ class Pipeline:
                     return response
         except ApiError as err:
             ctx.error_kind = ctx.error_kind or f"status_{err.status}"
-            return error_response(err, ctx.response_headers)
+            return error_response(err, ctx.response_headers, ctx.render_error)
         except Exception:
             log.exception("request %s failed inside the gateway", ctx.request_id)
             ctx.error_kind = "internal"
-            return error_response(server_error(), ctx.response_headers)
+            return error_response(server_error(), ctx.response_headers, ctx.render_error)
         ctx.error_kind = "internal"
         log.error("pipeline ended without a response (stages: %s)", ", ".join(self.names))
-        return error_response(server_error(), ctx.response_headers)
+        return error_response(server_error(), ctx.response_headers, ctx.render_error)
 
 
 async def run_finalizers(ctx: RequestContext) -> None:

@@ -19,6 +19,7 @@ import yaml
 from pydantic import model_validator
 
 from gateway.admission.settings import AuthSettings, LimitsSettings, SanitiseSettings
+from gateway.apis.settings import ApisSettings, ResponsesSettings
 from gateway.core.settings import (
     BackendSettings,
     HealthSettings,
@@ -35,6 +36,7 @@ from gateway.upstream.settings import RetrySettings, TimeoutSettings, UpstreamSe
 #: the public configuration API: every section type, wherever its wing keeps it
 __all__ = [
     "AccessLogSettings",
+    "ApisSettings",
     "AuthSettings",
     "BackendSettings",
     "HealthSettings",
@@ -43,6 +45,7 @@ __all__ = [
     "ModelSettings",
     "PoolSettings",
     "RedisSettings",
+    "ResponsesSettings",
     "RetrySettings",
     "RoutingSettings",
     "RuleSettings",
@@ -68,6 +71,7 @@ class Settings(SettingsModel):
     auth: AuthSettings = AuthSettings()
     limits: LimitsSettings = LimitsSettings()
     sanitise: SanitiseSettings = SanitiseSettings()
+    apis: ApisSettings = ApisSettings()
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:

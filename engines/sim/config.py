@@ -56,6 +56,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, "--num-cache-blocks", type=int, default=4096, help="prefix-cache capacity in blocks")
     _add(g, "--no-prefix-caching", dest="prefix_caching", action="store_false")
     _add(g, "--eos-token-id", type=int, default=2)
+    _add(
+        g,
+        "--embedding-dim",
+        type=int,
+        default=0,
+        help="an embedding model: /v1/embeddings vectors of N floats",
+    )
 
     g = parser.add_argument_group("cost model")
     _add(g, "--ttft-ms", type=float, default=20.0, help="fixed time before the first token")
@@ -111,6 +118,8 @@ class SimConfig:
     num_cache_blocks: int = 4096
     prefix_caching: bool = True
     eos_token_id: int = 2
+    #: > 0: an embedding model serving /v1/embeddings with vectors of this size (engines/sim/embeddings.py)
+    embedding_dim: int = 0
     ttft_s: float = 0.020
     prefill_s_per_token: float = 20e-6
     itl_s: float = 0.006
@@ -157,6 +166,7 @@ class SimConfig:
             num_cache_blocks=max(0, a.num_cache_blocks),
             prefix_caching=a.prefix_caching,
             eos_token_id=a.eos_token_id,
+            embedding_dim=max(0, a.embedding_dim),
             ttft_s=0.0 if fast else a.ttft_ms / 1000,
             prefill_s_per_token=0.0 if fast else a.prefill_us_per_token / 1e6,
             itl_s=0.0 if fast else a.itl_ms / 1000,

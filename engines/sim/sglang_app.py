@@ -19,6 +19,7 @@ from engines.sim import asgi, tokenizer
 from engines.sim.app_base import Emitter, Handler, Prepared, SimApp
 from engines.sim.asgi import Scope
 from engines.sim.config import SimConfig
+from engines.sim.embeddings import EmbeddingsEndpoint
 from engines.sim.engine import Run
 from engines.sim.generator import Constraint, Output, pieces
 from engines.sim.plan import chat_logprobs, completion_logprobs, hex_id, plan_outputs, thinking_enabled
@@ -88,6 +89,7 @@ class SglangApp(SimApp):
                 ("POST", "/generate"): ext.native_generate,
                 ("POST", "/flush_cache"): ext.flush_cache,
                 ("GET", "/flush_cache"): ext.flush_cache,
+                ("POST", "/v1/embeddings"): EmbeddingsEndpoint(cfg, self.engine, self.error_body),
             }
         )
         if cfg.enable_metrics:

@@ -17,6 +17,7 @@ import orjson
 from engines.sim import asgi, tokenizer
 from engines.sim.app_base import Emitter, Prepared, SimApp
 from engines.sim.config import SimConfig
+from engines.sim.embeddings import EmbeddingsEndpoint
 from engines.sim.engine import Run
 from engines.sim.generator import Constraint, Output, pieces
 from engines.sim.plan import chat_logprobs, completion_logprobs, hex_id, plan_outputs, thinking_enabled
@@ -80,6 +81,7 @@ class VllmApp(SimApp):
                 ("GET", "/v1/models"): ext.models,
                 ("POST", "/tokenize"): ext.tokenize,
                 ("POST", "/detokenize"): ext.detokenize,
+                ("POST", "/v1/embeddings"): EmbeddingsEndpoint(cfg, self.engine, self.error_body),
             }
         )
 

@@ -113,7 +113,9 @@ class AdmitStage:
             return None
         model = ctx.model
         assert model is not None, "the parse stage resolves the model"
-        cost = reservation(_prompt_tokens(ctx), ctx.body, model.default_max_tokens)
+        # an embedding generates nothing: its reservation is its input alone
+        budget = 0 if ctx.endpoint == "embeddings" else model.default_max_tokens
+        cost = reservation(_prompt_tokens(ctx), ctx.body, budget)
         id = self._id_prefix + str(next(self._ids))
         try:
             verdict, holder = await self._limiter.acquire(id, scopes, cost)

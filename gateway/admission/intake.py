@@ -1,7 +1,8 @@
 """The first stages: read the body (size-capped), parse it, resolve the model, validate semantics.
 
 After `ParseStage`, `ctx.raw_body`, `ctx.body`, `ctx.model`, `ctx.stream` and `ctx.include_usage` are
-set. `ValidateStage` applies the OpenAI semantics both engines disagree on (engines.validate), so both
+set. A model whose `task` is not the endpoint's (an embedding model on chat, a chat model on
+embeddings) is a 400 naming the model. `ValidateStage` applies the OpenAI semantics both engines disagree on (engines.validate), so both
 pools answer alike.
 """
 
@@ -53,11 +54,23 @@ def _too_large(max_bytes: int) -> ApiError:
     )
 
 
+def wrong_task(model: str, task: str) -> ApiError:
+    """A model that exists but does another task than the endpoint's."""
+    if task == "embed":
+        text = f"The model `{model}` does not support the Embeddings API: it is a text generation model."
+    else:
+        text = f"The model `{model}` is an embedding model: use it with /v1/embeddings."
+    return invalid_request(text, param="model")
+
+
 class ParseStage:
     name = "parse"
 
-    def __init__(self, models: dict[str, ModelSettings], max_body_bytes: int) -> None:
-        self._models = models
+    def __init__(self, models: dict[str, ModelSettings], max_body_bytes: int, task: str = "generate") -> None:
+        # the models of another task are looked up only to word the refusal (no cost per request)
+        self._models = {name: m for name, m in models.items() if m.task == task}
+        self._other_task = {name for name, m in models.items() if m.task != task}
+        self._task = task
         self._max = max_body_bytes
 
     async def __call__(self, ctx: RequestContext) -> Response | None:
@@ -78,7 +91,7 @@ class ParseStage:
             raise invalid_request("you must provide a model parameter", param="model")
         spec = self._models.get(model)
         if spec is None:
-            raise model_not_found(model)
+            raise wrong_task(model, self._task) if model in self._other_task else model_not_found(model)
         ctx.body = body
         ctx.model = spec
         ctx.stream = body.get("stream") is True

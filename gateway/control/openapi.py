@@ -21,6 +21,8 @@ from fastapi import APIRouter, FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.control.openapi_apis import apis_router
+
 _SECURITY: list[dict[str, list[str]]] = [{"bearerAuth": []}]
 
 
@@ -282,6 +284,7 @@ def public_router(model_names: Sequence[str]) -> APIRouter:
 def document_public_api(app: FastAPI, model_names: Sequence[str]) -> None:
     """Make `app.openapi()` (served at /openapi.json) describe the public API as well as the admin one."""
     public = public_router(model_names)
+    apis = apis_router(model_names)  # /v1/responses…, /v1/embeddings, /v1/messages… (openapi_apis.py)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -292,14 +295,20 @@ def document_public_api(app: FastAPI, model_names: Sequence[str]) -> None:
                     "OpenAI-compatible public API (answered by the gateway's own ASGI dispatcher; "
                     "documented here) and the admin API (admin role)."
                 ),
-                routes=[*public.routes, *app.routes],
+                routes=[*public.routes, *apis.routes, *app.routes],
             )
             schema.setdefault("components", {})["securitySchemes"] = {
                 "bearerAuth": {
                     "type": "http",
                     "scheme": "bearer",
                     "description": "a JWT or an sk-gw- API key",
-                }
+                },
+                "apiKeyAuth": {
+                    "type": "apiKey",
+                    "in": "header",
+                    "name": "x-api-key",
+                    "description": "the same credential, as Anthropic clients send it (/v1/messages* only)",
+                },
             }
             for path, item in schema.get("paths", {}).items():
                 if path.startswith("/admin/"):

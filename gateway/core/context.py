@@ -10,13 +10,29 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from engines.base import Endpoint, Usage
+from gateway.core.responses import ErrorRenderer, openai_error
 
 if TYPE_CHECKING:
+    from gateway.core.answer import Answer
     from gateway.core.fleet import Backend, Pool
     from gateway.core.settings import ModelSettings
+
+#: the client's API, decided by the path before anything else runs (metrics' and the access log's
+#: `endpoint`); `endpoint` below is the engine endpoint it is translated to
+Api = Literal[
+    "chat",
+    "completions",
+    "responses",
+    "responses.get",
+    "responses.delete",
+    "responses.input_items",
+    "embeddings",
+    "messages",
+    "messages.count_tokens",
+]
 
 Finalizer = Callable[["RequestContext"], Awaitable[None] | None]
 
@@ -68,3 +84,8 @@ class RequestContext:
     response_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     finalizers: list[Finalizer] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)  # per-stage scratch space (documented by the stage)
+    #: the client's API (`endpoint` is the engine's); its error shape, and how its answer is written
+    #: when that is not OpenAI's chat/completions (set by the API's intake stage, gateway/apis/)
+    api: Api = "chat"
+    render_error: ErrorRenderer = openai_error
+    answer: Answer | None = None

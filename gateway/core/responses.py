@@ -12,6 +12,8 @@ from typing import Any, Protocol
 from engines.errors import ApiError
 
 Message = MutableMapping[str, Any]
+#: an error as one client API writes it: (HTTP status, body). OpenAI's is `openai_error`
+ErrorRenderer = Callable[[ApiError], tuple[int, bytes]]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 Headers = list[tuple[bytes, bytes]]
@@ -55,11 +57,20 @@ class BytesResponse:
         await send({"type": "http.response.body", "body": self.body})
 
 
-def error_response(err: ApiError, headers: Headers | None = None) -> BytesResponse:
+def openai_error(err: ApiError) -> tuple[int, bytes]:
+    """OpenAI's envelope (every API but Anthropic's Messages)."""
+    return err.status, err.body()
+
+
+def error_response(
+    err: ApiError, headers: Headers | None = None, render: ErrorRenderer = openai_error
+) -> BytesResponse:
+    """`err` as a response, in the shape `render` writes (the request's API: `ctx.render_error`)."""
     out = headers if headers is not None else []
     for name, value in err.headers.items():
         out.append((name.lower().encode("latin-1"), value.encode("latin-1")))
-    return BytesResponse(err.status, err.body(), out)
+    status, body = render(err)
+    return BytesResponse(status, body, out)
 
 
 def safe_header_value(value: str) -> bytes:

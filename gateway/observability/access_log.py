@@ -1,7 +1,7 @@
 """One structured JSON line per request on the `gateway.access` logger.
 
 Fields (docs/metrics.md lists them with their types): time, request id, principal and tenant,
-endpoint, model, stream, pool, backend name (an operator's name, never shown to clients), status,
+endpoint (the client's API: chat, completions, responses, embeddings, messages, …), model, stream, pool, backend name (an operator's name, never shown to clients), status,
 prompt/completion/cached/total tokens, TTFT and duration in milliseconds, route reason, affinity
 outcome, attempts, error kind. No prompt text is logged unless `access_log.include_text` is set
 (then the request body, as received); the gateway relays completions without keeping their text,
@@ -35,7 +35,7 @@ class AccessLog:
             "request_id": ctx.request_id,
             "principal": ctx.principal.user,
             "tenant": ctx.principal.tenant,
-            "endpoint": ctx.endpoint,
+            "endpoint": ctx.api,
             "model": ctx.model.name if ctx.model else None,
             "stream": ctx.stream,
             "pool": ctx.pool.name if ctx.pool else None,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gateway.core.context import RequestContext
+from gateway.core.context import Api, RequestContext
 
 if TYPE_CHECKING:
     from policies.types import Decision
@@ -78,7 +78,11 @@ _BUDGET_HEADERS = {
     b"x-ratelimit-limit-tokens": ("tokens", 0),
     b"x-ratelimit-remaining-tokens": ("tokens", 1),
 }
-REJECTED_MARK = "metrics.rejected"  # ctx.extras key: this refusal was already counted by `reject`
+REJECTED_MARK = "metrics.rejected"
+#: the client APIs that read the Responses store and never reach routing
+_LOOKUPS = frozenset(
+    {"responses.get", "responses.delete", "responses.input_items"}
+)  # ctx.extras key: this refusal was already counted by `reject`
 
 
 class _Value(Protocol):
@@ -120,7 +124,7 @@ class _Series:
         self.prompt = _value(m.prompt_tokens.labels(pool, model))
         self.completion = _value(m.completion_tokens.labels(pool, model))
         self.cached = _value(m.cached_tokens.labels(pool, model))
-        self.status: dict[int, _Value] = {}
+        self.status: dict[tuple[Api, int], _Value] = {}
 
 
 class Metrics:
@@ -130,8 +134,8 @@ class Metrics:
         pb = ["pool", "backend"]
         self.requests = Counter(
             "gateway_requests",
-            "Requests answered, by pool, model and HTTP status.",
-            [*pm, "status"],
+            "Requests answered, by pool, model, client API endpoint and HTTP status.",
+            [*pm, "endpoint", "status"],
             registry=r,
         )
         self.duration = Histogram(
@@ -294,14 +298,19 @@ class Metrics:
         if series is None:
             series = self._series[(pool, model)] = _Series(self, pool, model)
         status = ctx.status
-        counter = series.status.get(status)
+        api_status = (ctx.api, status)
+        counter = series.status.get(api_status)
         if counter is None:
-            counter = series.status[status] = _value(self.requests.labels(pool, model, str(status)))
+            counter = series.status[api_status] = _value(
+                self.requests.labels(pool, model, ctx.api, str(status))
+            )
         counter.inc(1)
         if ctx.response_headers:
             self._observe_budget(ctx.response_headers)
         if ctx.pool is None:
-            if status in _INTAKE_REASONS and REJECTED_MARK not in ctx.extras:
+            # a stored response read back (GET /v1/responses/{id}) is never routed: its 404 is no refusal
+            lookup = ctx.api in _LOOKUPS
+            if status in _INTAKE_REASONS and REJECTED_MARK not in ctx.extras and not lookup:
                 self._reject_child("intake", _INTAKE_REASONS[status]).inc()
             return
         series.duration.observe(now - ctx.started)

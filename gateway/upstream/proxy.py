@@ -5,6 +5,10 @@ timeout before the engine's first event, or an engine status that says "try else
 503, 504) sends the request to another backend of the same pool, up to `retries.max_attempts`
 attempts and within the retry budget. For a stream, the client's `200` is sent only once the engine's
 first event is in, so a backend that accepts and then stalls is also failed over.
+
+The answer is written in the client's API: OpenAI's chat or completions by `engines.openai`, any
+other API by the `ctx.answer` its intake stage set (gateway/core/answer.py); errors in the shape
+`ctx.render_error` writes.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from engines.base import StreamDecoder
+from engines.base import StreamDecoder, StreamWriter
 from engines.errors import ApiError, overloaded, upstream_timeout
 from engines.openai import StreamEncoder, encode_completion, new_completion_id
 from gateway.core.context import RequestContext
@@ -27,7 +31,7 @@ from gateway.upstream.transport import Transport, UpstreamError, UpstreamRespons
 
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 _BACKEND_FAULTS_MID_STREAM = frozenset({"upstream_broken", "idle_timeout"})
-_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
 
 #: picks another backend for a retry, never one in `exclude`; raises ApiError when none is left
 Reroute = Callable[[RequestContext, set[str]], None]
@@ -74,7 +78,7 @@ class ProxyStage:
                 raise
             task.uncancel()
             ctx.error_kind = "client_disconnect"
-            return error_response(_client_gone(), ctx.response_headers)
+            return error_response(_client_gone(), ctx.response_headers, ctx.render_error)
         finally:
             watch.stop()
 
@@ -137,28 +141,34 @@ class ProxyStage:
             self._on_upstream_error(ctx, backend, "timeout")
             ctx.error_kind = "upstream_timeout"
             await self._end(ctx, False)
-            return error_response(upstream_timeout(), ctx.response_headers)
+            return error_response(upstream_timeout(), ctx.response_headers, ctx.render_error)
         except UpstreamError as exc:
             raise _Retry(exc.kind, overloaded()) from None
         if resp.status != 200:
             return await self._engine_error(ctx, backend, resp.status, data)
         dialect = ctx.pool.dialect
         backend.circuit.success()
+        answer = ctx.answer
         try:
-            completion = dialect.decode_response(ctx.endpoint, data)
+            if answer is not None:
+                out, ctx.usage = answer.body(dialect, data)
+            else:
+                completion = dialect.decode_response(ctx.endpoint, data)
+                ctx.usage = completion.usage
+                out = encode_completion(
+                    completion,
+                    endpoint=ctx.endpoint,
+                    id=new_completion_id(ctx.endpoint),
+                    created=int(time.time()),
+                    model=ctx.model.name,
+                    tool_choice_named=_named_tool_choice(ctx),
+                )
         except ApiError as err:
             ctx.error_kind = "engine_bad_response"
             await self._end(ctx, False)
-            return error_response(err, ctx.response_headers)
-        ctx.usage = completion.usage
-        out = encode_completion(
-            completion,
-            endpoint=ctx.endpoint,
-            id=new_completion_id(ctx.endpoint),
-            created=int(time.time()),
-            model=ctx.model.name,
-            tool_choice_named=_named_tool_choice(ctx),
-        )
+            return error_response(err, ctx.response_headers, ctx.render_error)
+        if answer is not None:
+            await answer.complete()
         await self._end(ctx, True)
         return BytesResponse(200, out, ctx.response_headers)
 
@@ -166,15 +176,20 @@ class ProxyStage:
     async def _stream(self, ctx: RequestContext, backend: Backend, url: str, body: bytes) -> Response:
         assert ctx.pool is not None and ctx.model is not None
         dialect = ctx.pool.dialect
-        encoder = StreamEncoder(
-            endpoint=ctx.endpoint,
-            id=new_completion_id(ctx.endpoint),
-            created=int(time.time()),
-            model=ctx.model.name,
-            include_usage=ctx.include_usage,
-            tool_choice_named=_named_tool_choice(ctx),
-            continuous_usage=ctx.include_usage and _continuous_usage(ctx),
-        )
+        answer = ctx.answer
+        encoder: StreamWriter
+        if answer is not None:
+            encoder = answer.stream()
+        else:
+            encoder = StreamEncoder(
+                endpoint=ctx.endpoint,
+                id=new_completion_id(ctx.endpoint),
+                created=int(time.time()),
+                model=ctx.model.name,
+                include_usage=ctx.include_usage,
+                tool_choice_named=_named_tool_choice(ctx),
+                continuous_usage=ctx.include_usage and _continuous_usage(ctx),
+            )
         decoder = dialect.stream_decoder(ctx.endpoint)
         splitter = SSESplitter()
         resp: UpstreamResponse | None = None
@@ -202,7 +217,7 @@ class ProxyStage:
             backend.circuit.success()
             ctx.error_kind = "engine_error"
             await self._end(ctx, False)
-            return error_response(err, ctx.response_headers)
+            return error_response(err, ctx.response_headers, ctx.render_error)
         # The backend's verdict comes when the stream ends (`_end`): a stream cut midway is a failure.
         ctx.first_token_at = time.perf_counter()
         return StreamRelay(
@@ -216,6 +231,7 @@ class ProxyStage:
             idle_s=self._timeouts.idle_s,
             headers=ctx.response_headers,
             on_end=self._end,
+            on_complete=answer.complete if answer is not None else None,
         )
 
     async def _first_events(
@@ -223,7 +239,7 @@ class ProxyStage:
         chunks: AsyncIterator[bytes],
         splitter: SSESplitter,
         decoder: StreamDecoder,
-        encoder: StreamEncoder,
+        encoder: StreamWriter,
     ) -> bytes:
         """Read until the engine's first event has produced output bytes (raises ApiError on an error event)."""
         feed = decoder.feed
@@ -254,7 +270,7 @@ class ProxyStage:
             backend.circuit.success()  # a 4xx is the request's fault, not the backend's
         ctx.error_kind = f"engine_{status}"
         await self._end(ctx, False)
-        return error_response(err, ctx.response_headers)
+        return error_response(err, ctx.response_headers, ctx.render_error)
 
     async def _end(self, ctx: RequestContext, ok: bool) -> None:
         backend = ctx.backend

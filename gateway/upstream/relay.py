@@ -1,12 +1,14 @@
 """Relaying an engine's SSE stream to the client, touching nothing it need not touch.
 
 `SSESplitter` cuts the engine's byte stream into event payloads. `StreamRelay` is the ASGI response
-that sends them on: each payload goes through the dialect's decoder and the one OpenAI encoder, and
-the bytes go out as soon as they are ready.
+that sends them on: each payload goes through the dialect's decoder and the client API's stream
+writer (`engines.openai.StreamEncoder` for chat and completions), and the bytes go out as soon as
+they are ready.
 
 Ending a stream, in every case exactly once:
-- the engine finished           → finish chunks, usage chunk if asked, `[DONE]`;
-- the engine failed or went idle → one OpenAI error event, then `[DONE]`;
+- the engine finished           → finish chunks, usage chunk if asked, `[DONE]` (the writer's
+  closing events; `on_complete` runs first, e.g. to store a Responses answer);
+- the engine failed or went idle → the writer's error events (OpenAI: one error event, `[DONE]`);
 - the client went away          → the upstream response is closed at once (the engine sees the
   connection drop and stops generating); nothing more is sent.
 Then the context's finalizers run (accounting), whatever happened.
@@ -17,9 +19,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from engines.base import StreamDecoder
+from engines.base import StreamDecoder, StreamWriter
 from engines.errors import ApiError
-from engines.openai import StreamEncoder
 from gateway.core.context import RequestContext
 from gateway.core.disconnect import ClientWatch
 from gateway.core.responses import COALESCE, SSE, Headers, Receive, Send
@@ -79,6 +80,7 @@ class StreamRelay:
         "_first",
         "_idle_s",
         "_last",
+        "_on_complete",
         "_on_end",
         "_splitter",
         "_timed_out",
@@ -97,11 +99,12 @@ class StreamRelay:
         chunks: AsyncIterator[bytes],
         splitter: SSESplitter,
         decoder: StreamDecoder,
-        encoder: StreamEncoder,
+        encoder: StreamWriter,
         first: bytes,
         idle_s: float,
         headers: Headers,
         on_end: Callable[[RequestContext, bool], Awaitable[None]],
+        on_complete: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.ctx = ctx
         self.status = 200
@@ -116,6 +119,7 @@ class StreamRelay:
         self._first = first
         self._idle_s = idle_s
         self._on_end = on_end
+        self._on_complete = on_complete
         self._last = 0.0
         self._timed_out = False
         self._disconnected = False
@@ -193,7 +197,10 @@ class StreamRelay:
         # uvicorn reports `http.disconnect` once a response is complete: from here on it is no
         # longer a client leaving.
         self._complete = True
-        await send({"type": "http.response.body", "body": last + self._encoder.finish(), "more_body": False})
+        tail = last + self._encoder.finish()
+        if self._on_complete is not None:
+            await self._on_complete()
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
         await self._drain_tail()
         return True
 

@@ -3,9 +3,10 @@
 The OpenAPI document is the gateway's own `/openapi.json` (gateway/control/openapi.py documents the public
 endpoints next to the admin API). Cases are generated in both modes — schema-valid (positive) and
 schema-violating (negative) — and sent over loopback to a gateway with auth on, in front of two
-healthy zero-latency simulators (one per dialect). Since no engine is failing, any 5xx is the
-gateway's own. Every answer must also be OpenAI's error envelope when it is a JSON error, carry an
-`x-request-id`, and never show a stack trace; client-facing answers never name a backend address.
+healthy zero-latency simulators (one per dialect) and an embedding model. Since no engine is
+failing, any 5xx is the gateway's own. Every answer must also be its API's error envelope when it
+is a JSON error (OpenAI's; Anthropic's on /v1/messages*), carry an `x-request-id`, and never show
+a stack trace; client-facing answers never name a backend address.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from tests.reliability.support import SECRET, bearer, token
 from tests.support import GatewayProcess
 
 EXAMPLES = {GenerationMode.POSITIVE: 20, GenerationMode.NEGATIVE: 12}
+EMBED_MODEL = "fuzz-embed"
 
 
 class Target:
@@ -40,25 +42,34 @@ class Target:
 @pytest.fixture(scope="module")
 def target() -> Iterator[Target]:
     vllm, sglang = fast_sim("vllm", "--fast"), fast_sim("sglang", "--fast")
-    with vllm, sglang:
+    embed = fast_sim("sglang", "--fast", "--model", "emb", "--embedding-dim", "8")
+    with vllm, sglang, embed:
         config: dict[str, Any] = {
             "server": {"graceful_shutdown_s": 1},
-            "models": [{"name": MODEL, "context_length": 8192}],
+            "models": [{"name": MODEL, "context_length": 8192}, {"name": EMBED_MODEL, "task": "embed"}],
             "pools": [
+                *(
+                    {
+                        "name": e,
+                        "dialect": e,
+                        "models": {MODEL: SERVED[e]},
+                        "backends": [{"name": f"{e}-0", "url": s.base_url}],
+                    }
+                    for e, s in (("vllm", vllm), ("sglang", sglang))
+                ),
                 {
-                    "name": e,
-                    "dialect": e,
-                    "models": {MODEL: SERVED[e]},
-                    "backends": [{"name": f"{e}-0", "url": s.base_url}],
-                }
-                for e, s in (("vllm", vllm), ("sglang", sglang))
+                    "name": "embed",
+                    "dialect": "sglang",
+                    "models": {EMBED_MODEL: "emb"},
+                    "backends": [{"name": "embed-0", "url": embed.base_url}],
+                },
             ],
             "upstream": {"health": {"interval_s": 3600}},
             "routing": {"scrape_interval_s": 0},
             "auth": {"jwt": {"secret": SECRET}},
         }
         with GatewayProcess(config) as gw:
-            yield Target(gw, [vllm.port, sglang.port])
+            yield Target(gw, [vllm.port, sglang.port, embed.port])
             # The fuzzing left the gateway healthy.
             assert httpx.get(gw.base_url + "/readyz", timeout=5).status_code == 200
             log = gw.log()
@@ -89,14 +100,14 @@ def _operations() -> list[tuple[str, str, GenerationMode]]:
     return out
 
 
-def _tame(case: Any, mode: GenerationMode) -> Any:
+def _tame(case: Any, mode: GenerationMode, path: str) -> Any:
     """Keep generation lengths small (fuzzing the parser, not the simulator's patience); valid
     cases name the served model, or nearly all of them would stop at the unknown-model 404."""
     body = case.body
     if isinstance(body, dict):
         if mode is GenerationMode.POSITIVE and "model" in body:
-            body["model"] = MODEL
-        for key in ("max_tokens", "max_completion_tokens"):
+            body["model"] = EMBED_MODEL if path == "/v1/embeddings" else MODEL
+        for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
             if isinstance(body.get(key), int) and not isinstance(body.get(key), bool) and body[key] > 16:
                 body[key] = 16
         if isinstance(body.get("n"), int) and not isinstance(body.get("n"), bool) and body["n"] > 2:
@@ -135,7 +146,7 @@ def test_no_gateway_5xx(target: Target, method: str, path: str, mode: Generation
     )
     @given(st.data())
     def run(data: st.DataObject) -> None:
-        case = _tame(data.draw(operation.as_strategy(generation_mode=mode)), mode)
+        case = _tame(data.draw(operation.as_strategy(generation_mode=mode)), mode, path)
         response = case.call(base_url=target.gw.base_url, headers=dict(headers), timeout=30)
         status = response.status_code
         seen[status] = seen.get(status, 0) + 1
@@ -147,8 +158,12 @@ def test_no_gateway_5xx(target: Target, method: str, path: str, mode: Generation
             assert _header(response, "x-request-id"), (status, text[:200])
         if status >= 400 and _header(response, "content-type").startswith("application/json"):
             body = response.json()
-            assert set(body) == {"error"}, text[:300]
-            assert set(body["error"]) == {"message", "type", "param", "code"}, text[:300]
+            if path.startswith("/v1/messages"):  # Anthropic's envelope
+                assert set(body) == {"type", "error"} and body["type"] == "error", text[:300]
+                assert set(body["error"]) == {"type", "message"}, text[:300]
+            else:
+                assert set(body) == {"error"}, text[:300]
+                assert set(body["error"]) == {"message", "type", "param", "code"}, text[:300]
         if public:
             for port in target.sim_ports:
                 assert f":{port}" not in text, text[:300]

@@ -86,8 +86,8 @@ def test_observe_request_counts_requests_tokens_and_latencies() -> None:
     m.observe_request(_ctx(fleet, settings, stream=True), now=102.5)
     m.observe_request(_ctx(fleet, settings, status=502), now=100.2)
     s = _samples(m)
-    assert _v(s, "gateway_requests_total", pool="vllm", model="m", status="200") == 2
-    assert _v(s, "gateway_requests_total", pool="vllm", model="m", status="502") == 1
+    assert _v(s, "gateway_requests_total", pool="vllm", model="m", endpoint="chat", status="200") == 2
+    assert _v(s, "gateway_requests_total", pool="vllm", model="m", endpoint="chat", status="502") == 1
     assert _v(s, "gateway_prompt_tokens_total", pool="vllm", model="m") == 30
     assert _v(s, "gateway_completion_tokens_total", pool="vllm", model="m") == 63
     assert _v(s, "gateway_cached_tokens_total", pool="vllm", model="m") == 12
@@ -114,8 +114,8 @@ def test_refusals_before_routing_are_counted_once() -> None:
     s = _samples(m)
     assert _v(s, "gateway_rejections_total", stage="intake", reason="invalid_request") == 1
     assert _v(s, "gateway_rejections_total", stage="sanitise", reason="special_tokens") == 1
-    assert _v(s, "gateway_requests_total", pool="none", model="m", status="400") == 2
-    assert _v(s, "gateway_requests_total", pool="none", model="m", status="503") == 1
+    assert _v(s, "gateway_requests_total", pool="none", model="m", endpoint="chat", status="400") == 2
+    assert _v(s, "gateway_requests_total", pool="none", model="m", endpoint="chat", status="503") == 1
     for reason in LIMIT_REASONS:  # the limiter's reasons exist at zero from the start
         assert ("gateway_rejections_total", (("reason", reason), ("stage", "limit"))) in s
 
@@ -275,3 +275,22 @@ def test_access_log_line_has_the_fields_and_no_text(caplog: pytest.LogCaptureFix
     assert plain["route"] == "default+affinity:hit" and plain["affinity"] == "hit" and plain["attempts"] == 2
     assert "secret prompt" not in json.dumps(plain)
     assert "secret prompt" in with_text["request_body"]
+
+
+def test_requests_are_counted_by_client_api_and_lookups_are_no_refusals() -> None:
+    settings = _settings()
+    fleet = Fleet(settings.pools, settings.upstream.health, 10)
+    m = Metrics()
+    ctx = _ctx(fleet, settings)
+    ctx.api = "responses"
+    m.observe_request(ctx, now=101.0)
+    lookup = _ctx(None, settings, status=404)
+    lookup.api = "responses.get"  # a stored response that is not there: not an intake refusal
+    m.observe_request(lookup, now=100.0)
+    s = _samples(m)
+    assert _v(s, "gateway_requests_total", pool="vllm", model="m", endpoint="responses", status="200") == 1
+    assert _v(s, "gateway_requests_total", pool="vllm", model="m", endpoint="chat", status="200") == 0
+    assert (
+        _v(s, "gateway_requests_total", pool="none", model="m", endpoint="responses.get", status="404") == 1
+    )
+    assert _v(s, "gateway_rejections_total", stage="intake", reason="model_not_found") == 0

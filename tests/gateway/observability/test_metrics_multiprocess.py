@@ -86,7 +86,10 @@ def test_two_workers_aggregate_and_forget_dead_workers(tmp_path: Path) -> None:
             )
             for _ in range(8):
                 s = _scrape(gw.base_url)
-                assert _v(s, "gateway_requests_total", pool="vllm", model=MODEL, status="200") == 30
+                assert (
+                    _v(s, "gateway_requests_total", pool="vllm", model=MODEL, endpoint="chat", status="200")
+                    == 30
+                )
                 assert _v(s, "gateway_prompt_tokens_total", pool="vllm", model=MODEL) == prompt
                 assert _v(s, "gateway_completion_tokens_total", pool="vllm", model=MODEL) == completion
                 assert _v(s, "gateway_request_duration_seconds_count", pool="vllm", model=MODEL) == 30
@@ -139,7 +142,10 @@ def test_two_workers_aggregate_and_forget_dead_workers(tmp_path: Path) -> None:
             )
             for _ in range(6):
                 s = _scrape(gw.base_url)
-                assert _v(s, "gateway_requests_total", pool="vllm", model=MODEL, status="200") == 31
+                assert (
+                    _v(s, "gateway_requests_total", pool="vllm", model=MODEL, endpoint="chat", status="200")
+                    == 31
+                )
                 assert _v(s, "gateway_backend_healthy", pool="vllm", backend="vllm-0") == 1
                 assert _v(s, "gateway_pool_weight", pool="vllm") == 0.75
             assert not list(mp.glob(f"gauge_live*_{victim}.db")), "the dead worker's gauges were reaped"

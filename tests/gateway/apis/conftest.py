@@ -1,0 +1,73 @@
+"""A gateway per engine with the new APIs: two chat simulators, one embedding simulator, JWT auth on
+(two users, so the Responses store's owner scoping can be seen), in-memory store."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from agents.models import get_default_model
+
+from gateway.admission.tokens import mint_token
+from gateway.demo import SERVED
+from tests.conftest import fast_sim, single_pool_config
+from tests.support import GatewayProcess
+
+SECRET = "apis-suite-secret-" + "y" * 32
+EMBED_MODEL = "test-embed"
+EMBED_SERVED = "BAAI/bge-small-en-v1.5"
+EMBED_DIM = 32
+#: the model the OpenAI Agents SDK uses when an agent names none (its "default model")
+AGENTS_DEFAULT_MODEL = get_default_model()
+
+
+def token(sub: str) -> str:
+    return mint_token(SECRET, sub)
+
+
+@dataclass
+class Rig:
+    engine: str
+    gw: GatewayProcess
+    alice: str
+    bob: str
+
+    @property
+    def base_url(self) -> str:
+        return self.gw.base_url
+
+
+def apis_config(engine: str, chat_urls: list[str], embed_url: str, **overrides: Any) -> dict[str, Any]:
+    config = single_pool_config(engine, chat_urls, **overrides)
+    config["models"].append({"name": AGENTS_DEFAULT_MODEL, "context_length": 8192})
+    config["pools"][0]["models"][AGENTS_DEFAULT_MODEL] = SERVED[engine]
+    config["models"].append({"name": EMBED_MODEL, "task": "embed", "context_length": 512})
+    config["pools"].append(
+        {
+            "name": f"{engine}-embed",
+            "dialect": engine,
+            "models": {EMBED_MODEL: EMBED_SERVED},
+            "backends": [{"name": f"{engine}-embed-0", "url": embed_url}],
+        }
+    )
+    config.setdefault("auth", {"jwt": {"secret": SECRET}})
+    return config
+
+
+def embed_sim(engine: str, *extra: str) -> Any:
+    return fast_sim(
+        engine, "--model", EMBED_SERVED, "--embedding-dim", str(EMBED_DIM), "--max-model-len", "512", *extra
+    )
+
+
+@pytest.fixture(scope="module")
+def rig(engine: str) -> Iterator[Rig]:
+    with contextlib.ExitStack() as stack:
+        a = stack.enter_context(fast_sim(engine))
+        b = stack.enter_context(fast_sim(engine))
+        e = stack.enter_context(embed_sim(engine))
+        gw = stack.enter_context(GatewayProcess(apis_config(engine, [a.base_url, b.base_url], e.base_url)))
+        yield Rig(engine, gw, token("alice"), token("bob"))
