@@ -77,6 +77,23 @@ def build_tiny_model(timeout: float = 300.0) -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
+def _group_stats(pgid: int) -> list[tuple[int, list[str]]]:
+    """(pid, /proc/<pid>/stat fields after the command name) of every live process in group `pgid`."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            # fields[0] is the state (Z: exited, not yet reaped), fields[2] the process group id
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                found.append((int(stat.parent.name), fields))
+    return found
+
+
+def group_members(pgid: int) -> list[int]:
+    """PIDs of the live processes in process group `pgid` (a server's leader and its workers)."""
+    return [pid for pid, _ in _group_stats(pgid)]
+
+
 class EngineServer:
     """One real engine server process on 127.0.0.1; a context manager, or start()/stop()."""
 
@@ -202,15 +219,28 @@ class EngineServer:
             proc.wait(10)
         # Workers that outlived the leader (they share its group) go too.
         self._signal_group(signal.SIGKILL)
+        self._wait_group_gone(proc.pid)
         self._finish()
 
     def kill(self) -> None:
         """SIGKILL the whole process group now, as a crash would; restart() brings it back."""
-        if self._proc is None:
+        proc = self._proc
+        if proc is None:
             return
         self._signal_group(signal.SIGKILL)
-        self._proc.wait(10)
+        proc.wait(10)
+        self._wait_group_gone(proc.pid)
         self._finish()
+
+    @staticmethod
+    def _wait_group_gone(pgid: int, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while group_members(pgid):
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"processes of group {pgid} still alive after SIGKILL: {group_members(pgid)}"
+                )
+            time.sleep(0.05)
 
     def restart(self, wait: bool = True) -> EngineServer:
         """Stop (if running) and start again on the same port(s)."""
@@ -227,13 +257,8 @@ class EngineServer:
         """Resident memory of the server's whole process group (leader and workers), from /proc."""
         if self._proc is None:
             return 0
-        pgid, total = self._proc.pid, 0
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-                if int(fields[2]) == pgid:  # field 5 of stat: the process group id
-                    total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")  # field 24: rss pages
-        return total
+        page = os.sysconf("SC_PAGE_SIZE")
+        return sum(int(fields[21]) * page for _, fields in _group_stats(self._proc.pid))  # field 24: rss
 
     def __enter__(self) -> EngineServer:
         return self.start()
@@ -329,6 +354,7 @@ class SglangServer(EngineServer):
             "--max-total-tokens", "32768",  # the default KV pool (~17.6 GB) gets it OOM-killed
             "--enable-metrics", "--tool-call-parser", "qwen",
             "--constrained-json-disable-any-whitespace",
+            "--sleep-on-idle",  # else its scheduler spins a whole core while idle
             *self.extra,
         ]  # fmt: skip
 
