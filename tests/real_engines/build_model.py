@@ -233,11 +233,19 @@ def main(argv: list[str]) -> int:
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=args.root))
         try:
             build(tmp, files, key)
-            if target.exists():
-                shutil.rmtree(target)
-            tmp.rename(target)
+            if target.exists() and not manifest_ok(target):
+                shutil.rmtree(target)  # an earlier build that was cut short or altered
+            try:
+                tmp.rename(target)
+            except OSError:  # another builder renamed its (identical) build there first
+                if not manifest_ok(target):
+                    raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+        # Builds from older inputs (another script version, other library versions) are dead weight.
+        for old in args.root.iterdir():
+            if old.is_dir() and old.name != key and len(old.name) == 16 and (old / MANIFEST).exists():
+                shutil.rmtree(old, ignore_errors=True)
     print(target)
     return 0
 

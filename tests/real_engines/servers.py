@@ -124,6 +124,7 @@ class EngineServer:
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._started_at = 0.0
+        self._starts = 0
 
     # -- what each engine defines ------------------------------------------------------------
     @property
@@ -153,7 +154,9 @@ class EngineServer:
         if self.alive():
             raise RuntimeError(f"{self.engine} server already running (pid {self.pid})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("ab")
+        # A new server object starts a new log; its restarts append to it.
+        self._log = self.log_path.open("ab" if self._starts else "wb")
+        self._starts += 1
         self._log.write(f"\n===== start: {' '.join(self.argv)}\n".encode())
         self._log.flush()
         self._started_at = time.monotonic()
@@ -176,10 +179,11 @@ class EngineServer:
         deadline = self._started_at + (timeout if timeout is not None else self.start_timeout)
         if self.startup_s is not None and self.alive():
             return self
-        with httpx.Client(timeout=2.0) as client:
+        with httpx.Client(timeout=2.0, trust_env=False) as client:  # loopback: no proxy
             while time.monotonic() < deadline:
                 if not self.alive():
                     code = self._proc.returncode if self._proc is not None else None
+                    self.stop()  # its workers, if any are left
                     raise EngineStartError(f"{self.engine} server exited with {code}:\n{self.log_tail()}")
                 with contextlib.suppress(httpx.HTTPError):
                     if client.get(self.base_url + "/health").status_code == 200:
@@ -319,8 +323,9 @@ class VllmServer(EngineServer):
             "--block-size", "32",  # the CPU attention backend wants a multiple of 32
             "--enable-prefix-caching", "--enable-prompt-tokens-details",
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-            # With the random model, named tool_choice gives argument objects only with this (and
-            # VLLM_ENFORCE_STRICT_TOOL_CALLING=0 below); otherwise whitespace or bare scalars.
+            # With this (and VLLM_ENFORCE_STRICT_TOOL_CALLING=0 below) a named tool_choice's arguments
+            # at least start as a JSON object; without, the random model gives whitespace or bare
+            # scalars (`Infinity`). It may still run to max_tokens inside a string value.
             "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
             "--kv-events-config", kv_events,
             *self.extra,
