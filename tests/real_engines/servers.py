@@ -180,15 +180,18 @@ class EngineServer:
         if self.startup_s is not None and self.alive():
             return self
         with httpx.Client(timeout=2.0, trust_env=False) as client:  # loopback: no proxy
-            while time.monotonic() < deadline:
+            # Asked at least once: a server started in the background may have been up for minutes.
+            while True:
                 if not self.alive():
                     code = self._proc.returncode if self._proc is not None else None
                     self.stop()  # its workers, if any are left
                     raise EngineStartError(f"{self.engine} server exited with {code}:\n{self.log_tail()}")
                 with contextlib.suppress(httpx.HTTPError):
                     if client.get(self.base_url + "/health").status_code == 200:
-                        self.startup_s = time.monotonic() - self._started_at
+                        self.startup_s = self.startup_s or time.monotonic() - self._started_at
                         return self
+                if time.monotonic() >= deadline:
+                    break
                 time.sleep(0.25)
         self.stop()
         raise EngineStartError(
