@@ -181,7 +181,8 @@ def _site_packages(venv: Path) -> Path:
 
 
 def _write_dist_info(venv: Path, name: str, version: str) -> None:
-    info = _site_packages(venv) / f"{name}-{version}.dist-info"
+    # The directory is named after the normalized name (PEP 427: `-` -> `_`), or lookups miss it.
+    info = _site_packages(venv) / f"{name.replace('-', '_')}-{version}.dist-info"
     info.mkdir(exist_ok=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
     (info / "INSTALLER").write_text("scripts/ensure_engines.py\n")
