@@ -1,24 +1,26 @@
-"""Stand-in for SGLang's `sgl_kernel` (its compiled kernels), in plain PyTorch, for the tests only.
+"""Stand-in for SGLang's `sgl_kernel` (its compiled kernels), for the tests only.
 
 No CPU build of `sgl_kernel` exists on PyPI (the `sglang-kernel` / `sgl-kernel` wheels are CUDA-only and
 fail to load without libcuda), so the SGLang server in `tests/real_engines/` runs with this package on
-its PYTHONPATH under the module name SGLang imports. It provides only the ops the tiny test model
-actually calls on SGLang's CPU path, written from what the ops compute, and fails loudly for anything
-else:
+its PYTHONPATH under the module name SGLang imports. It was meant to hold PyTorch versions of the ops
+the tiny test model calls; on SGLang 0.5.23's CPU path that model calls **none**, so it provides no op
+and only fails loudly for anything asked of it:
 
-- `sgl_kernel.<name>` for an op not provided is a `MissingOp`: SGLang imports many ops by name when its
-  modules load and calls few; calling a missing one raises `StandInKernelMissing` (a RuntimeError, not
-  an ImportError, so no `except ImportError` turns it into a silent fallback);
-- `import sgl_kernel.<submodule>` raises `StandInKernelMissing`, except for the few submodules in
+- `torch.ops.sgl_kernel` stays empty. SGLang probes `hasattr(torch.ops.sgl_kernel,
+  "convert_weight_packed")` to decide whether its Intel AMX kernels are there: they are not, so every
+  layer takes its plain-PyTorch path (`forward_native`: linear, RMSNorm, rotary, SiLU-and-mul; the
+  `torch_native` attention backend, the `pytorch` sampling backend), as on a CPU without AMX. A
+  direct call of any `torch.ops.sgl_kernel` op fails in torch ("no attribute").
+- `sgl_kernel.<name>` is a `MissingOp`: SGLang imports ops by name when its modules load (e.g.
+  `copy_all_layer_kv_cache_cpu`) and the tiny model calls none; calling one raises
+  `StandInKernelMissing` (a RuntimeError, not an ImportError, so no `except ImportError` turns it into a
+  silent fallback). The tests check the server's log never shows it.
+- `import sgl_kernel.<submodule>` raises `StandInKernelMissing`, except for the submodules in
   `ABSENT_MODULES`, which SGLang probes at import time with a fallback the tiny model never reaches:
-  those get ModuleNotFoundError, as from an sgl_kernel build without them;
-- `torch.ops.sgl_kernel.<op>` holds only the ops in `OPS`; calling any other fails in torch with
-  "no attribute". SGLang probes `hasattr(torch.ops.sgl_kernel, "convert_weight_packed")` to decide
-  whether the Intel AMX kernels are there: they are not, so it takes its plain-PyTorch CPU layers
-  (`forward_native`: linear, RMSNorm, SiLU-and-mul, sampling in torch), as it would on a CPU without
-  AMX.
+  those get ModuleNotFoundError, as from an sgl_kernel build without them.
 
-The ops provided are listed in `OPS` (and in docs/engines.md).
+A model that needs a real op fails with the op's name; its stand-in would go here, registered with
+`torch.library` under the `sgl_kernel` namespace.
 """
 
 from __future__ import annotations
@@ -31,9 +33,6 @@ from types import ModuleType
 from typing import NoReturn
 
 __version__ = "0.0.0+stand-in"
-
-# name -> torch schema, for the ops registered under torch.ops.sgl_kernel.
-OPS: dict[str, str] = {}
 
 # Submodules SGLang probes for at import time inside `try: … except ImportError:` with a fallback that
 # the tiny model never reaches. For these (and only these) the stand-in behaves like an sgl_kernel build
