@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench soak services venv clean
+.PHONY: demo test lint bench soak services engines venv clean
 
 venv: $(STAMP)
 
@@ -17,12 +17,17 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/gateway demo
 
-# Installs the servers the tests need (redis-server, prometheus) when missing, then runs the suite.
-test: $(STAMP) services
+# Installs the servers the tests need (redis-server, prometheus) when missing, and the real engines
+# (vLLM, SGLang: one cached environment each in .engines/), then runs the suite.
+test: $(STAMP) services engines
 	$(VENV)/bin/pytest
 
 services:
 	scripts/ensure-services.sh
+
+# Real vLLM and SGLang for tests/real_engines/ (docs/engines.md); a no-op when the recipes are unchanged.
+engines:
+	python3 scripts/ensure_engines.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

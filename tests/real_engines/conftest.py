@@ -1,0 +1,133 @@
+"""Session-scoped real engine servers: `real_vllm`, `real_sglang`, and `real_engine` (both, parametrized).
+
+Each takes 16-30 s to become healthy and ~3 GB of memory, so they are started in the background as soon
+as collection has finished, and only when a collected test asks for them: their startup overlaps the
+tests that run before `tests/real_engines/`. The fixtures wait for health (bounded) and hand out the
+running server; the session stops them by process group at its end. Logs: `.engines/logs/<engine>.log`.
+
+A server that cannot start fails the tests that use it, with its log's tail; nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tests.real_engines.servers import ENGINES_DIR, EngineServer, SglangServer, VllmServer, build_tiny_model
+
+SERVED_MODEL = "tiny-qwen3"
+_KINDS: dict[str, type[EngineServer]] = {"vllm": VllmServer, "sglang": SglangServer}
+_servers: dict[str, EngineServer] = {}
+_errors: dict[str, BaseException] = {}
+_watchers: dict[str, threading.Thread] = {}
+_first_startup: dict[str, float | None] = {}
+
+
+def _wanted(items: list[pytest.Item]) -> set[str]:
+    wanted: set[str] = set()
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        wanted |= {engine for engine in _KINDS if f"real_{engine}" in names}
+        if "real_engine" in names:
+            callspec = getattr(item, "callspec", None)
+            param = callspec.params.get("real_engine") if callspec is not None else None
+            wanted |= {param} if param in _KINDS else set(_KINDS)
+    return wanted
+
+
+def _launch(engines: set[str]) -> None:
+    try:
+        model = build_tiny_model()
+    except Exception as exc:  # reported by the fixtures, so the tests fail with it
+        for engine in engines:
+            _errors[engine] = exc
+        return
+    for engine in sorted(engines):
+        if engine in _servers or engine in _errors:
+            continue
+        server = _KINDS[engine](model, served_model_name=SERVED_MODEL, log_dir=ENGINES_DIR / "logs")
+        try:
+            server.start(wait=False)
+        except Exception as exc:
+            _errors[engine] = exc
+            continue
+        _servers[engine] = server
+        # Watch its health from now on, so startup_s is the real time to healthy.
+        _watchers[engine] = threading.Thread(target=_watch, args=(engine, server), daemon=True)
+        _watchers[engine].start()
+
+
+def _watch(engine: str, server: EngineServer) -> None:
+    try:
+        server.wait_healthy()
+        _first_startup[engine] = server.startup_s
+    except Exception as exc:
+        _errors[engine] = exc
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    wanted = _wanted(session.items)
+    if wanted:
+        _launch(wanted)
+
+
+def _running(engine: str) -> EngineServer:
+    if engine not in _servers and engine not in _errors:
+        _launch({engine})  # asked for without being seen at collection (getfixturevalue)
+    if engine in _watchers:
+        _watchers.pop(engine).join()  # bounded: wait_healthy gives up after the start timeout
+    if engine in _errors:
+        raise RuntimeError(f"real {engine} server could not be started") from _errors[engine]
+    server = _servers[engine]
+    try:
+        server.wait_healthy()
+    except Exception as exc:
+        _errors[engine] = exc
+        raise
+    return server
+
+
+@pytest.fixture(scope="session")
+def real_vllm() -> VllmServer:
+    server = _running("vllm")
+    assert isinstance(server, VllmServer)
+    return server
+
+
+@pytest.fixture(scope="session")
+def real_sglang() -> SglangServer:
+    server = _running("sglang")
+    assert isinstance(server, SglangServer)
+    return server
+
+
+@pytest.fixture(scope="session", params=sorted(_KINDS))
+def real_engine(request: pytest.FixtureRequest) -> EngineServer:
+    return _running(str(request.param))
+
+
+_summary: list[str] = []
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for engine, server in sorted(_servers.items()):
+        first = _first_startup.get(engine)
+        startup = f"healthy {first:.1f}s after its start" if first is not None else "never healthy"
+        if server.startup_s is not None and server.startup_s != first:
+            startup += f" (last restart: {server.startup_s:.1f}s)"
+        _summary.append(
+            f"real {engine}: {startup}, RSS at the end {server.rss_bytes() / 2**20:.0f} MiB "
+            f"(process group), log {server.log_path}"
+        )
+    # SIGTERM every group first so they shut down together, then wait for (or SIGKILL) each.
+    for server in _servers.values():
+        server.terminate()
+    for server in _servers.values():
+        server.stop()
+    _servers.clear()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for line in _summary:
+        terminalreporter.write_line(line)

@@ -1,0 +1,220 @@
+"""The real vLLM and SGLang servers come up and speak their own HTTP APIs: chat (whole and streamed),
+`/v1/models`, `/metrics`, the prefix cache, and vLLM's KV-cache events over ZMQ.
+
+The model has random weights, so its *text* is noise: nothing here asserts what it says (no wording,
+no stop at a sensible place, no valid tool arguments unless a grammar forces them). What is asserted is
+what the servers do whatever the weights: shapes, statuses, token accounting (`ignore_eos` makes the
+completion length exact), streaming framing, metrics, cache hits and the events.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from typing import Any
+
+import httpx
+import msgpack  # type: ignore[import-untyped]  # no stubs
+import pytest
+import zmq
+
+from tests.real_engines.servers import EngineServer, SglangServer, VllmServer
+
+pytestmark = pytest.mark.timeout(300)  # the first test may wait for a server's startup
+
+RUNNING_METRIC = {"vllm": "vllm:num_requests_running", "sglang": "sglang:num_running_reqs"}
+GENERATED_METRIC = {"vllm": "vllm:generation_tokens_total", "sglang": "sglang:generation_tokens_total"}
+MAX_TOKENS = 8
+
+
+def chat(server: EngineServer, content: str, **extra: Any) -> httpx.Response:
+    body = {
+        "model": server.served_model_name,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": MAX_TOKENS,
+        # Random weights may pick the end-of-turn token at any step; ignore_eos makes the length exact.
+        "ignore_eos": True,
+        **extra,
+    }
+    return httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=60)
+
+
+def metric(text: str, name: str, model: str) -> float:
+    """The sum of a metric's samples for `model` (several label sets may exist, e.g. per cache source)."""
+    pattern = re.compile(rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$", re.MULTILINE)
+    values = [float(v) for labels, v in pattern.findall(text) if f'model_name="{model}"' in labels]
+    assert values, f"{name} for model {model} not in /metrics"
+    return sum(values)
+
+
+def scrape(server: EngineServer) -> str:
+    response = httpx.get(server.base_url + "/metrics", timeout=10)
+    assert response.status_code == 200
+    return response.text
+
+
+def test_models_lists_the_served_name(real_engine: EngineServer) -> None:
+    response = httpx.get(real_engine.base_url + "/v1/models", timeout=10)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["object"] == "list"
+    assert [m["id"] for m in body["data"]] == [real_engine.served_model_name]
+    assert body["data"][0]["object"] == "model"
+
+
+def test_chat_answers_with_exact_usage(real_engine: EngineServer) -> None:
+    response = chat(real_engine, "Say something.")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["object"] == "chat.completion"
+    assert body["model"] == real_engine.served_model_name
+    (choice,) = body["choices"]
+    assert choice["message"]["role"] == "assistant"
+    assert isinstance(choice["message"]["content"], str)  # its words are random
+    assert choice["finish_reason"] == "length"
+    usage = body["usage"]
+    assert usage["completion_tokens"] == MAX_TOKENS
+    assert usage["prompt_tokens"] > 0
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def test_same_prompt_same_prompt_tokens_on_both(real_vllm: VllmServer, real_sglang: SglangServer) -> None:
+    """One tokenizer and one chat template, rendered by each engine: the same prompt length."""
+    counts = {
+        s.engine: chat(s, "How many tokens is this?").json()["usage"]["prompt_tokens"]
+        for s in (real_vllm, real_sglang)
+    }
+    assert counts["vllm"] == counts["sglang"], counts
+
+
+def test_chat_streams_sse(real_engine: EngineServer) -> None:
+    body = {
+        "model": real_engine.served_model_name,
+        "messages": [{"role": "user", "content": "Stream something."}],
+        "max_tokens": MAX_TOKENS,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    events: list[str] = []
+    with httpx.stream("POST", real_engine.base_url + "/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line:
+                assert line.startswith("data: "), line
+                events.append(line.removeprefix("data: "))
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert len({c["id"] for c in chunks}) == 1
+    with_choices = [c for c in chunks if c["choices"]]
+    assert with_choices[0]["choices"][0]["delta"]["role"] == "assistant"
+    finishes = [c["choices"][0]["finish_reason"] for c in with_choices if c["choices"][0]["finish_reason"]]
+    assert finishes == ["length"]
+    pieces = [c["choices"][0]["delta"].get("content") or "" for c in with_choices]
+    assert 1 <= sum(1 for p in pieces if p) <= MAX_TOKENS  # one piece per token at most
+    usage_chunks = [c for c in chunks if not c["choices"]]
+    assert len(usage_chunks) == 1 and usage_chunks[0] is chunks[-1]
+    assert usage_chunks[0]["usage"]["completion_tokens"] == MAX_TOKENS
+
+
+def test_metrics_count_running_and_generated(real_engine: EngineServer) -> None:
+    model = real_engine.served_model_name
+    before = scrape(real_engine)
+    assert metric(before, RUNNING_METRIC[real_engine.engine], model) >= 0
+    generated = metric(before, GENERATED_METRIC[real_engine.engine], model)
+    assert chat(real_engine, "Count my tokens.").status_code == 200
+    deadline = time.monotonic() + 15  # SGLang refreshes its counters when it logs stats
+    while metric(scrape(real_engine), GENERATED_METRIC[real_engine.engine], model) < generated + MAX_TOKENS:
+        assert time.monotonic() < deadline, "generation_tokens_total did not count the request"
+        time.sleep(0.2)
+    assert metric(scrape(real_engine), RUNNING_METRIC[real_engine.engine], model) == 0  # idle again
+
+
+def test_repeated_prompt_hits_the_prefix_cache(real_engine: EngineServer) -> None:
+    # ~600 tokens (many vLLM blocks of 32), unique per run so earlier runs' cache entries do not count.
+    prompt = f"{uuid.uuid4()} " + " ".join(f"cache block {i} of the repeated prompt." for i in range(80))
+    first = chat(real_engine, prompt)
+    assert first.status_code == 200
+    model = real_engine.served_model_name
+    if real_engine.engine == "vllm":
+        hits_before = metric(scrape(real_engine), "vllm:prefix_cache_hits_total", model)
+        second = chat(real_engine, prompt).json()["usage"]
+        cached = second["prompt_tokens_details"]["cached_tokens"]  # --enable-prompt-tokens-details
+        # Whole blocks of 32, all but the block holding the last prompt token (it is recomputed).
+        assert cached % 32 == 0 and second["prompt_tokens"] - 32 <= cached < second["prompt_tokens"]
+        deadline = time.monotonic() + 15
+        while (hits := metric(scrape(real_engine), "vllm:prefix_cache_hits_total", model)) == hits_before:
+            assert time.monotonic() < deadline, "vllm:prefix_cache_hits_total did not move"
+            time.sleep(0.2)
+        assert hits == hits_before + cached
+    else:
+        cached_before = metric(scrape(real_engine), "sglang:cached_tokens_total", model)
+        second = chat(real_engine, prompt).json()["usage"]
+        deadline = time.monotonic() + 15
+        while (
+            cached := metric(scrape(real_engine), "sglang:cached_tokens_total", model) - cached_before
+        ) == 0:
+            assert time.monotonic() < deadline, "sglang:cached_tokens_total did not move"
+            time.sleep(0.2)
+        # The radix cache (page size 1) reuses all but the last prompt token.
+        assert second["prompt_tokens"] - 2 <= cached < second["prompt_tokens"]
+
+
+def test_vllm_publishes_kv_cache_events(real_vllm: VllmServer) -> None:
+    prompt = f"{uuid.uuid4()} " + " ".join(f"event block {i}." for i in range(40))
+    tokenized = httpx.post(
+        real_vllm.base_url + "/tokenize",
+        json={"model": real_vllm.served_model_name, "messages": [{"role": "user", "content": prompt}]},
+        timeout=10,
+    ).json()
+    prompt_ids: list[int] = tokenized["tokens"]
+    full_blocks = len(prompt_ids) // 32
+    assert full_blocks >= 3
+    context = zmq.Context()
+    sub = context.socket(zmq.SUB)
+    try:
+        sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.connect(real_vllm.kv_events_endpoint)
+        time.sleep(0.5)  # a SUB socket misses what is published before its subscription arrives
+        assert chat(real_vllm, prompt).status_code == 200
+        stored: list[dict[str, Any]] = []
+        seqs: list[int] = []
+        deadline = time.monotonic() + 10
+        while sum(len(e["token_ids"]) for e in stored) < full_blocks * 32:
+            assert time.monotonic() < deadline, f"no BlockStored for the prompt's blocks; got {stored}"
+            if not sub.poll(500):
+                continue
+            topic, seq, payload = sub.recv_multipart()
+            assert topic == b"kv" and len(seq) == 8
+            seqs.append(int.from_bytes(seq, "big"))
+            timestamp, events, _dp_rank = msgpack.unpackb(payload, strict_map_key=False)
+            assert timestamp > 0
+            stored += [
+                e for e in events if e["type"] == "BlockStored" and e["token_ids"][:32] in _blocks(prompt_ids)
+            ]
+    finally:
+        sub.close()
+        context.term()
+    assert seqs == sorted(seqs)
+    assert all(e["block_size"] == 32 for e in stored)
+    assert all(len(e["block_hashes"]) * 32 == len(e["token_ids"]) for e in stored)
+    # The stored blocks are exactly the prompt's full blocks, in order (the last partial one is not).
+    tokens = [t for e in stored for t in e["token_ids"]]
+    assert tokens[: full_blocks * 32] == prompt_ids[: full_blocks * 32]
+
+
+def _blocks(ids: list[int]) -> list[list[int]]:
+    return [ids[i : i + 32] for i in range(0, len(ids) - 31, 32)]
+
+
+def test_sglang_never_reached_a_missing_kernel(real_sglang: SglangServer) -> None:
+    """Runs after the SGLang tests above: the server is still up and never called an sgl_kernel op
+    that has no stand-in (that raises StandInKernelMissing in its scheduler)."""
+    assert real_sglang.alive()
+    assert httpx.get(real_sglang.base_url + "/health", timeout=30).status_code == 200
+    assert "StandInKernelMissing" not in real_sglang.log_path.read_text(errors="replace")
