@@ -95,8 +95,8 @@ def _banner(base: str, user_token: str, admin_token: str, with_auth: bool) -> st
     auth = f'-H "Authorization: Bearer {user_token}" ' if with_auth else ""
     key = user_token if with_auth else "unused"
     return f"""
-LLM gateway demo — 2 vLLM-dialect + 2 SGLang-dialect simulators (and an embedding model on one
-of each) behind one gateway
+LLM gateway demo — 2 vLLM-dialect + 2 SGLang-dialect simulators (and an embedding simulator of
+each dialect) behind one gateway
 
   base URL     {base}/v1   (OpenAI: chat, completions, responses, embeddings; Anthropic: /v1/messages)
   model        {MODEL}   embeddings: {EMBED_MODEL}
