@@ -29,7 +29,16 @@ from gateway.control.verbs import FleetControl
 from gateway.core.context import RequestContext
 from gateway.core.fleet import Fleet
 from gateway.core.redis_client import connect_redis, describe
-from gateway.core.responses import DISCONNECT, BytesResponse, Message, Receive, Send, error_response
+from gateway.core.responses import (
+    DISCONNECT,
+    BytesResponse,
+    Headers,
+    Message,
+    Receive,
+    Response,
+    Send,
+    error_response,
+)
 from gateway.edge.request_id import request_id_from
 from gateway.observability.access_log import AccessLog
 from gateway.observability.metrics import Metrics
@@ -206,6 +215,7 @@ class Gateway:
         method = scope["method"]
         rid = request_id_from(dict(scope["headers"]))
         headers = [(b"x-request-id", rid.encode())]
+        response: Response
         if method not in ("GET", "HEAD"):
             if path in _HOT:
                 response = error_response(ApiError(405, f"Method {method} not allowed on {path}."), headers)
@@ -226,18 +236,26 @@ class Gateway:
             else:
                 denied = ApiError(401, "/metrics needs a bearer token.", code="invalid_api_key")
                 response = error_response(denied, headers)
-        elif path == "/v1/models":
-            data = [self._model_object(name) for name in self.models]
-            response = BytesResponse(200, orjson.dumps({"object": "list", "data": data}), headers)
-        elif path.startswith("/v1/models/"):
-            name = path[len("/v1/models/") :]
-            if name in self.models:
-                response = BytesResponse(200, orjson.dumps(self._model_object(name)), headers)
-            else:
-                response = error_response(model_not_found(name), headers)
+        elif path == "/v1/models" or path.startswith("/v1/models/"):
+            response = await self._models(path, dict(scope["headers"]), headers)
         else:
             response = error_response(_not_found(method, path), headers)
         await response(send, receive)
+
+    async def _models(self, path: str, request_headers: dict[bytes, bytes], headers: Headers) -> Response:
+        """`/v1/models` and `/v1/models/{id}`: authenticated like chat (a model inventory is
+        reconnaissance), answering only what the caller may use."""
+        try:
+            await self.admission.principal(request_headers)
+        except ApiError as err:
+            return error_response(err, headers)
+        if path == "/v1/models":
+            data = [self._model_object(name) for name in self.models]
+            return BytesResponse(200, orjson.dumps({"object": "list", "data": data}), headers)
+        name = path[len("/v1/models/") :]
+        if name in self.models:
+            return BytesResponse(200, orjson.dumps(self._model_object(name)), headers)
+        return error_response(model_not_found(name), headers)
 
     async def _redis_reachable(self) -> bool:
         """Readiness' view of Redis. With `limits.on_redis_error: fail_open` a replica serves through

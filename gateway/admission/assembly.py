@@ -30,7 +30,7 @@ from gateway.admission.limits_local import LocalLimiter
 from gateway.admission.limits_redis import RedisLimiter
 from gateway.admission.sanitise import SanitiseStage
 from gateway.admission.settings import AuthSettings, LimitsSettings, SanitiseSettings
-from gateway.core.context import Principal, RequestContext
+from gateway.core.context import ANONYMOUS, Principal, RequestContext
 from gateway.core.redis_wire import RespClient
 from gateway.core.settings import RedisSettings
 from policies.features import FeatureConfig
@@ -120,6 +120,14 @@ class Admission:
         """After SanitiseStage; none when no limit is configured at all."""
         limits = self._limits
         return [] if limits.unlimited else [AdmitStage(self.limiter, limits, self.count_rejection)]
+
+    async def principal(self, headers: dict[bytes, bytes]) -> Principal:
+        """The caller, authenticated exactly as the pipeline's authenticate stage does it (ApiError
+        401/503 otherwise); `anonymous` when authentication is off. For the endpoints outside the
+        pipeline that must not answer strangers (`/v1/models`)."""
+        if self.authenticator is None:
+            return ANONYMOUS
+        return await self.authenticator.authenticate(headers)
 
     async def authorize_admin(self, headers: dict[bytes, bytes]) -> Principal:
         """The caller's principal if it has the admin role; ApiError 401/403 otherwise (and 403 for

@@ -249,15 +249,22 @@ def public_router(model_names: Sequence[str]) -> APIRouter:
     async def completions(body: CompletionRequest) -> None:
         _never_called()
 
-    @router.get("/v1/models", response_model=ModelList, summary="The models some pool serves")
+    @router.get(
+        "/v1/models",
+        response_model=ModelList,
+        responses={401: _ERRORS[401]},
+        summary="The models the caller may use (authenticated like chat)",
+        openapi_extra={"security": _SECURITY},
+    )
     async def models() -> None:
         _never_called()
 
     @router.get(
         "/v1/models/{model_id}",
         response_model=Model,
-        responses={404: {"model": ErrorResponse, "description": "unknown model"}},
-        summary="One model",
+        responses={401: _ERRORS[401], 404: {"model": ErrorResponse, "description": "unknown model"}},
+        summary="One model (404 also when the caller may not use it)",
+        openapi_extra={"security": _SECURITY},
     )
     async def model(model_id: str) -> None:
         _never_called()
