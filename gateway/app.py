@@ -1,7 +1,7 @@
 """The gateway as one ASGI application, assembled once from `Settings`.
 
 Hot paths (`/v1/chat/completions`, `/v1/completions`) go straight to the pipeline without any
-framework routing; the small fixed endpoints (`/healthz`, `/readyz`, `/metrics`, `/v1/models`) are
+framework routing; the small fixed endpoints (`/healthz` = `/health`, `/readyz`, `/metrics`, `/v1/models`) are
 plain functions; everything else is answered 404 in OpenAI's shape. `build_pipeline` is the one
 place where the order of the request path is written down.
 """
@@ -221,7 +221,7 @@ class Gateway:
                 response = error_response(ApiError(405, f"Method {method} not allowed on {path}."), headers)
             else:
                 response = error_response(_not_found(method, path), headers)
-        elif path == "/healthz":
+        elif path == "/healthz" or path == "/health":  # /health: what vLLM/SGLang and their benchmarks probe
             response = BytesResponse(200, b'{"status":"ok"}', headers)
         elif path == "/readyz":
             ready = self.pipeline is not None and any(b.healthy for b in self.fleet.backends.values())

@@ -1,6 +1,6 @@
 """The public API in the OpenAPI document: documentation only, never on the request path.
 
-`/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/v1/models/{id}`, `/healthz` and `/readyz`
+`/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/v1/models/{id}`, `/healthz`, `/health` and `/readyz`
 are answered by `gateway.app.Gateway` before any framework routing, so they are not routes of the
 admin FastAPI app. `document_public_api(app, models)` makes the admin app's `/openapi.json` describe
 them anyway: it builds docs-only routes on a router that is never mounted, and merges their paths and
@@ -271,6 +271,12 @@ def public_router(model_names: Sequence[str]) -> APIRouter:
 
     @router.get("/healthz", response_model=Status, summary="200 while the process is alive", tags=["probes"])
     async def healthz() -> None:
+        _never_called()
+
+    @router.get(
+        "/health", response_model=Status, summary="The same as /healthz (what engines serve)", tags=["probes"]
+    )
+    async def health() -> None:
         _never_called()
 
     @router.get(
