@@ -91,7 +91,12 @@ class Gateway:
         #: the operator's verbs (admin API): fleet changes, audit, reload; the store is bound at start-up
         self.control = FleetControl(self.fleet, self, MemoryStore())
         self._admin_app = build_admin_app(
-            self.control, self.admission.authorize_admin, self.api_keys, self.explain, list(self.models)
+            self.control,
+            self.admission.authorize_admin,
+            self.api_keys,
+            self.explain,
+            list(self.models),
+            known_models=lambda: self.models,
         )
         for pool in self.fleet.pools.values():
             self.metrics.pool_weight.labels(pool.name).set(pool.weight)
@@ -103,7 +108,7 @@ class Gateway:
         route = self.route = RouteStage(self.fleet, router, features, on_decision=self._on_decision)
         stages: list[Stage] = [
             *self.admission.authenticate_stages(),
-            ParseStage(self.models, s.server.max_body_bytes),
+            ParseStage(self.models, s.server.max_body_bytes, self.admission.permits),
             ValidateStage(),
             self.admission.sanitise_stage(features),
             *self.admission.admit_stages(),
@@ -246,14 +251,16 @@ class Gateway:
         """`/v1/models` and `/v1/models/{id}`: authenticated like chat (a model inventory is
         reconnaissance), answering only what the caller may use."""
         try:
-            await self.admission.principal(request_headers)
+            principal = await self.admission.principal(request_headers)
         except ApiError as err:
             return error_response(err, headers)
         if path == "/v1/models":
-            data = [self._model_object(name) for name in self.models]
+            data = [
+                self._model_object(n) for n in self.admission.model_access.visible(principal, self.models)
+            ]
             return BytesResponse(200, orjson.dumps({"object": "list", "data": data}), headers)
         name = path[len("/v1/models/") :]
-        if name in self.models:
+        if name in self.models and self.admission.permits(principal, name):
             return BytesResponse(200, orjson.dumps(self._model_object(name)), headers)
         return error_response(model_not_found(name), headers)
 

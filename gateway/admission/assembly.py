@@ -3,7 +3,8 @@
 The root (`gateway/app.py`) builds one `Admission` at construction and asks it for its pipeline stages:
 
     [AuthenticateStage]  ParseStage  ValidateStage  SanitiseStage  [AdmitStage]  RouteStage  ProxyStage
-     ^ only when auth is on                                         ^ only when some limit is set
+     ^ only when auth is on  ^ asks `permits`                       ^ only when some limit is set
+                               (model access)
 
 `start(redis)` binds the shared store (Redis limits, Redis-backed API keys, JWKS fetching) once the
 process's Redis client exists; `aclose()` stops the background tasks. Without Redis everything
@@ -20,6 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.asyncio import Redis
 
 from engines.errors import ApiError
+from gateway.admission.access import ModelAccessRules
 from gateway.admission.admit import AdmitStage
 from gateway.admission.api_keys import ApiKeys, MemoryBackend, RedisBackend
 from gateway.admission.auth import AuthenticateStage, Authenticator, require_admin
@@ -106,6 +108,10 @@ class Admission:
         )
         self._redis_limiter: RedisLimiter | None = None
         self._wire: RespClient | None = None
+        #: which models each principal may use (tier, tenant, API key); the parse stage and
+        #: /v1/models ask it
+        self.model_access = ModelAccessRules(limits)
+        self.permits = self.model_access.permits
 
     # -- stages -----------------------------------------------------------------------------------
     def authenticate_stages(self) -> list[AuthenticateStage]:

@@ -15,7 +15,7 @@ import orjson
 from engines.base import Endpoint
 from engines.errors import ApiError, invalid_request, model_not_found
 from engines.validate import validate_request
-from gateway.core.context import RequestContext
+from gateway.core.context import Principal, RequestContext
 from gateway.core.responses import Receive, Response
 from gateway.core.settings import ModelSettings
 
@@ -53,12 +53,23 @@ def _too_large(max_bytes: int) -> ApiError:
     )
 
 
+#: (principal, public model name) → may the principal use the model (gateway/admission/access.py)
+Permits = Callable[[Principal, str], bool]
+
+
 class ParseStage:
+    """`permits`, when given, is asked right after the model is resolved: a model the caller may not
+    use is answered exactly like one that does not exist (404 `model_not_found`, before any other
+    check could reveal that it exists)."""
+
     name = "parse"
 
-    def __init__(self, models: dict[str, ModelSettings], max_body_bytes: int) -> None:
+    def __init__(
+        self, models: dict[str, ModelSettings], max_body_bytes: int, permits: Permits | None = None
+    ) -> None:
         self._models = models
         self._max = max_body_bytes
+        self._permits = permits
 
     async def __call__(self, ctx: RequestContext) -> Response | None:
         raw = await read_body(ctx.receive, self._max)
@@ -77,7 +88,7 @@ class ParseStage:
         if not isinstance(model, str) or not model:
             raise invalid_request("you must provide a model parameter", param="model")
         spec = self._models.get(model)
-        if spec is None:
+        if spec is None or (self._permits is not None and not self._permits(ctx.principal, model)):
             raise model_not_found(model)
         ctx.body = body
         ctx.model = spec

@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from policies.access import ModelAccess
+
 #: every JWS algorithm the gateway can verify; `none` is not among them and never will be
 HMAC_ALGORITHMS = ("HS256", "HS384", "HS512")
 ASYMMETRIC_ALGORITHMS = (
@@ -136,11 +138,24 @@ class AuthSettings(_Model):
 
 
 class LimitSet(_Model):
-    """Limits of one scope (a user of a tier, or a tenant). 0 means unlimited."""
+    """Limits of one scope (a user of a tier, or a tenant). 0 means unlimited. `allow_models` /
+    `deny_models`: the public model names the scope may use (None: every model) and may never use."""
 
     requests_per_minute: int = Field(0, ge=0)
     tokens_per_minute: int = Field(0, ge=0)
     concurrent_requests: int = Field(0, ge=0)
+    allow_models: list[str] | None = None
+    deny_models: list[str] = Field(default_factory=list)
+
+    @property
+    def access(self) -> ModelAccess | None:
+        """The model grant of this scope, None when it restricts nothing."""
+        if self.allow_models is None and not self.deny_models:
+            return None
+        return ModelAccess.of(self.allow_models, self.deny_models)
+
+    def named_models(self) -> set[str]:
+        return {*(self.allow_models or ()), *self.deny_models}
 
     @property
     def unlimited(self) -> bool:
@@ -169,6 +184,12 @@ class LimitsSettings(_Model):
         if self.default_tier not in self.tiers:
             raise ValueError(f"limits.default_tier {self.default_tier!r} is not one of limits.tiers")
         return self
+
+    def scopes(self) -> list[tuple[str, LimitSet]]:
+        """Every configured scope with its place in the config (for messages)."""
+        out = [(f"limits.tiers.{name}", t) for name, t in self.tiers.items()]
+        out += [(f"limits.tenants.{name}", t) for name, t in self.tenants.items()]
+        return [*out, ("limits.tenant_default", self.tenant_default)]
 
     @property
     def unlimited(self) -> bool:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from engines.base import Endpoint, Usage
+from policies.access import ModelAccess
 
 if TYPE_CHECKING:
     from gateway.core.fleet import Backend, Pool
@@ -23,12 +24,20 @@ Finalizer = Callable[["RequestContext"], Awaitable[None] | None]
 
 @dataclass(slots=True, eq=False)
 class Principal:
-    """Who is calling. `anonymous` when authentication is off."""
+    """Who is calling. `anonymous` when authentication is off.
+
+    A principal proven by an API key also carries the key's own grants: `key_id` and its model
+    access (None: the key narrows nothing); `key_rev` changes whenever an operator changes them, so
+    caches keyed by it see the change.
+    """
 
     user: str
     tenant: str | None = None
     roles: frozenset[str] = frozenset()
     tier: str = "default"
+    key_id: str | None = None
+    key_access: ModelAccess | None = None
+    key_rev: int = 0
 
     @property
     def is_admin(self) -> bool:
