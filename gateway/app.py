@@ -97,6 +97,7 @@ class Gateway:
             self.explain,
             list(self.models),
             known_models=lambda: self.models,
+            spend=self.admission.spend_report,
         )
         for pool in self.fleet.pools.values():
             self.metrics.pool_weight.labels(pool.name).set(pool.weight)

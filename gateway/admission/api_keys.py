@@ -4,8 +4,8 @@ Lifecycle (called by the admin API):
 - `create(spec)` mints a key, stores only its digest with the principal it maps to, and returns the
   plaintext — the only time it exists outside the client's hands.
 - `revoke(key_id)` deletes it; `list()` shows every key's record (never a digest or plaintext).
-- `update(key_id, …)` changes what the key itself narrows (its model lists); the principal it
-  speaks for never changes.
+- `update(key_id, …)` changes what the key itself narrows (its model lists, its budgets); the
+  principal it speaks for never changes.
 
 Storage: SHA-256 of the key, or HMAC-SHA256 with `auth.api_keys.pepper` when set. Keys are 256 random
 bits, so a digest cannot be inverted by guessing; the pepper additionally makes a stolen Redis dump
@@ -36,10 +36,11 @@ from redis.asyncio import Redis
 
 from gateway.core.context import Principal
 from policies.access import ModelAccess
+from policies.budgets import Budget
 
 PREFIX = "sk-gw-"
 #: what `ApiKeys.update` may change (the principal a key speaks for never changes)
-_MUTABLE = frozenset({"allow_models", "deny_models"})
+_MUTABLE = frozenset({"allow_models", "deny_models", "budgets"})
 _BY_DIGEST = "gw:{apikeys}:by_digest"
 _BY_ID = "gw:{apikeys}:by_id"
 
@@ -47,7 +48,8 @@ _BY_ID = "gw:{apikeys}:by_id"
 @dataclass(frozen=True, slots=True)
 class ApiKeySpec:
     """Who a new key speaks for, and what the key itself narrows: `allow_models` (None: whatever the
-    principal's tier and tenant allow) and `deny_models`."""
+    principal's tier and tenant allow), `deny_models`, and its own `budgets` (on top of the user's
+    and the tenant's)."""
 
     user: str
     tenant: str | None = None
@@ -56,6 +58,7 @@ class ApiKeySpec:
     name: str = ""
     allow_models: tuple[str, ...] | None = None
     deny_models: tuple[str, ...] = ()
+    budgets: tuple[Budget, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +77,7 @@ class ApiKeyRecord:
     extra: dict[str, Any] = field(default_factory=dict)
     allow_models: tuple[str, ...] | None = None
     deny_models: tuple[str, ...] = ()
+    budgets: tuple[Budget, ...] = ()
     rev: int = 0
 
     @property
@@ -90,6 +94,7 @@ class ApiKeyRecord:
             tier=self.tier or "default",
             key_id=self.id,
             key_access=self.access,
+            key_budgets=self.budgets,
             key_rev=self.rev,
         )
 
@@ -105,6 +110,7 @@ class ApiKeyRecord:
         if d.get("allow_models") is not None:
             d["allow_models"] = tuple(d["allow_models"])
         d["deny_models"] = tuple(d.get("deny_models") or ())
+        d["budgets"] = tuple(Budget(**b) for b in d.get("budgets") or ())
         return cls(**d)
 
 
@@ -254,6 +260,7 @@ class ApiKeys:
             created=int(time.time()),
             allow_models=None if spec.allow_models is None else tuple(spec.allow_models),
             deny_models=tuple(spec.deny_models),
+            budgets=tuple(spec.budgets),
         )
         digest = self.digest(plaintext.encode())
         await self._backend.put(digest, record)
@@ -268,8 +275,8 @@ class ApiKeys:
         return found
 
     async def update(self, key_id: str, **changes: Any) -> tuple[ApiKeyRecord, ApiKeyRecord] | None:
-        """Change a key's grants (`allow_models`, `deny_models`); (before, after), or None when no key
-        has this id. Effective here at once, on other replicas within `cache_ttl_s`."""
+        """Change a key's grants (`allow_models`, `deny_models`, `budgets`); (before, after), or None
+        when no key has this id. Effective here at once, on other replicas within `cache_ttl_s`."""
         unknown = set(changes) - _MUTABLE
         if unknown:
             raise ValueError(f"these fields of an API key cannot be changed: {sorted(unknown)}")

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from policies.access import ModelAccess
+from policies.budgets import DAY_S, MAX_TOKENS, MAX_USD, Budget, usd_to_nanos
 
 #: every JWS algorithm the gateway can verify; `none` is not among them and never will be
 HMAC_ALGORITHMS = ("HS256", "HS384", "HS512")
@@ -137,6 +138,34 @@ class AuthSettings(_Model):
         return self.jwt.has_keys if self.enabled is None else self.enabled
 
 
+class BudgetSettings(_Model):
+    """A spending limit: `usd` and/or `tokens` per `period` (UTC `day`, UTC `month`, or a sliding
+    window of `window_s` seconds: `rolling`)."""
+
+    period: Literal["day", "month", "rolling"]
+    window_s: int | None = Field(None, ge=60, le=31 * DAY_S)
+    usd: float | None = Field(None, gt=0, le=MAX_USD)
+    tokens: int | None = Field(None, gt=0, le=MAX_TOKENS)
+
+    @model_validator(mode="after")
+    def _complete(self) -> BudgetSettings:
+        if self.usd is None and self.tokens is None:
+            raise ValueError("a budget needs a limit: usd, tokens or both")
+        if (self.period == "rolling") != (self.window_s is not None):
+            raise ValueError("window_s is required for a rolling budget and only allowed for one")
+        if self.usd is not None:
+            usd_to_nanos(self.usd)  # more than nine decimals is an error, not a silent rounding
+        return self
+
+    def budgets(self) -> list[Budget]:
+        out = []
+        if self.usd is not None:
+            out.append(Budget(self.period, "usd", usd_to_nanos(self.usd), self.window_s or 0))
+        if self.tokens is not None:
+            out.append(Budget(self.period, "tokens", self.tokens, self.window_s or 0))
+        return out
+
+
 class LimitSet(_Model):
     """Limits of one scope (a user of a tier, or a tenant). 0 means unlimited. `allow_models` /
     `deny_models`: the public model names the scope may use (None: every model) and may never use."""
@@ -146,6 +175,12 @@ class LimitSet(_Model):
     concurrent_requests: int = Field(0, ge=0)
     allow_models: list[str] | None = None
     deny_models: list[str] = Field(default_factory=list)
+    #: spending limits of the scope (each user of a tier; all users of a tenant together)
+    budgets: list[BudgetSettings] = Field(default_factory=list, max_length=16)
+
+    @property
+    def spending_limits(self) -> tuple[Budget, ...]:
+        return tuple(b for setting in self.budgets for b in setting.budgets())
 
     @property
     def access(self) -> ModelAccess | None:
@@ -159,7 +194,10 @@ class LimitSet(_Model):
 
     @property
     def unlimited(self) -> bool:
-        return not (self.requests_per_minute or self.tokens_per_minute or self.concurrent_requests)
+        """No rate limit and no budget (model lists are not limits: the parse stage applies them)."""
+        return not (
+            self.requests_per_minute or self.tokens_per_minute or self.concurrent_requests or self.budgets
+        )
 
 
 class LimitsSettings(_Model):
@@ -178,6 +216,10 @@ class LimitsSettings(_Model):
     window_s: float = Field(60.0, ge=1)
     #: seconds between Redis probes while it is down (recovery happens within this)
     redis_probe_s: float = Field(0.25, gt=0, le=5)
+    #: record the spend (tokens, money, requests, per model, per UTC day and month) of every request
+    #: the limiter sees — a principal with some limit or budget: it rides in the limiter's own calls.
+    #: false: only the ledgers calendar budgets need
+    track_spend: bool = True
 
     @model_validator(mode="after")
     def _default_exists(self) -> LimitsSettings:

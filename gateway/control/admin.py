@@ -10,7 +10,7 @@ including the local `Admin` dependency alias.)
 """
 
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import Body, Depends, FastAPI, Query, Request
@@ -21,10 +21,11 @@ from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engines.errors import ApiError, invalid_request
-from gateway.admission import ApiKeyRecord, ApiKeys, ApiKeySpec
+from gateway.admission import ApiKeyRecord, ApiKeys, ApiKeySpec, BudgetSettings, SpendQuery
 from gateway.control.openapi import document_public_api
 from gateway.control.verbs import FleetControl
 from gateway.core.context import Principal
+from policies.budgets import Budget
 
 #: the caller's principal if it may use the admin API (request headers, lower-case names); raises
 #: ApiError 401/403 otherwise (gateway/admission/assembly.py `Admission.authorize_admin`)
@@ -50,6 +51,10 @@ class DrainBody(BaseModel):
 
 _MODELS_DOC = "public model names the key may use (null: whatever the key's tier and tenant allow)"
 _DENY_DOC = "public model names the key may never use"
+_BUDGETS_DOC = (
+    "the key's own budgets, on top of its user's and tenant's: {period: day|month|rolling, window_s "
+    "(rolling only), usd and/or tokens}"
+)
 
 
 class ApiKeyBody(BaseModel):
@@ -62,6 +67,7 @@ class ApiKeyBody(BaseModel):
     name: str = Field("", max_length=128, description="a label for operators")
     allow_models: list[str] | None = Field(None, max_length=1024, description=_MODELS_DOC)
     deny_models: list[str] = Field(default_factory=list, max_length=1024, description=_DENY_DOC)
+    budgets: list[BudgetSettings] = Field(default_factory=list, max_length=16, description=_BUDGETS_DOC)
 
 
 class ApiKeyChange(BaseModel):
@@ -71,6 +77,7 @@ class ApiKeyChange(BaseModel):
 
     allow_models: list[str] | None = Field(None, max_length=1024, description=_MODELS_DOC)
     deny_models: list[str] | None = Field(None, max_length=1024, description=_DENY_DOC)
+    budgets: list[BudgetSettings] | None = Field(None, max_length=16, description=_BUDGETS_DOC)
 
 
 class OkResponse(BaseModel):
@@ -107,7 +114,12 @@ def _grants(record: ApiKeyRecord) -> dict[str, Any]:
     return {
         "allow_models": None if record.allow_models is None else list(record.allow_models),
         "deny_models": list(record.deny_models),
+        "budgets": [b.as_dict() for b in record.budgets],
     }
+
+
+def _budgets(settings: list[BudgetSettings]) -> tuple[Budget, ...]:
+    return tuple(b for s in settings for b in s.budgets())
 
 
 def _check_models(names: Sequence[str] | None, known: Collection[str], param: str) -> None:
@@ -128,10 +140,12 @@ def build_admin_app(
     explain_route: Explain,
     models: Sequence[str],
     known_models: Callable[[], Collection[str]] | None = None,
+    spend: SpendQuery | None = None,
 ) -> FastAPI:
     """The admin app over the operator's verbs; `keys` is None when API keys are off, `models` the
     public model names the OpenAPI document lists, `known_models` the names served now (API keys'
-    model lists are checked against them; `models` when not given)."""
+    model lists are checked against them; `models` when not given), `spend` the spend report
+    (`GET /admin/spend`; admission's `spend_report`)."""
     fleet = control.fleet
     served: Callable[[], Collection[str]] = known_models or (lambda: models)
     app = FastAPI(
@@ -300,6 +314,7 @@ def build_admin_app(
             name=body.name,
             allow_models=None if body.allow_models is None else tuple(body.allow_models),
             deny_models=tuple(body.deny_models),
+            budgets=_budgets(body.budgets),
         )
         try:
             record, plaintext = await api_keys.create(spec)
@@ -334,6 +349,8 @@ def build_admin_app(
         if body.deny_models is not None:
             _check_models(body.deny_models, known, "deny_models")
             changes["deny_models"] = tuple(body.deny_models)
+        if body.budgets is not None:
+            changes["budgets"] = _budgets(body.budgets)
         try:
             found = await api_keys.update(key_id, **changes)
         except RedisError:
@@ -355,6 +372,39 @@ def build_admin_app(
             raise ApiError(404, f"No API key with id {key_id!r}.", code="api_key_not_found")
         await control.audit_only(who, "revoke_api_key", key_id, "active", "revoked")
         return _json(200, {"ok": True, "shared": api_keys.shared})
+
+    @app.get(
+        "/admin/spend",
+        summary="Spend of one user, tenant or API key per UTC day and month, by model, with its budgets",
+    )
+    async def spend_report(
+        who: Admin,
+        user: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
+        tenant: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
+        key: Annotated[
+            str | None, Query(min_length=1, max_length=64, description="an API key id (key_…)")
+        ] = None,
+        tier: Annotated[
+            str | None, Query(min_length=1, max_length=64, description="the user's tier (its budgets)")
+        ] = None,
+        period: Annotated[Literal["day", "month"] | None, Query(description="default: both")] = None,
+        date: Annotated[
+            str | None, Query(min_length=7, max_length=10, description="YYYY-MM-DD or YYYY-MM (default: now)")
+        ] = None,
+        model: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
+    ) -> FastAPIResponse:
+        if spend is None:
+            raise ApiError(404, "Spend is not recorded (no admission stage).", code="spend_disabled")
+        report = await spend(
+            user=user,
+            tenant=tenant,
+            key_id=key,
+            tier=tier,
+            periods=("day", "month") if period is None else (period,),
+            date=date,
+            model=model,
+        )
+        return _json(200, report)
 
     @app.get("/admin/audit", summary="Recent admin changes, newest first")
     async def audit(who: Admin, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> FastAPIResponse:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from engines.base import Endpoint, Usage
 from policies.access import ModelAccess
+from policies.budgets import Budget
 
 if TYPE_CHECKING:
     from gateway.core.fleet import Backend, Pool
@@ -26,9 +27,9 @@ Finalizer = Callable[["RequestContext"], Awaitable[None] | None]
 class Principal:
     """Who is calling. `anonymous` when authentication is off.
 
-    A principal proven by an API key also carries the key's own grants: `key_id` and its model
-    access (None: the key narrows nothing); `key_rev` changes whenever an operator changes them, so
-    caches keyed by it see the change.
+    A principal proven by an API key also carries the key's own grants: `key_id`, its model access
+    (None: the key narrows nothing) and its budgets; `key_rev` changes whenever an operator changes
+    them, so caches keyed by it see the change.
     """
 
     user: str
@@ -37,6 +38,7 @@ class Principal:
     tier: str = "default"
     key_id: str | None = None
     key_access: ModelAccess | None = None
+    key_budgets: tuple[Budget, ...] = ()
     key_rev: int = 0
 
     @property

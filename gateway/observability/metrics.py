@@ -63,7 +63,10 @@ REDIS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.0
 BUDGET_BUCKETS = (0.0, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 
 #: rejection reasons of the limiter stage, created at zero so "no rejections" is a series, not a gap
-LIMIT_REASONS = ("requests", "tokens", "concurrency", "too_large", "unavailable")
+LIMIT_REASONS = ("requests", "tokens", "concurrency", "too_large", "budget", "unavailable")
+#: the scopes and periods of budgets (gateway_budget_rejections), created at zero
+BUDGET_SCOPES = ("user", "tenant", "key")
+BUDGET_PERIODS = ("day", "month", "rolling")
 #: the pre-routing refusals of the gateway's own intake stages (parse, validate), by HTTP status
 _INTAKE_REASONS = {
     400: "invalid_request",
@@ -111,7 +114,7 @@ class _Hist:
 class _Series:
     """The value cells of one (pool, model), resolved once."""
 
-    __slots__ = ("cached", "completion", "duration", "prompt", "status", "tpot", "ttft")
+    __slots__ = ("cached", "completion", "duration", "prompt", "spend", "status", "tpot", "ttft")
 
     def __init__(self, m: Metrics, pool: str, model: str) -> None:
         self.duration = _Hist(m.duration.labels(pool, model))
@@ -120,6 +123,7 @@ class _Series:
         self.prompt = _value(m.prompt_tokens.labels(pool, model))
         self.completion = _value(m.completion_tokens.labels(pool, model))
         self.cached = _value(m.cached_tokens.labels(pool, model))
+        self.spend = _value(m.spend.labels(pool, model))
         self.status: dict[int, _Value] = {}
 
 
@@ -165,6 +169,18 @@ class Metrics:
             "gateway_cached_tokens",
             "Prompt tokens served from an engine's prefix cache (where the engine reports it).",
             pm,
+            registry=r,
+        )
+        self.spend = Counter(
+            "gateway_spend_usd",
+            "Money spent, in USD at the models' configured prices, from the engines' usage.",
+            pm,
+            registry=r,
+        )
+        self.budget_rejections = Counter(
+            "gateway_budget_rejections",
+            "Requests refused because a budget was spent (429 insufficient_quota), by scope and period.",
+            ["scope", "period"],
             registry=r,
         )
         self.backend_requests = Counter(
@@ -284,6 +300,11 @@ class Metrics:
         }
         for reason in LIMIT_REASONS:
             self._reject_child("limit", reason)
+        self._budget_rejects = {
+            (scope, period): self.budget_rejections.labels(scope, period)
+            for scope in BUDGET_SCOPES
+            for period in BUDGET_PERIODS
+        }
 
     # -- hot path ---------------------------------------------------------------------------------
     def observe_request(self, ctx: RequestContext, now: float) -> None:
@@ -318,6 +339,18 @@ class Metrics:
             series.completion.inc(usage.completion_tokens)
             if usage.cached_tokens:
                 series.cached.inc(usage.cached_tokens)
+            price = ctx.model.price if ctx.model is not None else None
+            if price is not None:
+                cached = min(usage.cached_tokens or 0, usage.prompt_tokens)
+                cached_price = price.prompt if price.cached_prompt is None else price.cached_prompt
+                series.spend.inc(
+                    (
+                        (usage.prompt_tokens - cached) * price.prompt
+                        + cached * cached_price
+                        + usage.completion_tokens * price.completion
+                    )
+                    / 1e6
+                )
         first = ctx.first_token_at
         if first is not None:
             series.ttft.observe(first - ctx.started)
@@ -368,6 +401,13 @@ class Metrics:
         if child is None:
             child = self._rejects[(stage, reason)] = self.rejections.labels(stage, reason)
         return child
+
+    def budget_rejection(self, scope: str, period: str) -> None:
+        """A request refused by a budget of `scope` (`user`, `tenant`, `key`) over `period`."""
+        child = self._budget_rejects.get((scope, period))
+        if child is None:
+            child = self._budget_rejects[(scope, period)] = self.budget_rejections.labels(scope, period)
+        child.inc()
 
     def observe_redis(self, op: str, seconds: float) -> None:
         """One Redis round trip of operation `op` (a fixed name such as `limit`, `ping`, `weights`)."""

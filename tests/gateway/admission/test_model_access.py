@@ -164,8 +164,8 @@ def test_api_key_with_a_model_list_then_changed_and_audited(gw: GatewayProcess) 
 
         entry = http.get("/admin/audit?limit=1", headers=ADMIN).json()["entries"][0]
         assert (entry["actor"], entry["action"], entry["target"]) == ("ops", "change_api_key", record["id"])
-        assert entry["before"] == {"allow_models": ["medium", "large"], "deny_models": []}
-        assert entry["after"] == {"allow_models": None, "deny_models": ["small"]}
+        assert entry["before"] == {"allow_models": ["medium", "large"], "deny_models": [], "budgets": []}
+        assert entry["after"] == {"allow_models": None, "deny_models": ["small"], "budgets": []}
 
         # bad input: a clear 400 naming the field, nothing created or changed
         typo = http.post("/admin/api-keys", json={"user": "x", "allow_models": ["smal"]}, headers=ADMIN)
