@@ -116,31 +116,15 @@ def reserve(price: Price, prompt_estimate: int, completion_budget: int) -> Charg
     return Charge(tokens, price.cost(prompt_estimate, completion_budget))
 
 
-def settle(
-    reserved: Charge,
-    price: Price,
-    usage: tuple[int, int, int] | None,
-    reached_engine: bool,
-    *,
-    prompt_estimate: int = 0,
-    streamed_tokens: int | None = None,
-) -> Charge:
-    """What a request finally counts, once its response has ended.
-
-    `usage` (prompt, completion, cached tokens) when the engine reported it: the real cost. No engine
-    reached: nothing. Reached but no usage (a stream cut before its usage chunk, or abandoned by the
-    client): when the relay counted the completion tokens it passed on (`streamed_tokens`), the
-    prompt estimate plus those, at most the reservation; otherwise the reservation (conservative).
-    """
+def settle(reserved: Charge, price: Price, usage: tuple[int, int, int] | None, reached_engine: bool) -> Charge:
+    """What a request finally counts, once its response has ended: the real cost of `usage`
+    (prompt, completion, cached tokens) when the engine reported it; nothing when no engine saw the
+    request; the reservation when one did but its usage never arrived (a stream cut or abandoned
+    before its usage chunk: conservative, as for tokens per minute)."""
     if usage is not None:
         prompt, completion, cached = usage
         return Charge(max(0, prompt + completion), price.cost(prompt, completion, cached))
-    if not reached_engine:
-        return NOTHING
-    if streamed_tokens is None:
-        return reserved
-    tokens = min(reserved.tokens, prompt_estimate + streamed_tokens)
-    return Charge(tokens, min(reserved.nanos, price.cost(prompt_estimate, streamed_tokens)))
+    return reserved if reached_engine else NOTHING
 
 
 @dataclass(frozen=True, slots=True)

@@ -162,7 +162,7 @@ class AdmitStage:
                 counts = None
                 if usage is not None:
                     counts = (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens or 0)
-                final = settle(spend.reserved, price, counts, reached, prompt_estimate=prompt)
+                final = settle(spend.reserved, price, counts, reached)
             await self._limiter.finish(ticket, kept, final)
 
         ctx.finalizers.append(release)
