@@ -122,7 +122,7 @@ class Gateway:
         self.metrics.observe_decision(decision)
 
     def _on_upstream_error(self, ctx: RequestContext, backend: Any, kind: str) -> None:
-        self.metrics.upstream_error(backend.pool, kind)
+        self.metrics.upstream_error(backend.pool, kind, backend.name)
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def startup(self) -> None:

@@ -116,7 +116,9 @@ def reserve(price: Price, prompt_estimate: int, completion_budget: int) -> Charg
     return Charge(tokens, price.cost(prompt_estimate, completion_budget))
 
 
-def settle(reserved: Charge, price: Price, usage: tuple[int, int, int] | None, reached_engine: bool) -> Charge:
+def settle(
+    reserved: Charge, price: Price, usage: tuple[int, int, int] | None, reached_engine: bool
+) -> Charge:
     """What a request finally counts, once its response has ended: the real cost of `usage`
     (prompt, completion, cached tokens) when the engine reported it; nothing when no engine saw the
     request; the reservation when one did but its usage never arrived (a stream cut or abandoned

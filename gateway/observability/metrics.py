@@ -201,6 +201,13 @@ class Metrics:
             ["pool", "kind"],
             registry=r,
         )
+        self.misconfigured = Counter(
+            "gateway_upstream_misconfigured",
+            "Engine answers of 404 for the backend's configured served-model name (the operator's "
+            "config is wrong; the client got 502), by pool and backend.",
+            pb,
+            registry=r,
+        )
         self.route_decisions = Counter(
             "gateway_route_decisions",
             "Routing decisions, by pool and reason.",
@@ -379,11 +386,13 @@ class Metrics:
         children[0].inc()
         children[1].inc()
 
-    def upstream_error(self, pool: str, kind: str) -> None:
+    def upstream_error(self, pool: str, kind: str, backend: str | None = None) -> None:
         child = self._upstream.get((pool, kind))
         if child is None:
             child = self._upstream[(pool, kind)] = self.upstream_errors.labels(pool, kind)
         child.inc()
+        if kind == "misconfigured" and backend is not None:
+            self.misconfigured.labels(pool, backend).inc()
 
     # -- admission and Redis ----------------------------------------------------------------------
     def reject(self, stage: str, reason: str, ctx: RequestContext | None = None) -> None:
