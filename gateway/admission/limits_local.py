@@ -93,9 +93,6 @@ class _Ledger:
         self.fields: dict[str, int] = {}
         self.expire_at = expire_at
 
-    def add(self, name: str, amount: int) -> None:
-        self.fields[name] = self.fields.get(name, 0) + amount
-
 
 _FIELD = {"tokens": "tok", "usd": "usd"}
 
@@ -114,17 +111,32 @@ class LocalLimiter:
         self._scopes: dict[str, _Scope] = {}
         self._logs: dict[str, _Log] = {}
         self._ledgers: dict[str, _Ledger] = {}
+        self._model_names: dict[str, tuple[str, str, str]] = {}
         self._since_sweep = 0
 
     def _now(self) -> int:
         return int(self._clock() * 1000)
 
-    def _ledger(self, ledger: Ledger) -> _Ledger:
-        found = self._ledgers.get(ledger.key)
-        if found is None or found.expire_at <= self._wall() * 1000:
-            found = self._ledgers[ledger.key] = _Ledger(ledger.expire_at_ms)
-        found.expire_at = ledger.expire_at_ms
-        return found
+    def _states(self, ledgers: Sequence[Ledger]) -> list[dict[str, int]]:
+        """The fields of each ledger (a fresh one where it expired, as Redis would have dropped it)."""
+        wall_ms = self._wall() * 1000
+        found = self._ledgers
+        out = []
+        for ledger in ledgers:
+            state = found.get(ledger.key)
+            if state is None or state.expire_at <= wall_ms:
+                state = found[ledger.key] = _Ledger(ledger.expire_at_ms)
+            state.expire_at = ledger.expire_at_ms
+            out.append(state.fields)
+        return out
+
+    def _model_fields(self, model: str) -> tuple[str, str, str]:
+        names = self._model_names.get(model)
+        if names is None:
+            if len(self._model_names) >= 4096:
+                self._model_names.clear()
+            names = self._model_names[model] = (f"m:{model}:tok", f"m:{model}:usd", f"m:{model}:req")
+        return names
 
     async def acquire(
         self, id: str, scopes: Sequence[ScopeLimits], cost: int, spend: Spend | None = None
@@ -174,8 +186,10 @@ class LocalLimiter:
             if lim.concurrent and len(st.slots) + 1 > lim.concurrent:
                 fail, fail_scope, retry, used, requested = Outcome.CONCURRENCY, i, 1000, lim.concurrent, 1
         logs: list[_Log] = []
+        ledgers: list[dict[str, int]] = []
         if spend is not None and fail is Outcome.ADMITTED:
-            found = self._check_budgets(spend, now, logs)
+            ledgers = self._states(spend.ledgers)
+            found = self._check_budgets(spend, ledgers, now, logs)
             if found is not None:
                 fail, fail_scope, retry, used, requested = found
         add = 1 if fail is Outcome.ADMITTED else 0
@@ -201,12 +215,11 @@ class LocalLimiter:
                     lt, rt, st_ms = lim.tokens, rem, (st.tokens[0].at if st.tokens else now) + window - now
         if add and spend is not None:
             reserved = spend.reserved
-            for ledger in spend.ledgers:
-                state = self._ledger(ledger)
+            for fields in ledgers:
                 if reserved.tokens:
-                    state.add("tok", reserved.tokens)
+                    fields["tok"] = fields.get("tok", 0) + reserved.tokens
                 if reserved.nanos:
-                    state.add("usd", reserved.nanos)
+                    fields["usd"] = fields.get("usd", 0) + reserved.nanos
             for m, log in zip(spend.rolling, logs, strict=True):
                 e = _Entry(id, now, reserved.amount(m.budget.unit))
                 log.entries.append(e)
@@ -218,14 +231,13 @@ class LocalLimiter:
         return Verdict(fail, fail_scope, retry, lr, rr, sr, lt, rt, st_ms, used, requested)
 
     def _check_budgets(
-        self, spend: Spend, now: int, logs: list[_Log]
+        self, spend: Spend, states: list[dict[str, int]], now: int, logs: list[_Log]
     ) -> tuple[Outcome, int, int, int, int] | None:
         """The first budget the request does not fit in, as the Lua script reports it (`logs` gets
         each rolling budget's log, evicted, when all fit)."""
         reserved = spend.reserved
         for j, m in enumerate(spend.meters[: spend.n_calendar], 1):
-            fields = self._ledger(spend.ledgers[m.ledger]).fields
-            have = fields.get(_FIELD[m.budget.unit], 0)
+            have = states[m.ledger].get(_FIELD[m.budget.unit], 0)
             amount = reserved.amount(m.budget.unit)
             if amount > m.budget.limit:
                 return Outcome.QUOTA_TOO_LARGE, j, 0, have, amount
@@ -265,19 +277,20 @@ class LocalLimiter:
         if spend is None:
             return
         final = kept or spend.reserved
-        added = spend.reserved
-        model = "m:" + spend.model + ":"
-        for ledger in spend.ledgers:
-            state = self._ledger(ledger)
-            if final.tokens != added.tokens:
-                state.add("tok", final.tokens - added.tokens)
-            if final.nanos != added.nanos:
-                state.add("usd", final.nanos - added.nanos)
-            state.add("req", 1)
-            state.add(model + "tok", final.tokens)
+        d_tokens = final.tokens - spend.reserved.tokens
+        d_nanos = final.nanos - spend.reserved.nanos
+        m_tok, m_usd, m_req = self._model_fields(spend.model)
+        for fields in self._states(spend.ledgers):
+            get = fields.get
+            if d_tokens:
+                fields["tok"] = get("tok", 0) + d_tokens
+            if d_nanos:
+                fields["usd"] = get("usd", 0) + d_nanos
+            fields["req"] = get("req", 0) + 1
+            fields[m_tok] = get(m_tok, 0) + final.tokens
             if final.nanos:
-                state.add(model + "usd", final.nanos)
-            state.add(model + "req", 1)
+                fields[m_usd] = get(m_usd, 0) + final.nanos
+            fields[m_req] = get(m_req, 0) + 1
         for m in spend.rolling:
             log = self._logs.get(m.key)
             entry = log.by_id.get(ticket.id) if log is not None else None
