@@ -125,6 +125,13 @@ class AdmitStage:
         result = self._scopes[key] = tuple(out)
         return result
 
+    @staticmethod
+    def _reconciled(scopes: tuple[ScopeLimits, ...]) -> bool:
+        for s in scopes:
+            if s.tokens or s.concurrent:
+                return True
+        return False
+
     def _price(self, model: ModelSettings) -> Price:
         price = self._prices.get(model.name)
         if price is None:
@@ -134,7 +141,9 @@ class AdmitStage:
     async def __call__(self, ctx: RequestContext) -> Response | None:
         principal = ctx.principal
         scopes = self.scopes(principal)
-        plan = self.book.plan(principal, bool(scopes))
+        # the spend of a principal whose requests are reconciled anyway (a tokens/min or concurrency
+        # limit: the finalizer calls the limiter) is recorded in that same call: no extra round trip
+        plan = self.book.plan(principal, self._reconciled(scopes))
         if not scopes and plan is None:
             return None
         model = ctx.model

@@ -216,8 +216,9 @@ class LimitsSettings(_Model):
     window_s: float = Field(60.0, ge=1)
     #: seconds between Redis probes while it is down (recovery happens within this)
     redis_probe_s: float = Field(0.25, gt=0, le=5)
-    #: record the spend (tokens, money, requests, per model, per UTC day and month) of every request
-    #: the limiter sees — a principal with some limit or budget: it rides in the limiter's own calls.
+    #: record the spend (tokens, money, requests, per model, per UTC day and month) of every principal
+    #: with a budget, a tokens/min or a concurrency limit — it rides in the limiter's own calls (a
+    #: principal with only requests/min, or none, is not recorded: that would cost a round trip).
     #: false: only the ledgers calendar budgets need
     track_spend: bool = True
 

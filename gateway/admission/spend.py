@@ -142,8 +142,8 @@ class SpendBook:
 
     def plan(self, principal: Principal, limited: bool) -> SpendPlan | None:
         """The principal's plan, None when there is nothing to check or record. `limited`: the
-        principal has a rate limit (its requests reach the limiter anyway, so its spend is recorded
-        when `limits.track_spend` is on)."""
+        principal's requests are reconciled by the limiter anyway (a tokens/min or concurrency limit),
+        so with `limits.track_spend` its spend is recorded in those calls."""
         p = principal
         cache_key = (p.user, p.tenant, p.tier, p.key_id, p.key_rev, limited)
         if cache_key in self._plans:

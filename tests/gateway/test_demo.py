@@ -63,6 +63,17 @@ def test_demo_banner_tokens_and_limits() -> None:
             statuses.append(t.status_code)
         assert statuses == [200, 200, 200, 429, 429], statuses
         assert t.json()["error"]["code"] == "rate_limit_exceeded" and int(t.headers["retry-after"]) >= 1
+        # the banner's spend query: this process's own ledgers (the demo runs without Redis)
+        admin = re.search(r"admin token\s+(\S+)", banner)
+        assert admin and f"{base}/admin/spend?user=demo-user" in banner
+        spend = httpx.get(
+            base + "/admin/spend",
+            params={"user": "demo-user"},
+            headers={"authorization": f"Bearer {admin.group(1)}"},
+        ).json()
+        assert spend["shared"] is False
+        assert [(p["period"], p["requests"]) for p in spend["periods"]] == [("day", 1), ("month", 1)]
+        assert spend["periods"][0]["usd"] > 0 and spend["periods"][0]["models"][MODEL]["requests"] == 1
     finally:
         proc.send_signal(signal.SIGINT)  # Ctrl-C
         try:

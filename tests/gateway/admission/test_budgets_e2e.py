@@ -217,6 +217,8 @@ def gw(sim: SimProcess, redis_server: RedisServer) -> Iterator[GatewayProcess]:
         "tiers": {
             "default": {},
             "hourly": {"budgets": [{"period": "rolling", "window_s": 60, "tokens": 500}]},
+            "rpm": {"requests_per_minute": 1000},
+            "tpm": {"tokens_per_minute": 10**6},
         }
     }
     with GatewayProcess(budget_config(sim.base_url, redis_server.url, **limits)) as g:
@@ -303,6 +305,43 @@ def test_rolling_budget_says_truly_when_it_frees(gw: GatewayProcess) -> None:
         # the oldest admission leaves the 60 s window less than 60 s from now: that is the true wait
         assert 1 <= int(r.headers["retry-after"]) <= 60 and "x-should-retry" not in r.headers
         assert int(r.headers["retry-after-ms"]) <= 60_000
+
+
+def test_spend_is_recorded_where_it_costs_no_extra_round_trip(
+    gw: GatewayProcess, redis_server: RedisServer
+) -> None:
+    r = redis_sync.Redis.from_url(redis_server.url)
+    b = body(stream=False, max_tokens=5)
+    with httpx.Client(base_url=gw.base_url, timeout=30) as http:
+        for user, tier in (("only-rpm", "rpm"), ("with-tpm", "tpm")):
+            assert (
+                http.post("/v1/chat/completions", json=b, headers=bearer(user, tier=tier)).status_code == 200
+            )
+        # a tokens/min limit is reconciled after the response anyway: its spend rides in that call
+        tracked = http.get("/admin/spend", params={"user": "with-tpm", "tier": "tpm"}, headers=ADMIN).json()
+        assert [p["requests"] for p in tracked["periods"]] == [1, 1]
+        # requests/min needs no call after the response: recording it would add one, so it is not
+        untracked = http.get("/admin/spend", params={"user": "only-rpm", "tier": "rpm"}, headers=ADMIN).json()
+        assert [p["requests"] for p in untracked["periods"]] == [0, 0]
+    assert r.keys("gw:sp:{u:only-rpm}*") == [] and r.keys("gw:sp:{u:with-tpm}*")
+
+
+def test_a_key_budget_holds_without_any_configured_limit(sim: SimProcess, redis_server: RedisServer) -> None:
+    config = budget_config(sim.base_url, redis_server.url)
+    with GatewayProcess(config) as g, httpx.Client(base_url=g.base_url, timeout=30) as http:
+        budgets = [{"period": "month", "tokens": 1}]
+        key = http.post("/admin/api-keys", json={"user": "lone", "budgets": budgets}, headers=ADMIN).json()[
+            "key"
+        ]
+        r = http.post(
+            "/v1/chat/completions", json=body(stream=False), headers={"authorization": "Bearer " + key}
+        )
+        assert r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota"
+        # a principal with neither a budget nor a limit is served as before
+        free = http.post(
+            "/v1/chat/completions", json=body(stream=False, max_tokens=2), headers=bearer("free")
+        )
+        assert free.status_code == 200 and "x-ratelimit-limit-requests" not in free.headers
 
 
 def test_budgets_survive_a_gateway_restart(sim: SimProcess, redis_server: RedisServer) -> None:
