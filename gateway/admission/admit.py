@@ -127,10 +127,7 @@ class AdmitStage:
 
     @staticmethod
     def _reconciled(scopes: tuple[ScopeLimits, ...]) -> bool:
-        for s in scopes:
-            if s.tokens or s.concurrent:
-                return True
-        return False
+        return any(s.tokens or s.concurrent for s in scopes)
 
     def _price(self, model: ModelSettings) -> Price:
         price = self._prices.get(model.name)
