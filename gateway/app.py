@@ -1,8 +1,8 @@
 """The gateway as one ASGI application, assembled once from `Settings`.
 
 Hot paths (`/v1/chat/completions`, `/v1/completions`) go straight to the pipeline without any
-framework routing; the small fixed endpoints (`/healthz` = `/health`, `/readyz`, `/metrics`, `/v1/models`) are
-plain functions; everything else is answered 404 in OpenAI's shape. `build_pipeline` is the one
+framework routing; the small fixed endpoints (`/healthz` and `/health`, `/readyz`, `/metrics`,
+`/v1/models`) are plain functions; everything else is answered 404 in OpenAI's shape. `build_pipeline` is the one
 place where the order of the request path is written down.
 """
 

@@ -1,7 +1,7 @@
 """The public API in the OpenAPI document: documentation only, never on the request path.
 
-`/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/v1/models/{id}`, `/healthz`, `/health` and `/readyz`
-are answered by `gateway.app.Gateway` before any framework routing, so they are not routes of the
+`/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/v1/models/{id}`, `/healthz`, `/health` and
+`/readyz` are answered by `gateway.app.Gateway` before any framework routing, so they are not routes of the
 admin FastAPI app. `document_public_api(app, models)` makes the admin app's `/openapi.json` describe
 them anyway: it builds docs-only routes on a router that is never mounted, and merges their paths and
 schemas into the admin app's document (with the bearer security scheme both APIs use). Nothing here
