@@ -110,11 +110,6 @@ def completion_budget(body: Mapping[str, Any], default_max_tokens: int) -> int:
     return out * choices
 
 
-def reservation(prompt_tokens: int, body: Mapping[str, Any], default_max_tokens: int) -> int:
-    """Tokens reserved at admission: the prompt estimate plus the whole completion budget."""
-    return max(1, prompt_tokens + completion_budget(body, default_max_tokens))
-
-
 def reconciled(reserved: int, actual: int | None, reached_engine: bool) -> int:
     """Tokens to keep counted once a request ended. Real usage when known; nothing when no engine
     saw the request; the reservation when usage is unknown (an aborted stream: conservative)."""

@@ -1,14 +1,19 @@
-"""The admit stage: per-user and per-tenant requests/min, tokens/min and concurrency, before routing.
+"""The admit stage: per-user and per-tenant requests/min, tokens/min, concurrency and budgets (per
+user, tenant and API key), before routing.
 
-For each request: the principal's scopes (its tier's user limits, its tenant's limits) and a token
-reservation (`policies.admission.reservation`: the prompt estimate from the sanitise stage plus the
-completion budget) go to the limiter in one call. Admitted: OpenAI's `x-ratelimit-*` headers are
-added to the response and a finalizer is registered that, when the response has ended — sent,
-failed or abandoned — replaces the reservation by the real usage and frees the concurrency slot.
-Rejected: 429 in OpenAI's shape with a true `retry-after`. Limiter unreachable under `fail_closed`:
-503 (an outage is not the client's rate limit).
+For each request: the principal's scopes (its tier's user limits, its tenant's limits), its spend
+(`gateway/admission/spend.py`: the budgets and ledgers of its user, tenant and key) and a
+reservation (the prompt estimate from the sanitise stage plus the completion budget, in tokens and,
+at the model's prices, in money: `policies.budgets.reserve`) go to the limiter in one call.
+Admitted: OpenAI's `x-ratelimit-*` headers are added to the response and a finalizer is registered
+that, when the response has ended — sent, failed or abandoned — replaces the reservation by the real
+usage (`policies.budgets.settle`), records it per model in the ledgers, and frees the concurrency
+slot. Rejected: 429 in OpenAI's shape — `rate_limit_exceeded` with a true `retry-after`, or
+`insufficient_quota` for a budget, with `retry-after` only when it is true. Limiter unreachable
+under `fail_closed`: 503 (an outage is not the client's rate limit).
 
-Scopes with every limit at 0 are skipped; a principal with no limit at all costs no limiter call.
+Scopes with every limit at 0 are skipped; a principal with no limit and no budget at all costs no
+limiter call.
 """
 
 from __future__ import annotations
