@@ -8,7 +8,10 @@ per request (time.process_time: the Redis server's own CPU is another process an
     baseline     parse + validate (the proxy core's intake)
     admission    + authenticate (JWT, cache hit) + sanitise + admit (one EVALSHA on a real
                  redis-server: requests/min, tokens/min, concurrency, reconciled in the finalizer)
-Plus the parts alone, a JWT cache miss (HS256 and RS256 verification) and the local limiter.
+Plus the parts alone, a JWT cache miss (HS256 and RS256 verification) and the local limiter, and
+what model access and budgets add over limits alone (`access_budgets_added_*`: a tier with an
+allow- and a deny-list and three budgets — UTC day and month in money, a rolling hour in tokens —
+checked and reconciled in the same round trips).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import jwt
 import orjson
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from gateway.admission.access import ModelAccessRules
 from gateway.admission.admit import AdmitStage
 from gateway.admission.auth import AuthenticateStage, Authenticator
 from gateway.admission.intake import ParseStage, ValidateStage
@@ -32,6 +36,7 @@ from gateway.admission.limits_local import LocalLimiter
 from gateway.admission.limits_redis import RedisLimiter
 from gateway.admission.sanitise import SanitiseStage
 from gateway.admission.settings import (
+    BudgetSettings,
     JwtSettings,
     LimitSet,
     LimitsSettings,
@@ -42,6 +47,7 @@ from gateway.admission.tokens import mint_token
 from gateway.core.context import RequestContext
 from gateway.core.redis_client import open_redis
 from gateway.core.redis_wire import RespClient
+from gateway.core.settings import PriceSettings
 from gateway.pipeline import run_finalizers
 from gateway.settings import ModelSettings
 
@@ -61,6 +67,29 @@ MODELS = {"m": ModelSettings(name="m", context_length=8192)}
 LIMITS = LimitsSettings(
     tiers={
         "default": LimitSet(requests_per_minute=10**9, tokens_per_minute=10**12, concurrent_requests=10**6)
+    }
+)
+#: the same model with prices, and the same limits plus model access and budgets (never reached):
+#: a UTC day and a UTC month in money, a rolling hour in tokens, and the spend ledgers they need
+PRICED = {
+    "m": ModelSettings(
+        name="m", context_length=8192, price=PriceSettings(prompt=0.15, cached_prompt=0.075, completion=0.6)
+    )
+}
+BUDGETED = LimitsSettings(
+    tiers={
+        "default": LimitSet(
+            requests_per_minute=10**9,
+            tokens_per_minute=10**12,
+            concurrent_requests=10**6,
+            allow_models=["m", "other"],
+            deny_models=["forbidden"],
+            budgets=[
+                BudgetSettings(period="day", usd=10**6),
+                BudgetSettings(period="month", usd=10**6),
+                BudgetSettings(period="rolling", window_s=3600, tokens=10**12),
+            ],
+        )
     }
 )
 
@@ -126,6 +155,16 @@ async def run(n: int, redis_url: str) -> dict[str, float]:
     shared.bind(RedisLimiter(redis, window_s=60, lease_s=30, wire=wire), redis.ping)
     admit = AdmitStage(shared, LIMITS)
     local_admit = AdmitStage(FailoverLimiter(LocalLimiter(window_s=60), "fail_open", 0.25), LIMITS)
+    # limits alone vs limits + model access + budgets, with the same stages otherwise: the parse
+    # stage asks the model grants, the admit stage checks three budgets and writes two ledgers in its
+    # one EVALSHA (and the finalizer's)
+    priced_parse = ParseStage(PRICED, 1 << 22)
+    access_parse = ParseStage(PRICED, 1 << 22, ModelAccessRules(BUDGETED).permits)
+    untracked = LIMITS.model_copy(update={"track_spend": False})
+    untracked_admit = AdmitStage(shared, untracked)
+    local_untracked = AdmitStage(FailoverLimiter(LocalLimiter(window_s=60), "fail_open", 0.25), untracked)
+    budget_admit = AdmitStage(shared, BUDGETED)
+    local_budget_admit = AdmitStage(FailoverLimiter(LocalLimiter(window_s=60), "fail_open", 0.25), BUDGETED)
     base = [parse, validate]
     out = {
         "baseline_parse_validate_us": await _cpu_per_request(base, headers, n),
@@ -139,6 +178,29 @@ async def run(n: int, redis_url: str) -> dict[str, float]:
         "admit_redis_us": await _cpu_per_request([*base, sanitise, admit], headers, n),
         "admit_local_us": await _cpu_per_request([*base, sanitise, local_admit], headers, n),
     }
+    # alternated rounds, best of each: the difference is a few µs on a ~100 µs path
+    limits_only, with_budgets, local_only, local_budgets = [], [], [], []
+    bare, local_bare = [], []
+    for _ in range(3):
+        bare.append(await _cpu_per_request([priced_parse, validate, sanitise, untracked_admit], headers, n))
+        local_bare.append(
+            await _cpu_per_request([priced_parse, validate, sanitise, local_untracked], headers, n)
+        )
+        limits_only.append(await _cpu_per_request([priced_parse, validate, sanitise, admit], headers, n))
+        with_budgets.append(
+            await _cpu_per_request([access_parse, validate, sanitise, budget_admit], headers, n)
+        )
+        local_only.append(await _cpu_per_request([priced_parse, validate, sanitise, local_admit], headers, n))
+        local_budgets.append(
+            await _cpu_per_request([access_parse, validate, sanitise, local_budget_admit], headers, n)
+        )
+    out["intake_admit_limits_redis_us"] = min(limits_only)
+    out["intake_admit_limits_access_budgets_redis_us"] = min(with_budgets)
+    out["access_budgets_added_redis_us"] = min(with_budgets) - min(limits_only)
+    out["access_budgets_added_local_us"] = min(local_budgets) - min(local_only)
+    # what recording the spend of a limited principal costs (limits.track_spend, on by default)
+    out["spend_tracking_added_redis_us"] = min(limits_only) - min(bare)
+    out["spend_tracking_added_local_us"] = min(local_only) - min(local_bare)
     out["sanitise_us"] -= out["baseline_parse_validate_us"]
     out["admit_redis_us"] -= out["sanitise_us"] + out["baseline_parse_validate_us"]
     out["admit_local_us"] -= out["sanitise_us"] + out["baseline_parse_validate_us"]

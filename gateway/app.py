@@ -2,10 +2,10 @@
 
 Hot paths (`/v1/chat/completions`, `/v1/completions`) go straight to the pipeline without any
 framework routing; the other client APIs (`/v1/responses…`, `/v1/embeddings`, `/v1/messages…`:
-gateway/apis/) are matched next, each to its own pipeline; the small fixed endpoints (`/healthz`,
-`/readyz`, `/metrics`, `/v1/models`) are plain functions; everything else is answered 404 in
-OpenAI's shape. `build_pipelines` is the one place where the order of each request path is written
-down.
+gateway/apis/) are matched next, each to its own pipeline; the small fixed endpoints (`/healthz` and
+`/health`, `/readyz`, `/metrics`, `/v1/models`) are plain functions; everything else is answered 404
+in OpenAI's shape. `build_pipelines` is the one place where the order of each request path is
+written down.
 """
 
 from __future__ import annotations
@@ -32,7 +32,16 @@ from gateway.control.verbs import FleetControl
 from gateway.core.context import Api, RequestContext
 from gateway.core.fleet import Fleet
 from gateway.core.redis_client import connect_redis, describe
-from gateway.core.responses import DISCONNECT, BytesResponse, Message, Receive, Send, error_response
+from gateway.core.responses import (
+    DISCONNECT,
+    BytesResponse,
+    Headers,
+    Message,
+    Receive,
+    Response,
+    Send,
+    error_response,
+)
 from gateway.edge.request_id import request_id_from
 from gateway.observability.access_log import AccessLog
 from gateway.observability.metrics import Metrics
@@ -95,7 +104,13 @@ class Gateway:
         #: the operator's verbs (admin API): fleet changes, audit, reload; the store is bound at start-up
         self.control = FleetControl(self.fleet, self, MemoryStore())
         self._admin_app = build_admin_app(
-            self.control, self.admission.authorize_admin, self.api_keys, self.explain, list(self.models)
+            self.control,
+            self.admission.authorize_admin,
+            self.api_keys,
+            self.explain,
+            list(self.models),
+            known_models=lambda: self.models,
+            spend=self.admission.spend_report,
         )
         for pool in self.fleet.pools.values():
             self.metrics.pool_weight.labels(pool.name).set(pool.weight)
@@ -116,7 +131,8 @@ class Gateway:
         sanitise = self.admission.sanitise_stage(features)
         validate = ValidateStage()
         proxy = ProxyStage(transport, s.upstream, route.reroute, self._on_upstream_error)
-        parse = ParseStage(self.models, s.server.max_body_bytes)
+        permits = self.admission.permits
+        parse = ParseStage(self.models, s.server.max_body_bytes, permits)
         apis = self.apis
         chat: list[Stage] = [*auth, parse, validate, sanitise, *admit, route, proxy]
         pipelines: dict[Api, list[Stage]] = {
@@ -134,7 +150,7 @@ class Gateway:
             ],
             "embeddings": [
                 *auth,
-                ParseStage(self.models, s.server.max_body_bytes, task="embed"),
+                ParseStage(self.models, s.server.max_body_bytes, permits, task="embed"),
                 apis.embeddings_intake(features, s.sanitise.context_slack),
                 *admit,
                 route,
@@ -149,7 +165,7 @@ class Gateway:
         self.metrics.observe_decision(decision)
 
     def _on_upstream_error(self, ctx: RequestContext, backend: Any, kind: str) -> None:
-        self.metrics.upstream_error(backend.pool, kind)
+        self.metrics.upstream_error(backend.pool, kind, backend.name)
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def startup(self) -> None:
@@ -269,12 +285,13 @@ class Gateway:
         method = scope["method"]
         rid = request_id_from(dict(scope["headers"]))
         headers = [(b"x-request-id", rid.encode())]
+        response: Response
         if method not in ("GET", "HEAD"):
             if path in _HOT:
                 response = error_response(ApiError(405, f"Method {method} not allowed on {path}."), headers)
             else:
                 response = error_response(_not_found(method, path), headers)
-        elif path == "/healthz":
+        elif path == "/healthz" or path == "/health":  # /health: what vLLM/SGLang and their benchmarks probe
             response = BytesResponse(200, b'{"status":"ok"}', headers)
         elif path == "/readyz":
             ready = self.pipeline is not None and any(b.healthy for b in self.fleet.backends.values())
@@ -289,18 +306,28 @@ class Gateway:
             else:
                 denied = ApiError(401, "/metrics needs a bearer token.", code="invalid_api_key")
                 response = error_response(denied, headers)
-        elif path == "/v1/models":
-            data = [self._model_object(name) for name in self.models]
-            response = BytesResponse(200, orjson.dumps({"object": "list", "data": data}), headers)
-        elif path.startswith("/v1/models/"):
-            name = path[len("/v1/models/") :]
-            if name in self.models:
-                response = BytesResponse(200, orjson.dumps(self._model_object(name)), headers)
-            else:
-                response = error_response(model_not_found(name), headers)
+        elif path == "/v1/models" or path.startswith("/v1/models/"):
+            response = await self._models(path, dict(scope["headers"]), headers)
         else:
             response = error_response(_not_found(method, path), headers)
         await response(send, receive)
+
+    async def _models(self, path: str, request_headers: dict[bytes, bytes], headers: Headers) -> Response:
+        """`/v1/models` and `/v1/models/{id}`: authenticated like chat (a model inventory is
+        reconnaissance), answering only what the caller may use."""
+        try:
+            principal = await self.admission.principal(request_headers)
+        except ApiError as err:
+            return error_response(err, headers)
+        if path == "/v1/models":
+            data = [
+                self._model_object(n) for n in self.admission.model_access.visible(principal, self.models)
+            ]
+            return BytesResponse(200, orjson.dumps({"object": "list", "data": data}), headers)
+        name = path[len("/v1/models/") :]
+        if name in self.models and self.admission.permits(principal, name):
+            return BytesResponse(200, orjson.dumps(self._model_object(name)), headers)
+        return error_response(model_not_found(name), headers)
 
     async def _redis_reachable(self) -> bool:
         """Readiness' view of Redis. With `limits.on_redis_error: fail_open` a replica serves through

@@ -1,9 +1,11 @@
 """`gateway demo`: the embedded default.
 
 Starts two vLLM-dialect and two SGLang-dialect simulators on free loopback ports (plus one embedding
-model simulator of each dialect, for /v1/embeddings) and a gateway in front of them, with in-memory state (Redis when `REDIS_URL` is set) and a JWT secret from
-`GATEWAY_JWT_SECRET` (generated when unset). Prints the base URL, a user and an admin token, and
-ready-to-paste curl and OpenAI SDK examples. Ctrl-C (or SIGTERM) stops everything it started.
+simulator of each dialect, for /v1/embeddings) and a gateway in front of them, with in-memory state (Redis when `REDIS_URL` is set) and a JWT secret from
+`GATEWAY_JWT_SECRET` (generated when unset). Prints the base URL, a user token (tier `default`: 60
+requests/min, 100k tokens/min, 8 concurrent — the `x-ratelimit-*` headers show them), a tight token
+(tier `tight`: 3 requests/min, so a few quick requests get 429), an admin token, and ready-to-paste
+curl and OpenAI SDK examples. Ctrl-C (or SIGTERM) stops everything it started.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ SERVED = {"vllm": "meta-llama/Llama-3.1-8B-Instruct", "sglang": "meta-llama/Llam
 EMBED_MODEL = "demo-embed"
 EMBED_SERVED = "BAAI/bge-small-en-v1.5"
 EMBED_DIM = 384
+#: the demo user's tier: limits whose x-ratelimit-* headers show on every answer
+USER_LIMITS = {"requests_per_minute": 60, "tokens_per_minute": 100_000, "concurrent_requests": 8}
+#: the tight tier: a few quick requests hit 429
+TIGHT_LIMITS = {"requests_per_minute": 3, "tokens_per_minute": 20_000, "concurrent_requests": 1}
 
 
 def demo_config(
@@ -36,7 +42,14 @@ def demo_config(
     with `embed_urls` (dialect → URL) an embedding model served by one pool of each dialect."""
     config: dict[str, Any] = {
         "server": {"host": host, "port": port, "graceful_shutdown_s": 5},
-        "models": [{"name": MODEL, "context_length": 8192, "owned_by": "demo"}],
+        "models": [
+            {
+                "name": MODEL,
+                "context_length": 8192,
+                "owned_by": "demo",
+                "price": {"prompt": 0.15, "cached_prompt": 0.075, "completion": 0.6},
+            }
+        ],
         "pools": [
             {
                 "name": name,
@@ -55,6 +68,10 @@ def demo_config(
             "scrape_interval_s": 2.0,
         },
         "upstream": {"health": {"interval_s": 2.0}},
+        "limits": {
+            "tiers": {"default": dict(USER_LIMITS), "tight": dict(TIGHT_LIMITS)},
+            # the admin token has no tier: the default tier's limits apply to it as well
+        },
     }
     if embed_urls:
         config["models"].append(
@@ -91,9 +108,30 @@ def sim_flags(engine: str) -> list[str]:
     return flags
 
 
-def _banner(base: str, user_token: str, admin_token: str, with_auth: bool) -> str:
+def _limits(limits: dict[str, int]) -> str:
+    return (
+        f"{limits['requests_per_minute']} requests/min, {limits['tokens_per_minute']:,} tokens/min, "
+        f"{limits['concurrent_requests']} concurrent"
+    )
+
+
+def _banner(base: str, user_token: str, admin_token: str, with_auth: bool, tight_token: str = "") -> str:
     auth = f'-H "Authorization: Bearer {user_token}" ' if with_auth else ""
     key = user_token if with_auth else "unused"
+    limits = (
+        f"""
+Limits per user (every answer's x-ratelimit-* headers show them):
+  user token   tier default: {_limits(USER_LIMITS)}
+  tight token  tier tight:   {_limits(TIGHT_LIMITS)}: the 4th quick request gets 429
+  {tight_token}
+  for i in 1 2 3 4 5; do curl -s -o /dev/null -w "%{{http_code}} " {base}/v1/chat/completions \\
+    -H "Authorization: Bearer {tight_token}" -H "Content-Type: application/json" \\
+    -d '{{"model": "{MODEL}", "max_tokens": 5, "messages": [{{"role": "user", "content": "Hi"}}]}}'; done; echo
+  Spend so far (admin): curl -s "{base}/admin/spend?user=demo-user" -H "Authorization: Bearer {admin_token}"
+"""
+        if with_auth and tight_token
+        else ""
+    )
     return f"""
 LLM gateway demo — 2 vLLM-dialect + 2 SGLang-dialect simulators (and an embedding simulator of
 each dialect) behind one gateway
@@ -102,7 +140,7 @@ each dialect) behind one gateway
   model        {MODEL}   embeddings: {EMBED_MODEL}
   user token   {user_token}
   admin token  {admin_token}
-
+{limits}
 curl:
   curl -s {base}/v1/chat/completions {auth}-H "Content-Type: application/json" \\
     -d '{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
@@ -157,6 +195,7 @@ def run_demo(port: int = 8080, host: str = "127.0.0.1") -> None:
             mint_token(secret, "demo-user", tier="default"),
             mint_token(secret, "demo-admin", roles=["admin"]),
             with_auth=settings.auth.active,
+            tight_token=mint_token(secret, "demo-tight", tier="tight"),
         )
         # The banner goes out once the gateway serves, so what it offers works when it is read.
         gateway = Gateway(settings, on_ready=lambda: print(banner, flush=True))

@@ -90,6 +90,10 @@ class Settings(SettingsModel):
                 raise ValueError(
                     f"pool {pool.name!r} serves models not listed under models: {sorted(unknown)}"
                 )
+        for where, scope in self.limits.scopes():
+            unknown = scope.named_models() - model_names
+            if unknown:
+                raise ValueError(f"{where} names models not listed under models: {sorted(unknown)}")
         for rule in self.routing.rules:
             missing = set(rule.pools) - set(names)
             if missing:

@@ -23,6 +23,8 @@ class Outcome(IntEnum):
     TOKENS = 2  # tokens per window reached
     CONCURRENCY = 3  # concurrent requests reached
     TOO_LARGE = 4  # the request alone needs more tokens than the window allows
+    QUOTA = 5  # a budget is spent (`scope` is the index of the budget's meter; policies/budgets.py)
+    QUOTA_TOO_LARGE = 6  # the request alone may cost more than a whole budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +47,10 @@ class Verdict:
     """A limiter's answer. Header figures describe the most constrained scope (least remaining).
 
     `retry_ms`: on a rejection, the time until this same request would be admitted if nothing else
-    arrived (0 when admitted). `reset_*_ms`: the time until the oldest usage counted in the window
-    leaves it (capacity starts coming back). `used`/`requested`: the figures of the rejecting
-    limit, for OpenAI's message. `scope`: index of the rejecting scope.
+    arrived (0 when admitted; for a calendar budget the caller knows the period's end). `reset_*_ms`:
+    the time until the oldest usage counted in the window leaves it (capacity starts coming back).
+    `used`/`requested`: the figures of the rejecting limit or budget, for the message. `scope`: index
+    (from 1) of the rejecting scope, or of the rejecting budget's meter for the QUOTA outcomes.
     """
 
     outcome: Outcome
@@ -107,11 +110,6 @@ def completion_budget(body: Mapping[str, Any], default_max_tokens: int) -> int:
     return out * choices
 
 
-def reservation(prompt_tokens: int, body: Mapping[str, Any], default_max_tokens: int) -> int:
-    """Tokens reserved at admission: the prompt estimate plus the whole completion budget."""
-    return max(1, prompt_tokens + completion_budget(body, default_max_tokens))
-
-
 def reconciled(reserved: int, actual: int | None, reached_engine: bool) -> int:
     """Tokens to keep counted once a request ended. Real usage when known; nothing when no engine
     saw the request; the reservation when usage is unknown (an aborted stream: conservative)."""
@@ -145,7 +143,9 @@ def rejection_message(verdict: Verdict, model: str, scope_label: str) -> str:
 
 
 def error_type(outcome: Outcome) -> str:
-    """OpenAI's `type` of a 429: `requests` or `tokens`."""
+    """OpenAI's `type` of a 429: `requests`, `tokens`, or `insufficient_quota` (a budget)."""
+    if outcome in (Outcome.QUOTA, Outcome.QUOTA_TOO_LARGE):
+        return "insufficient_quota"
     return "tokens" if outcome in (Outcome.TOKENS, Outcome.TOO_LARGE) else "requests"
 
 

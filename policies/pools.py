@@ -11,14 +11,20 @@ Steps, in order:
 5. Rules, first match wins: the candidates become the live pools named in `then_pools`. If none of them
    is live, a `strict` rule fails the request (`"unavailable"`); otherwise the next matching rule is
    tried, and finally all live pools.
-6. Among two or more candidates, a weighted choice by the pools' live weights: with a `sticky_key`,
+6. A retry's `prefer`red pool (the pool of the attempt that failed) is kept while it is among the
+   candidates, i.e. while it still has a routable backend: failover tries the pool's other backends
+   first. Once it has none, the choice is made again without it — non-strict rules are preferences,
+   so the request fails over to the next eligible pool that serves the model; a `strict` rule keeps it
+   inside the rule's pools (and fails it when none is left).
+7. Among two or more candidates, a weighted choice by the pools' live weights: with a `sticky_key`,
    weighted rendezvous hashing (score `w / -ln(u(key, pool))`, so a conversation keeps its pool, the
    split over many conversations follows the weights, and a weight change moves only the share that
    must move); without one, the cumulative weights against `rand`. With a `place` hook (a prefix
    group's placement, `policies.pool_placement`), the pool it names among these candidates goes
    first in that order; the load bound still applies.
 
-The reason is `pin`, or `rule:<name>` / `default`, followed by `+weights` when weights decided.
+The reason is `pin`, or `rule:<name>` / `default`, followed by `+weights` when weights decided;
+`retry` when a retry stayed in its pool.
 """
 
 from __future__ import annotations
@@ -112,8 +118,10 @@ def choose_pool(
     name_hash: NameHashes | None = None,
     balance: PoolBalance | None = None,
     place: PlaceHook | None = None,
+    prefer: str | None = None,
 ) -> PoolChoice:
-    """The pool for this request (see the module docstring); raises `RoutingError`."""
+    """The pool for this request (see the module docstring); raises `RoutingError`. `prefer`: the
+    pool a retry comes from (kept while it is a candidate)."""
     model = features.model
     if pin is not None:
         pinned = snapshot.pool(pin)
@@ -147,6 +155,10 @@ def choose_pool(
         if rule.strict:
             raise RoutingError("unavailable", f"rule:{rule.name}:no-eligible-pool")
 
+    if prefer is not None:
+        for p in candidates:
+            if p.name == prefer:
+                return PoolChoice(p, "retry")
     if len(candidates) == 1:
         return PoolChoice(candidates[0], label)
     if sticky_key is None:

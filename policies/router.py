@@ -71,12 +71,15 @@ class Router:
         pin: str | None = None,
         *,
         exclude: Collection[str] = (),
+        prefer: str | None = None,
         dry_run: bool = False,
     ) -> Decision:
         """Pool and backend for this request, or `RoutingError`.
 
         `rand` is uniform in [0, 1). `pin` is an admin's pool pin. `exclude` names backends not to use
-        (failover after an upstream error). With `dry_run` no routing state changes (explain endpoint).
+        and `prefer` the pool a retry comes from (failover after an upstream error: the pool's other
+        backends first, then the next eligible pool; `policies.pools`). With `dry_run` no routing
+        state changes (explain endpoint).
         """
         if exclude:
             snapshot = _without(snapshot, exclude)
@@ -86,7 +89,7 @@ class Router:
         if self.pool_choice == "sticky":
             key = routing_key(features, self._key_config)
             sticky_key = mix64(key ^ _POOL_SALT)
-            if pin is None and group_blocks(features, self._key_config):
+            if pin is None and prefer is None and group_blocks(features, self._key_config):
                 place = functools.partial(self._groups.place, features=features, key=key)
         pool_choice = choose_pool(
             snapshot,
@@ -98,6 +101,7 @@ class Router:
             name_hash=self._pool_names,
             balance=self._balance,
             place=place,
+            prefer=prefer,
         )
         pool = pool_choice.pool
         choice = self.policy.select(pool, features, rand)

@@ -298,6 +298,24 @@ def admission() -> list[Row]:
             ],
         ),
         Row(
+            "Spend and budgets",
+            [
+                Panel(
+                    "Spend, USD per hour, by model",
+                    [(f"{rate('gateway_spend_usd_total', 'model')} * 3600", "{{model}}")],
+                    "currencyUSD",
+                    "At the models' configured prices, from the engines' usage. Per user, tenant or API "
+                    "key: GET /admin/spend (never a label).",
+                ),
+                Panel(
+                    "Budget refusals per second (429 insufficient_quota), by scope and period",
+                    [(rate("gateway_budget_rejections_total", "scope, period"), "{{scope}} {{period}}")],
+                    "ops",
+                    "scope: user, tenant, key; period: day, month, rolling (docs/admission.md, Budgets).",
+                ),
+            ],
+        ),
+        Row(
             "Redis",
             [
                 Panel(

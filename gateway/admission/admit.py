@@ -1,41 +1,53 @@
-"""The admit stage: per-user and per-tenant requests/min, tokens/min and concurrency, before routing.
+"""The admit stage: per-user and per-tenant requests/min, tokens/min, concurrency and budgets (per
+user, tenant and API key), before routing.
 
-For each request: the principal's scopes (its tier's user limits, its tenant's limits) and a token
-reservation (`policies.admission.reservation`: the prompt estimate from the sanitise stage plus the
-completion budget) go to the limiter in one call. Admitted: OpenAI's `x-ratelimit-*` headers are
-added to the response and a finalizer is registered that, when the response has ended — sent,
-failed or abandoned — replaces the reservation by the real usage and frees the concurrency slot.
-Rejected: 429 in OpenAI's shape with a true `retry-after`. Limiter unreachable under `fail_closed`:
-503 (an outage is not the client's rate limit).
+For each request: the principal's scopes (its tier's user limits, its tenant's limits), its spend
+(`gateway/admission/spend.py`: the budgets and ledgers of its user, tenant and key) and a
+reservation (the prompt estimate from the sanitise stage plus the completion budget, in tokens and,
+at the model's prices, in money: `policies.budgets.reserve`) go to the limiter in one call.
+Admitted: OpenAI's `x-ratelimit-*` headers are added to the response and a finalizer is registered
+that, when the response has ended — sent, failed or abandoned — replaces the reservation by the real
+usage (`policies.budgets.settle`), records it per model in the ledgers, and frees the concurrency
+slot. Rejected: 429 in OpenAI's shape — `rate_limit_exceeded` with a true `retry-after`, or
+`insufficient_quota` for a budget, with `retry-after` only when it is true. Limiter unreachable
+under `fail_closed`: 503 (an outage is not the client's rate limit).
 
-Scopes with every limit at 0 are skipped; a principal with no limit at all costs no limiter call.
+Scopes with every limit at 0 are skipped; a principal with no limit and no budget at all costs no
+limiter call.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
 from engines.errors import ApiError
-from gateway.admission.limits import FailoverLimiter, LimiterUnavailable, Ticket
+from gateway.admission.limits import FailoverLimiter, LimiterUnavailable, Meter, Spend, Ticket
 from gateway.admission.settings import LimitsSettings
+from gateway.admission.spend import PeriodClock, SpendBook
 from gateway.core.context import Principal, RequestContext
 from gateway.core.responses import Response
+from gateway.core.settings import ModelSettings
 from policies.admission import (
     Outcome,
     ScopeLimits,
+    Verdict,
+    completion_budget,
     error_type,
     header_pairs,
     reconciled,
     rejection_message,
-    reservation,
     retry_headers,
 )
+from policies.budgets import FREE, Price, quota_headers, quota_message, reserve, settle
 
 #: (stage, reason, ctx) → count a rejection (gateway_rejections; `Metrics.reject`)
 RejectHook = Callable[[str, str, RequestContext], None]
+#: (scope, period) of a budget that refused a request → count it (gateway_budget_rejections)
+BudgetHook = Callable[[str, str], None]
 
 _REASON = {
     Outcome.REQUESTS: "requests",
@@ -61,14 +73,25 @@ class AdmitStage:
     metric_stage = "limit"
 
     def __init__(
-        self, limiter: FailoverLimiter, settings: LimitsSettings, on_reject: RejectHook | None = None
+        self,
+        limiter: FailoverLimiter,
+        settings: LimitsSettings,
+        on_reject: RejectHook | None = None,
+        *,
+        on_budget: BudgetHook | None = None,
+        book: SpendBook | None = None,
+        clock: PeriodClock | None = None,
     ) -> None:
         self._limiter = limiter
         self._settings = settings
         self._on_reject = on_reject
+        self._on_budget = on_budget
         self._scopes: dict[tuple[str, str | None, str], tuple[ScopeLimits, ...]] = {}
         self._ids = itertools.count()
         self._id_prefix = os.urandom(6).hex() + "-"
+        self.book = book or SpendBook(settings)
+        self._clock = clock or PeriodClock()
+        self._prices: dict[str, Price] = {}
 
     def scopes(self, principal: Principal) -> tuple[ScopeLimits, ...]:
         """The limits that apply to `principal` (cached; only scopes with some limit)."""
@@ -80,7 +103,7 @@ class AdmitStage:
         tier = s.tiers.get(principal.tier) or s.tiers[s.default_tier]
         user_key, tenant_key = scope_prefix(principal)
         out: list[ScopeLimits] = []
-        if not tier.unlimited:
+        if tier.requests_per_minute or tier.tokens_per_minute or tier.concurrent_requests:
             out.append(
                 ScopeLimits(
                     user_key,
@@ -92,7 +115,7 @@ class AdmitStage:
             )
         if tenant_key is not None and principal.tenant is not None:
             t = s.tenants.get(principal.tenant, s.tenant_default)
-            if not t.unlimited:
+            if t.requests_per_minute or t.tokens_per_minute or t.concurrent_requests:
                 out.append(
                     ScopeLimits(
                         tenant_key,
@@ -107,18 +130,71 @@ class AdmitStage:
         result = self._scopes[key] = tuple(out)
         return result
 
+    @staticmethod
+    def _reconciled(scopes: tuple[ScopeLimits, ...]) -> bool:
+        return any(s.tokens or s.concurrent for s in scopes)
+
+    def _price(self, model: ModelSettings) -> Price:
+        price = self._prices.get(model.name)
+        if price is None:
+            price = self._prices[model.name] = model.price.price() if model.price is not None else FREE
+        return price
+
     async def __call__(self, ctx: RequestContext) -> Response | None:
-        scopes = self.scopes(ctx.principal)
-        if not scopes:
+        principal = ctx.principal
+        scopes = self.scopes(principal)
+        # the spend of a principal whose requests are reconciled anyway (a tokens/min or concurrency
+        # limit: the finalizer calls the limiter) is recorded in that same call: no extra round trip
+        plan = self.book.plan(principal, self._reconciled(scopes))
+        if not scopes and plan is None:
             return None
         model = ctx.model
         assert model is not None, "the parse stage resolves the model"
+        prompt = _prompt_tokens(ctx)
         # an embedding generates nothing: its reservation is its input alone
-        budget = 0 if ctx.endpoint == "embeddings" else model.default_max_tokens
-        cost = reservation(_prompt_tokens(ctx), ctx.body, budget)
+        completion = (
+            0 if ctx.endpoint == "embeddings" else completion_budget(ctx.body, model.default_max_tokens)
+        )
+        cost = max(1, prompt + completion)
         id = self._id_prefix + str(next(self._ids))
+        spend: Spend | None = None
+        price = FREE
+        now = 0.0
+        if plan is not None:
+            price = self._price(model)
+            now, day, month = self._clock.now()
+            spend = plan.spend(day, month, model.name, reserve(price, prompt, completion))
+        ticket = await self._acquire(ctx, id, scopes, cost, spend, now)
+        ctx.extras["limit_ticket"] = ticket
+
+        async def release(ctx: RequestContext) -> None:
+            usage = ctx.usage
+            reached = ctx.attempts > 0
+            kept = reconciled(cost, usage.total_tokens if usage is not None else None, reached)
+            final = None
+            if spend is not None:
+                counts = None
+                if usage is not None:
+                    counts = (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens or 0)
+                final = settle(spend.reserved, price, counts, reached)
+            await self._limiter.finish(ticket, kept, final)
+
+        ctx.finalizers.append(release)
+        return None
+
+    async def _acquire(
+        self,
+        ctx: RequestContext,
+        id: str,
+        scopes: tuple[ScopeLimits, ...],
+        cost: int,
+        spend: Spend | None,
+        now: float,
+    ) -> Ticket:
+        model = ctx.model
+        assert model is not None
         try:
-            verdict, holder = await self._limiter.acquire(id, scopes, cost)
+            verdict, holder = await self._limiter.acquire(id, scopes, cost, spend)
         except LimiterUnavailable:
             self._reject("unavailable", ctx)
             raise ApiError(
@@ -129,26 +205,43 @@ class AdmitStage:
                 headers={"retry-after": "1"},
             ) from None
         ctx.response_headers.extend(header_pairs(verdict))
-        if verdict.outcome is not Outcome.ADMITTED:
-            self._reject(_REASON[verdict.outcome], ctx)
-            label = scopes[verdict.scope - 1].label if verdict.scope else ""
-            raise ApiError(
-                429,
-                rejection_message(verdict, model.name, label),
-                type=error_type(verdict.outcome),
-                code="rate_limit_exceeded",
-                headers=retry_headers(verdict),
-            )
-        ticket = Ticket(id, scopes, cost, holder)
-        ctx.extras["limit_ticket"] = ticket
+        outcome = verdict.outcome
+        if outcome is Outcome.ADMITTED:
+            return Ticket(id, scopes, cost, holder, spend)
+        if outcome in (Outcome.QUOTA, Outcome.QUOTA_TOO_LARGE):
+            assert spend is not None
+            raise self._over_budget(ctx, verdict, spend.meters[verdict.scope - 1], now)
+        self._reject(_REASON[outcome], ctx)
+        label = scopes[verdict.scope - 1].label if verdict.scope else ""
+        raise ApiError(
+            429,
+            rejection_message(verdict, model.name, label),
+            type=error_type(outcome),
+            code="rate_limit_exceeded",
+            headers=retry_headers(verdict),
+        )
 
-        async def release(ctx: RequestContext) -> None:
-            usage = ctx.usage
-            kept = reconciled(cost, usage.total_tokens if usage is not None else None, ctx.attempts > 0)
-            await self._limiter.finish(ticket, kept)
-
-        ctx.finalizers.append(release)
-        return None
+    def _over_budget(self, ctx: RequestContext, verdict: Verdict, meter: Meter, now: float) -> ApiError:
+        """OpenAI's `insufficient_quota` 429, naming the budget; `retry-after` only when it is true."""
+        budget = meter.budget
+        too_large = verdict.outcome is Outcome.QUOTA_TOO_LARGE
+        retry_ms: int | None = None
+        resets: str | None = None
+        if budget.calendar:
+            retry_ms = max(1, meter.ends_at_ms - int(now * 1000))
+            resets = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(meter.ends_at_ms // 1000))
+        elif verdict.retry_ms > 0:
+            retry_ms = verdict.retry_ms
+        self._reject("budget", ctx)
+        if self._on_budget is not None:
+            self._on_budget(meter.scope, budget.period)
+        return ApiError(
+            429,
+            quota_message(budget, meter.label, verdict.used, verdict.requested, retry_ms, resets),
+            type="insufficient_quota",
+            code="insufficient_quota",
+            headers=quota_headers(too_large, None if too_large else retry_ms),
+        )
 
     def _reject(self, reason: str, ctx: RequestContext) -> None:
         if self._on_reject is not None:

@@ -4,6 +4,8 @@ Lifecycle (called by the admin API):
 - `create(spec)` mints a key, stores only its digest with the principal it maps to, and returns the
   plaintext — the only time it exists outside the client's hands.
 - `revoke(key_id)` deletes it; `list()` shows every key's record (never a digest or plaintext).
+- `update(key_id, …)` changes what the key itself narrows (its model lists, its budgets); the
+  principal it speaks for never changes.
 
 Storage: SHA-256 of the key, or HMAC-SHA256 with `auth.api_keys.pepper` when set. Keys are 256 random
 bits, so a digest cannot be inverted by guessing; the pepper additionally makes a stolen Redis dump
@@ -26,33 +28,43 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 import orjson
 from redis.asyncio import Redis
 
 from gateway.core.context import Principal
+from policies.access import ModelAccess
+from policies.budgets import Budget
 
 PREFIX = "sk-gw-"
+#: what `ApiKeys.update` may change (the principal a key speaks for never changes)
+_MUTABLE = frozenset({"allow_models", "deny_models", "budgets"})
 _BY_DIGEST = "gw:{apikeys}:by_digest"
 _BY_ID = "gw:{apikeys}:by_id"
 
 
 @dataclass(frozen=True, slots=True)
 class ApiKeySpec:
-    """Who a new key speaks for."""
+    """Who a new key speaks for, and what the key itself narrows: `allow_models` (None: whatever the
+    principal's tier and tenant allow), `deny_models`, and its own `budgets` (on top of the user's
+    and the tenant's)."""
 
     user: str
     tenant: str | None = None
     roles: tuple[str, ...] = ()
     tier: str = "default"
     name: str = ""
+    allow_models: tuple[str, ...] | None = None
+    deny_models: tuple[str, ...] = ()
+    budgets: tuple[Budget, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class ApiKeyRecord:
-    """What is stored and listed for a key: its public id, a display hint and the principal."""
+    """What is stored and listed for a key: its public id, a display hint, the principal and the
+    key's own grants. `rev` counts the changes made to the grants since the key was created."""
 
     id: str
     hint: str  # "sk-gw-AbCd…wxyz": enough to recognise a key, useless to use it
@@ -63,10 +75,27 @@ class ApiKeyRecord:
     name: str
     created: int
     extra: dict[str, Any] = field(default_factory=dict)
+    allow_models: tuple[str, ...] | None = None
+    deny_models: tuple[str, ...] = ()
+    budgets: tuple[Budget, ...] = ()
+    rev: int = 0
+
+    @property
+    def access(self) -> ModelAccess | None:
+        if self.allow_models is None and not self.deny_models:
+            return None
+        return ModelAccess.of(self.allow_models, self.deny_models)
 
     def principal(self) -> Principal:
         return Principal(
-            user=self.user, tenant=self.tenant, roles=frozenset(self.roles), tier=self.tier or "default"
+            user=self.user,
+            tenant=self.tenant,
+            roles=frozenset(self.roles),
+            tier=self.tier or "default",
+            key_id=self.id,
+            key_access=self.access,
+            key_budgets=self.budgets,
+            key_rev=self.rev,
         )
 
     def to_json(self) -> bytes:
@@ -75,8 +104,17 @@ class ApiKeyRecord:
     @classmethod
     def from_json(cls, raw: bytes | str) -> ApiKeyRecord:
         d = orjson.loads(raw)
+        # fields a newer gateway wrote that this one does not know are ignored (rolling upgrades)
+        d = {k: v for k, v in d.items() if k in _FIELDS}
         d["roles"] = tuple(d.get("roles") or ())
+        if d.get("allow_models") is not None:
+            d["allow_models"] = tuple(d["allow_models"])
+        d["deny_models"] = tuple(d.get("deny_models") or ())
+        d["budgets"] = tuple(Budget(**b) for b in d.get("budgets") or ())
         return cls(**d)
+
+
+_FIELDS = frozenset(ApiKeyRecord.__dataclass_fields__)
 
 
 class KeyBackend(Protocol):
@@ -84,6 +122,10 @@ class KeyBackend(Protocol):
     async def put(self, digest: str, record: ApiKeyRecord) -> None: ...
     async def delete(self, key_id: str) -> bool: ...
     async def all(self) -> list[ApiKeyRecord]: ...
+    async def by_id(self, key_id: str) -> ApiKeyRecord | None: ...
+    async def replace(self, record: ApiKeyRecord) -> bool:
+        """Store `record` in place of the key with its id; False when that key no longer exists."""
+        ...
 
 
 class MemoryBackend:
@@ -108,10 +150,30 @@ class MemoryBackend:
     async def all(self) -> list[ApiKeyRecord]:
         return list(self._by_digest.values())
 
+    async def by_id(self, key_id: str) -> ApiKeyRecord | None:
+        digest = self._by_id.get(key_id)
+        return None if digest is None else self._by_digest.get(digest)
+
+    async def replace(self, record: ApiKeyRecord) -> bool:
+        digest = self._by_id.get(record.id)
+        if digest is None:
+            return False
+        self._by_digest[digest] = record
+        return True
+
+
+_REPLACE = """
+local digest = redis.call('HGET', KEYS[1], ARGV[1])
+if not digest or redis.call('HEXISTS', KEYS[2], digest) == 0 then return 0 end
+redis.call('HSET', KEYS[2], digest, ARGV[2])
+return 1
+"""
+
 
 class RedisBackend:
     def __init__(self, redis: Redis) -> None:
         self._r = redis
+        self._replace = redis.register_script(_REPLACE)
 
     async def get(self, digest: str) -> ApiKeyRecord | None:
         raw = await self._r.hget(_BY_DIGEST, digest)
@@ -136,6 +198,17 @@ class RedisBackend:
     async def all(self) -> list[ApiKeyRecord]:
         raw = await self._r.hvals(_BY_DIGEST)
         return [ApiKeyRecord.from_json(v) for v in raw]
+
+    async def by_id(self, key_id: str) -> ApiKeyRecord | None:
+        digest = await self._r.hget(_BY_ID, key_id)
+        if digest is None:
+            return None
+        raw = await self._r.hget(_BY_DIGEST, digest)
+        return ApiKeyRecord.from_json(raw) if raw else None
+
+    async def replace(self, record: ApiKeyRecord) -> bool:
+        # one script: a revocation between reading the digest and writing cannot resurrect the key
+        return bool(await self._replace(keys=[_BY_ID, _BY_DIGEST], args=[record.id, record.to_json()]))
 
 
 class ApiKeys:
@@ -185,6 +258,9 @@ class ApiKeys:
             tier=spec.tier,
             name=spec.name,
             created=int(time.time()),
+            allow_models=None if spec.allow_models is None else tuple(spec.allow_models),
+            deny_models=tuple(spec.deny_models),
+            budgets=tuple(spec.budgets),
         )
         digest = self.digest(plaintext.encode())
         await self._backend.put(digest, record)
@@ -197,6 +273,24 @@ class ApiKeys:
         found = await self._backend.delete(key_id)
         self._cache.clear()
         return found
+
+    async def update(self, key_id: str, **changes: Any) -> tuple[ApiKeyRecord, ApiKeyRecord] | None:
+        """Change a key's grants (`allow_models`, `deny_models`, `budgets`); (before, after), or None
+        when no key has this id. Effective here at once, on other replicas within `cache_ttl_s`."""
+        unknown = set(changes) - _MUTABLE
+        if unknown:
+            raise ValueError(f"these fields of an API key cannot be changed: {sorted(unknown)}")
+        before = await self._backend.by_id(key_id)
+        if before is None:
+            return None
+        after = replace(before, **changes, rev=before.rev + 1)
+        if not await self._backend.replace(after):
+            return None
+        self._cache.clear()
+        return before, after
+
+    async def get(self, key_id: str) -> ApiKeyRecord | None:
+        return await self._backend.by_id(key_id)
 
     async def list(self) -> list[ApiKeyRecord]:
         records = await self._backend.all()

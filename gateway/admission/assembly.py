@@ -3,7 +3,8 @@
 The root (`gateway/app.py`) builds one `Admission` at construction and asks it for its pipeline stages:
 
     [AuthenticateStage]  ParseStage  ValidateStage  SanitiseStage  [AdmitStage]  RouteStage  ProxyStage
-     ^ only when auth is on                                         ^ only when some limit is set
+     ^ only when auth is on  ^ asks `permits`                       ^ only when some limit is set
+                               (model access)
 
 `start(redis)` binds the shared store (Redis limits, Redis-backed API keys, JWKS fetching) once the
 process's Redis client exists; `aclose()` stops the background tasks. Without Redis everything
@@ -14,25 +15,30 @@ admin API. What admission reports (rejections, Redis timings) goes to the `Obser
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
-from engines.errors import ApiError
+from engines.errors import ApiError, invalid_request
+from gateway.admission.access import ModelAccessRules
 from gateway.admission.admit import AdmitStage
 from gateway.admission.api_keys import ApiKeys, MemoryBackend, RedisBackend
 from gateway.admission.auth import AuthenticateStage, Authenticator, require_admin
 from gateway.admission.jwks import JwksCache
 from gateway.admission.jwt_auth import JwtVerifier
-from gateway.admission.limits import FailoverLimiter
+from gateway.admission.limits import FailoverLimiter, StoreDown
 from gateway.admission.limits_local import LocalLimiter
 from gateway.admission.limits_redis import RedisLimiter
 from gateway.admission.sanitise import SanitiseStage
 from gateway.admission.settings import AuthSettings, LimitsSettings, SanitiseSettings
-from gateway.core.context import Principal, RequestContext
+from gateway.admission.spend import PeriodClock, SpendBook, SpendReport
+from gateway.core.context import ANONYMOUS, Principal, RequestContext
 from gateway.core.redis_wire import RespClient
 from gateway.core.settings import RedisSettings
+from policies.budgets import Budget, Period
 from policies.features import FeatureConfig
 
 log = logging.getLogger("gateway.admission")
@@ -49,6 +55,8 @@ class Observer(Protocol):
     def observe_redis(self, op: str, seconds: float) -> None: ...
 
     def redis_failure(self, op: str) -> None: ...
+
+    def budget_rejection(self, scope: str, period: str) -> None: ...
 
 
 class Admission:
@@ -106,6 +114,13 @@ class Admission:
         )
         self._redis_limiter: RedisLimiter | None = None
         self._wire: RespClient | None = None
+        #: which models each principal may use (tier, tenant, API key); the parse stage and
+        #: /v1/models ask it
+        self.model_access = ModelAccessRules(limits)
+        self.permits = self.model_access.permits
+        #: budgets and spend ledgers per principal (the admit stage), and what `GET /admin/spend` reads
+        self.spend_book = SpendBook(limits)
+        self.spend = SpendReport(self.limiter, self.spend_book, PeriodClock())
 
     # -- stages -----------------------------------------------------------------------------------
     def authenticate_stages(self) -> list[AuthenticateStage]:
@@ -117,9 +132,27 @@ class Admission:
         return SanitiseStage(self._sanitise, features, self.count_rejection)
 
     def admit_stages(self) -> list[AdmitStage]:
-        """After SanitiseStage; none when no limit is configured at all."""
+        """After SanitiseStage; none when no limit or budget is configured and no API key can carry a
+        budget of its own (API keys off)."""
         limits = self._limits
-        return [] if limits.unlimited else [AdmitStage(self.limiter, limits, self.count_rejection)]
+        if limits.unlimited and not (self.authenticator is not None and self._auth.api_keys.enabled):
+            return []
+        stage = AdmitStage(
+            self.limiter,
+            limits,
+            self.count_rejection,
+            on_budget=self._observer.budget_rejection,
+            book=self.spend_book,
+        )
+        return [stage]
+
+    async def principal(self, headers: dict[bytes, bytes]) -> Principal:
+        """The caller, authenticated exactly as the pipeline's authenticate stage does it (ApiError
+        401/503 otherwise); `anonymous` when authentication is off. For the endpoints outside the
+        pipeline that must not answer strangers (`/v1/models`)."""
+        if self.authenticator is None:
+            return ANONYMOUS
+        return await self.authenticator.authenticate(headers)
 
     async def authorize_admin(self, headers: dict[bytes, bytes]) -> Principal:
         """The caller's principal if it has the admin role; ApiError 401/403 otherwise (and 403 for
@@ -131,6 +164,56 @@ class Admission:
         principal = await self.authenticator.authenticate(headers)
         require_admin(principal)
         return principal
+
+    async def spend_report(
+        self,
+        *,
+        user: str | None = None,
+        tenant: str | None = None,
+        key_id: str | None = None,
+        tier: str | None = None,
+        periods: Sequence[Period] = ("day", "month"),
+        date: str | None = None,
+        model: str | None = None,
+    ) -> dict[str, Any]:
+        """`GET /admin/spend`: the spend of one API key (`key_id`), one user (`user`, within `tenant`
+        when the user has one; `tier` says which budgets to show), or one tenant. ApiError 400 for a
+        bad query, 404 for an unknown key, 503 when the store is unreachable."""
+        budgets: tuple[Budget, ...]
+        try:
+            if key_id is not None:
+                record = await self.api_keys.get(key_id)
+                if record is None:
+                    raise ApiError(404, f"No API key with id {key_id!r}.", code="api_key_not_found")
+                kind, user, tenant, budgets = "key", record.user, record.tenant, record.budgets
+            elif user is not None:
+                kind = "user"
+                budgets = self.spend_book.tier_budgets(tier or self._limits.default_tier)
+            elif tenant is not None:
+                kind, budgets = "tenant", self.spend_book.tenant_budgets(tenant)
+            else:
+                raise invalid_request(
+                    "Name the scope: user (and tenant, if the user has one), tenant or key."
+                )
+            report = await self.spend.report(
+                kind=kind,
+                user=user,
+                tenant=tenant,
+                key_id=key_id,
+                budgets=budgets,
+                periods=periods,
+                date=date,
+                model=model,
+            )
+        except ValueError as exc:
+            raise invalid_request(str(exc), param="date") from None
+        except (StoreDown, RedisError, OSError):
+            raise ApiError(
+                503, "Spend cannot be read right now (Redis is unreachable).", type="server_error"
+            ) from None
+        if kind == "user":
+            report["tier"] = tier or self._limits.default_tier
+        return report
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self, redis: Redis | None) -> None:

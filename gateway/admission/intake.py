@@ -16,7 +16,7 @@ import orjson
 from engines.base import Endpoint
 from engines.errors import ApiError, invalid_request, model_not_found
 from engines.validate import validate_request
-from gateway.core.context import RequestContext
+from gateway.core.context import Principal, RequestContext
 from gateway.core.responses import Receive, Response
 from gateway.core.settings import ModelSettings
 
@@ -63,15 +63,30 @@ def wrong_task(model: str, task: str) -> ApiError:
     return invalid_request(text, param="model")
 
 
+#: (principal, public model name) → may the principal use the model (gateway/admission/access.py)
+Permits = Callable[[Principal, str], bool]
+
+
 class ParseStage:
+    """`permits`, when given, is asked right after the model is resolved: a model the caller may not
+    use is answered exactly like one that does not exist (404 `model_not_found`, before any other
+    check could reveal that it exists)."""
+
     name = "parse"
 
-    def __init__(self, models: dict[str, ModelSettings], max_body_bytes: int, task: str = "generate") -> None:
+    def __init__(
+        self,
+        models: dict[str, ModelSettings],
+        max_body_bytes: int,
+        permits: Permits | None = None,
+        task: str = "generate",
+    ) -> None:
         # the models of another task are looked up only to word the refusal (no cost per request)
         self._models = {name: m for name, m in models.items() if m.task == task}
         self._other_task = {name for name, m in models.items() if m.task != task}
         self._task = task
         self._max = max_body_bytes
+        self._permits = permits
 
     async def __call__(self, ctx: RequestContext) -> Response | None:
         raw = await read_body(ctx.receive, self._max)
@@ -90,8 +105,12 @@ class ParseStage:
         if not isinstance(model, str) or not model:
             raise invalid_request("you must provide a model parameter", param="model")
         spec = self._models.get(model)
-        if spec is None:
-            raise wrong_task(model, self._task) if model in self._other_task else model_not_found(model)
+        if spec is None or (self._permits is not None and not self._permits(ctx.principal, model)):
+            # a model the caller may not use is the same 404 as an unknown one (no existence leak);
+            # only a usable model of another task is told so
+            if model in self._other_task and (self._permits is None or self._permits(ctx.principal, model)):
+                raise wrong_task(model, self._task)
+            raise model_not_found(model)
         ctx.body = body
         ctx.model = spec
         ctx.stream = body.get("stream") is True

@@ -7,8 +7,10 @@
                             limiter (`fail_open`) or `LimiterUnavailable` → 503 (`fail_closed`);
                             a probe every `probe_s` brings Redis back without a restart.
 
-A `Ticket` is what an admitted request holds: its id, its scopes and its token reservation; it is
-handed back to `finish` exactly once, when the response has ended (or was abandoned).
+A `Ticket` is what an admitted request holds: its id, its scopes and its token reservation, and
+its `Spend` (the budgets it was checked against and the ledgers its spend is recorded in, with what
+it reserved); it is handed back to `finish` exactly once, when the response has ended (or was
+abandoned), with what the request finally counts.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from policies.admission import ScopeLimits, Verdict
+from policies.budgets import Budget, Charge
 
 log = logging.getLogger("gateway.limits")
 
@@ -33,6 +36,46 @@ class StoreDown(Exception):
     """Raised by a limiter backend when its store cannot be reached (connection refused, timeout)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    """One scope's spend in one calendar period: a hash (tokens, money, requests, per model) in the
+    store, dropped at `expire_at_ms` (after the period ended and its retention passed)."""
+
+    key: str
+    expire_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Meter:
+    """One budget, checked for one request. A calendar budget reads its ledger (`ledger`: the index
+    in `Spend.ledgers`; `ends_at_ms`: when its period ends); a rolling one keeps its own sliding log
+    at `key` (`key + ":sum"` the running sum). `scope` is `user`, `tenant` or `key` (metrics);
+    `label` names the scope in messages."""
+
+    budget: Budget
+    label: str
+    scope: str
+    key: str = ""
+    ledger: int = -1
+    ends_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Spend:
+    """What one request's spend touches: its ledgers, its budgets (calendar meters first, then
+    rolling ones: `n_calendar` of them), its model and what it reserved at admission."""
+
+    ledgers: tuple[Ledger, ...]
+    meters: tuple[Meter, ...]
+    n_calendar: int
+    model: str
+    reserved: Charge
+
+    @property
+    def rolling(self) -> tuple[Meter, ...]:
+        return self.meters[self.n_calendar :]
+
+
 @dataclass(slots=True)
 class Ticket:
     id: str
@@ -40,19 +83,33 @@ class Ticket:
     reserved: int
     #: which limiter admitted it ("redis" or "local"); the same one must finish it
     holder: str = "redis"
+    spend: Spend | None = None
 
 
 class Limiter(Protocol):
     name: str
 
-    async def acquire(self, id: str, scopes: Sequence[ScopeLimits], cost: int) -> Verdict:
-        """Admit (and count) one request of `cost` tokens in every scope, or reject it without
-        counting anything. Raises `StoreDown` when the backing store is unreachable."""
+    async def acquire(
+        self, id: str, scopes: Sequence[ScopeLimits], cost: int, spend: Spend | None = None
+    ) -> Verdict:
+        """Admit (and count) one request of `cost` tokens in every scope and, with `spend`, of
+        `spend.reserved` in every budget and ledger — or reject it without counting anything (limits
+        are checked before budgets). Raises `StoreDown` when the backing store is unreachable."""
         ...
 
-    async def finish(self, ticket: Ticket, kept_tokens: int) -> None:
-        """Replace the ticket's reservation by `kept_tokens` and free its concurrency slots."""
+    async def finish(self, ticket: Ticket, kept_tokens: int, kept: Charge | None = None) -> None:
+        """Replace the ticket's reservation by `kept_tokens` (and its spend's by `kept`, recorded per
+        model in its ledgers) and free its concurrency slots."""
         ...
+
+    async def read_spend(self, ledgers: Sequence[str], logs: Sequence[tuple[str, int]]) -> SpendFigures:
+        """The fields of each ledger hash (missing: empty), and the sum of each rolling log over its
+        window in ms (`(key, window_ms)`), as they are now."""
+        ...
+
+
+#: what `read_spend` answers: each ledger's fields, each rolling log's sum
+SpendFigures = tuple[list[dict[str, int]], list[int]]
 
 
 #: called on outage transitions and fallback decisions: event in {"down", "up", "fallback"}
@@ -96,30 +153,39 @@ class FailoverLimiter:
     def down(self) -> bool:
         return self._down
 
-    async def acquire(self, id: str, scopes: Sequence[ScopeLimits], cost: int) -> tuple[Verdict, str]:
+    async def acquire(
+        self, id: str, scopes: Sequence[ScopeLimits], cost: int, spend: Spend | None = None
+    ) -> tuple[Verdict, str]:
         """The verdict and the name of the limiter that gave it."""
         primary = self._primary
         if primary is None:
-            return await self._local.acquire(id, scopes, cost), self._local.name
+            return await self._local.acquire(id, scopes, cost, spend), self._local.name
         if not self._down:
             try:
-                return await primary.acquire(id, scopes, cost), primary.name
+                return await primary.acquire(id, scopes, cost, spend), primary.name
             except StoreDown:
                 self._mark_down()
         if self._mode == "fail_closed":
             raise LimiterUnavailable
         self._emit("fallback")
-        return await self._local.acquire(id, scopes, cost), self._local.name
+        return await self._local.acquire(id, scopes, cost, spend), self._local.name
 
-    async def finish(self, ticket: Ticket, kept_tokens: int) -> None:
+    async def finish(self, ticket: Ticket, kept_tokens: int, kept: Charge | None = None) -> None:
         if ticket.holder == self._local.name or self._primary is None:
-            await self._local.finish(ticket, kept_tokens)
+            await self._local.finish(ticket, kept_tokens, kept)
             return
         try:
-            await self._primary.finish(ticket, kept_tokens)
+            await self._primary.finish(ticket, kept_tokens, kept)
         except StoreDown:
             # The slot's lease expires on its own; the reservation stays counted (conservative).
             self._mark_down()
+
+    async def read_spend(self, ledgers: Sequence[str], logs: Sequence[tuple[str, int]]) -> SpendFigures:
+        """From the shared store when one is bound (StoreDown while it is unreachable), else this
+        process's own figures."""
+        if self._primary is None:
+            return await self._local.read_spend(ledgers, logs)
+        return await self._primary.read_spend(ledgers, logs)
 
     def _mark_down(self) -> None:
         if self._down:

@@ -10,6 +10,14 @@ share a slot, so a request is checked against both atomically), else the user:
     gw:rl:{t:acme}:u:alice:con   sorted set  member = request id,          score = lease expiry (ms)
     gw:rl:{t:acme}:t:req / :tok / :sum / :con   the same for the tenant
 
+Budgets and spend (gateway/admission/spend.py names them), with the same hash tag:
+
+    gw:sp:{t:acme}:u:alice:d:2026-12-01   hash  tok, usd, req and m:<model>:tok|usd|req of one UTC day
+    gw:sp:{t:acme}:u:alice:m:2026-12      hash  the same for one UTC month
+    gw:sp:{t:acme}:u:alice:w3600:usd      sorted set  a rolling budget's log: member "<id>:<amount>"
+    gw:sp:{t:acme}:u:alice:w3600:usd:sum  string      its running sum
+    … :t: for the tenant, :k:<key id>: for an API key
+
 Time is Redis's own (`TIME` inside the script), so replicas' clocks never matter. Every key carries
 a TTL of one window (one lease for `:con`), so idle users cost nothing.
 
@@ -30,10 +38,11 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.admission.limits import StoreDown, Ticket
+from gateway.admission.limits import Spend, SpendFigures, StoreDown, Ticket
 from gateway.core.redis_wire import ReplyError, RespClient, WireDown
 from gateway.core.tasks import cancel_and_wait, stop_requested
 from policies.admission import Outcome, ScopeLimits, Verdict
+from policies.budgets import Charge
 
 log = logging.getLogger("gateway.limits")
 
@@ -41,9 +50,14 @@ _OUTAGE = (RedisConnectionError, RedisTimeoutError, OSError, WireDown)
 #: error replies that mean "Redis cannot serve right now" (restarting, failing over), not a bug
 _TRANSIENT = ("LOADING", "BUSY", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERDOWN")
 
-# KEYS: 4 per scope (req, tok, sum, con). ARGV: window_ms, id, cost, lease_ms, n, then per scope
-# requests, tokens, concurrent (0 = unlimited). Returns {outcome, scope, retry_ms, limit_req,
-# remaining_req, reset_req_ms, limit_tok, remaining_tok, reset_tok_ms, used, requested}.
+# KEYS: 4 per scope (req, tok, sum, con), then one per ledger, then two per rolling budget (log,
+# sum). ARGV: window_ms, id, cost, lease_ms, n, then per scope requests, tokens, concurrent (0 =
+# unlimited); then (optional, budgets and ledgers) L ledgers, C calendar budgets, R rolling budgets,
+# the reserved tokens, the reserved nano-dollars, L ledger expiries (Unix ms), per calendar budget
+# (its ledger's index from 1, unit 0 tokens / 1 money, limit), per rolling budget (unit, limit,
+# window_ms). Returns {outcome, scope, retry_ms, limit_req, remaining_req, reset_req_ms, limit_tok,
+# remaining_tok, reset_tok_ms, used, requested}; for a budget, scope is its index among the budgets
+# (calendar ones first) and retry_ms is set for rolling ones only.
 ACQUIRE = """
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
@@ -63,6 +77,38 @@ local function oldest(key)
   return now
 end
 
+-- A sliding log of amounts (member "<id>:<amount>", the running sum at `sum`): drop what arrived
+-- at or before `cut`, return the sum of the rest.
+local function window_sum(key, sum, cut)
+  local gone = redis.call('ZRANGEBYSCORE', key, '-inf', cut)
+  if #gone > 0 then
+    local freed = 0
+    for _, m in ipairs(gone) do freed = freed + tonumber(string.match(m, ':(%d+)$')) end
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', cut)
+    redis.call('DECRBY', sum, freed)
+  end
+  if redis.call('ZCARD', key) == 0 then
+    redis.call('DEL', sum)
+    return 0
+  end
+  return tonumber(redis.call('GET', sum) or '0')
+end
+
+-- The time until enough of the log's oldest amounts leave a window of `span` ms for `need` more.
+local function wait_for(key, need, span)
+  local freed, start = 0, 0
+  while freed < need do
+    local page = redis.call('ZRANGE', key, start, start + 63, 'WITHSCORES')
+    if #page == 0 then break end
+    for j = 1, #page, 2 do
+      freed = freed + tonumber(string.match(page[j], ':(%d+)$'))
+      if freed >= need then return tonumber(page[j + 1]) + span - now end
+    end
+    start = start + 64
+  end
+  return 0
+end
+
 for i = 1, n do
   local k = (i - 1) * 4
   local a = 5 + (i - 1) * 3
@@ -78,35 +124,14 @@ for i = 1, n do
     end
   end
   if tpm[i] > 0 then
-    local key, sum = KEYS[k + 2], KEYS[k + 3]
-    local gone = redis.call('ZRANGEBYSCORE', key, '-inf', cutoff)
-    if #gone > 0 then
-      local freed = 0
-      for _, m in ipairs(gone) do freed = freed + tonumber(string.match(m, ':(%d+)$')) end
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', cutoff)
-      redis.call('DECRBY', sum, freed)
-    end
-    if redis.call('ZCARD', key) == 0 then
-      redis.call('DEL', sum)
-      tk_used[i] = 0
-    else
-      tk_used[i] = tonumber(redis.call('GET', sum) or '0')
-    end
+    local key = KEYS[k + 2]
+    tk_used[i] = window_sum(key, KEYS[k + 3], cutoff)
     tk_old[i] = oldest(key)
     if fail == 0 and cost > tpm[i] then
       fail, fail_scope, retry, used, requested = 4, i, window, tk_used[i], cost
     elseif fail == 0 and tk_used[i] + cost > tpm[i] then
-      local need, freed, start = tk_used[i] + cost - tpm[i], 0, 0
-      while freed < need do
-        local page = redis.call('ZRANGE', key, start, start + 63, 'WITHSCORES')
-        if #page == 0 then break end
-        for j = 1, #page, 2 do
-          freed = freed + tonumber(string.match(page[j], ':(%d+)$'))
-          if freed >= need then retry = tonumber(page[j + 1]) + window - now; break end
-        end
-        start = start + 64
-      end
       fail, fail_scope, used, requested = 2, i, tk_used[i], cost
+      retry = wait_for(key, tk_used[i] + cost - tpm[i], window)
     end
   end
   if con[i] > 0 and fail == 0 then
@@ -114,6 +139,45 @@ for i = 1, n do
     redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
     if redis.call('ZCARD', key) + 1 > con[i] then
       fail, fail_scope, retry, used, requested = 3, i, 1000, con[i], 1
+    end
+  end
+end
+
+-- budgets, checked only when every limit passed
+local b = 5 + n * 3
+local nl, nc, nr = tonumber(ARGV[b + 1] or '0'), tonumber(ARGV[b + 2] or '0'), tonumber(ARGV[b + 3] or '0')
+local amount = {tonumber(ARGV[b + 4] or '0'), tonumber(ARGV[b + 5] or '0')}
+local member = {ARGV[b + 4], ARGV[b + 5]}
+local field = {'tok', 'usd'}
+local lk, ca = n * 4, b + 5 + nl
+local rk, ra = lk + nl, ca + nc * 3
+if fail == 0 then
+  for j = 1, nc do
+    local a = ca + (j - 1) * 3
+    local u, limit = tonumber(ARGV[a + 2]) + 1, tonumber(ARGV[a + 3])
+    local have = tonumber(redis.call('HGET', KEYS[lk + tonumber(ARGV[a + 1])], field[u]) or '0')
+    if amount[u] > limit then
+      fail, fail_scope, used, requested = 6, j, have, amount[u]
+      break
+    elseif have + amount[u] > limit then
+      fail, fail_scope, used, requested = 5, j, have, amount[u]
+      break
+    end
+  end
+end
+if fail == 0 then
+  for j = 1, nr do
+    local a = ra + (j - 1) * 3
+    local u, limit, span = tonumber(ARGV[a + 1]) + 1, tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+    local key = KEYS[rk + j * 2 - 1]
+    local have = window_sum(key, KEYS[rk + j * 2], now - span)
+    if amount[u] > limit then
+      fail, fail_scope, used, requested = 6, nc + j, have, amount[u]
+      break
+    elseif have + amount[u] > limit then
+      fail, fail_scope, used, requested = 5, nc + j, have, amount[u]
+      retry = wait_for(key, have + amount[u] - limit, span)
+      break
     end
   end
 end
@@ -146,10 +210,31 @@ for i = 1, n do
     redis.call('PEXPIRE', KEYS[k + 4], lease)
   end
 end
+if add == 1 then
+  for j = 1, nl do
+    local key = KEYS[lk + j]
+    if amount[1] > 0 then redis.call('HINCRBY', key, 'tok', member[1]) end
+    if amount[2] > 0 then redis.call('HINCRBY', key, 'usd', member[2]) end
+    redis.call('PEXPIREAT', key, ARGV[b + 5 + j])
+  end
+  for j = 1, nr do
+    local a = ra + (j - 1) * 3
+    local u, span = tonumber(ARGV[a + 1]) + 1, ARGV[a + 3]
+    local key, sum = KEYS[rk + j * 2 - 1], KEYS[rk + j * 2]
+    redis.call('ZADD', key, now, id .. ':' .. member[u])
+    redis.call('INCRBY', sum, member[u])
+    redis.call('PEXPIRE', key, span)
+    redis.call('PEXPIRE', sum, span)
+  end
+end
 return {fail, fail_scope, retry, lr, rr, sr, lt, rt, st, used, requested}
 """
 
-# KEYS: 4 per scope. ARGV: id, reserved, kept, n, then per scope has_tokens, has_concurrency.
+# KEYS: 4 per scope, then one per ledger, then two per rolling budget (log, sum). ARGV: id,
+# reserved, kept, n, then per scope has_tokens, has_concurrency; then (optional) L ledgers, R
+# rolling budgets, the ledgers' token and money deltas (kept minus reserved), the kept
+# tokens and nano-dollars, the reserved tokens and nano-dollars, the model, L ledger expiries (Unix
+# ms), per rolling budget its unit (0 tokens, 1 money). Amounts travel as decimal strings.
 FINISH = """
 local id, reserved, kept, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 for i = 1, n do
@@ -165,7 +250,55 @@ for i = 1, n do
   end
   if ARGV[4 + (i - 1) * 2 + 2] == '1' then redis.call('ZREM', KEYS[k + 4], id) end
 end
+local b = 4 + n * 2
+local nl, nr = tonumber(ARGV[b + 1] or '0'), tonumber(ARGV[b + 2] or '0')
+if nl + nr == 0 then return 1 end
+local dt, du, kt, ku, rt, ru, model = ARGV[b + 3], ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], ARGV[b + 7], ARGV[b + 8], ARGV[b + 9]
+local lk = n * 4
+for j = 1, nl do
+  local key = KEYS[lk + j]
+  if dt ~= '0' then redis.call('HINCRBY', key, 'tok', dt) end
+  if du ~= '0' then redis.call('HINCRBY', key, 'usd', du) end
+  redis.call('HINCRBY', key, 'req', 1)
+  redis.call('HINCRBY', key, 'm:' .. model .. ':tok', kt)
+  if ku ~= '0' then redis.call('HINCRBY', key, 'm:' .. model .. ':usd', ku) end
+  redis.call('HINCRBY', key, 'm:' .. model .. ':req', 1)
+  redis.call('PEXPIREAT', key, ARGV[b + 9 + j])
+end
+local ra = b + 9 + nl
+for j = 1, nr do
+  local was, now_ = rt, kt
+  if ARGV[ra + j] == '1' then was, now_ = ru, ku end
+  if was ~= now_ then
+    local key, sum = KEYS[lk + nl + j * 2 - 1], KEYS[lk + nl + j * 2]
+    local old = id .. ':' .. was
+    local score = redis.call('ZSCORE', key, old)
+    if score then
+      redis.call('ZREM', key, old)
+      if now_ ~= '0' then redis.call('ZADD', key, score, id .. ':' .. now_) end
+      redis.call('INCRBY', sum, tonumber(now_) - tonumber(was))
+    end
+  end
+end
 return 1
+"""
+
+# KEYS: ledgers, then rolling logs. ARGV: L, then per log its window (ms). Returns each ledger's
+# fields (flat name/value lists) and each log's sum over its window, by Redis's own clock.
+READ_SPEND = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local nl = tonumber(ARGV[1])
+local ledgers, sums = {}, {}
+for j = 1, nl do ledgers[j] = redis.call('HGETALL', KEYS[j]) end
+for j = nl + 1, #KEYS do
+  local total = 0
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[j], '(' .. (now - tonumber(ARGV[j + 1])), '+inf')) do
+    total = total + tonumber(string.match(m, ':(%d+)$'))
+  end
+  sums[j - nl] = total
+end
+return {ledgers, sums}
 """
 
 # KEYS: the `:con` keys of one slot. ARGV: lease_ms, id. Renews the slot where it still exists.
@@ -205,6 +338,49 @@ def scope_keys(scope: ScopeLimits) -> tuple[str, str, str, str]:
     return (k + ":req", k + ":tok", k + ":sum", k + ":con")
 
 
+_UNIT = {"tokens": 0, "usd": 1}
+
+
+def _budget_args(spend: Spend, keys: list[str], args: list[Any]) -> None:
+    """ACQUIRE's budget part (see the script's header), appended to `keys` and `args`."""
+    ledgers, rolling = spend.ledgers, spend.rolling
+    keys.extend(ledger.key for ledger in ledgers)
+    for m in rolling:
+        keys += (m.key, m.key + ":sum")
+    reserved = spend.reserved
+    args += (len(ledgers), spend.n_calendar, len(rolling), reserved.tokens, reserved.nanos)
+    args.extend(ledger.expire_at_ms for ledger in ledgers)
+    for m in spend.meters[: spend.n_calendar]:
+        args += (m.ledger + 1, _UNIT[m.budget.unit], m.budget.limit)
+    for m in rolling:
+        args += (_UNIT[m.budget.unit], m.budget.limit, m.budget.window_s * 1000)
+
+
+def _settle_args(spend: Spend, kept: Charge, keys: list[str], args: list[Any]) -> None:
+    """FINISH's spend part (see the script's header), appended to `keys` and `args`."""
+    ledgers, rolling, reserved = spend.ledgers, spend.rolling, spend.reserved
+    keys.extend(ledger.key for ledger in ledgers)
+    for m in rolling:
+        keys += (m.key, m.key + ":sum")
+    args += (
+        len(ledgers),
+        len(rolling),
+        str(kept.tokens - reserved.tokens),
+        str(kept.nanos - reserved.nanos),
+        str(kept.tokens),
+        str(kept.nanos),
+        str(reserved.tokens),
+        str(reserved.nanos),
+        spend.model,
+    )
+    args.extend(ledger.expire_at_ms for ledger in ledgers)
+    args.extend(_UNIT[m.budget.unit] for m in rolling)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 class RedisLimiter:
     """The shared limiter. Contract: `acquire` is one EVALSHA round trip; any connection failure or
     timeout is raised as `StoreDown` (the caller decides what an outage means).
@@ -232,6 +408,7 @@ class RedisLimiter:
         self._lease_s = lease_s
         self._acquire: Callable[..., Any] = redis.register_script(ACQUIRE)
         self._finish: Callable[..., Any] = redis.register_script(FINISH)
+        self._read_spend: Callable[..., Any] = redis.register_script(READ_SPEND)
         if wire is not None:
             self._acquire = WireScript(wire, ACQUIRE)
             self._finish = WireScript(wire, FINISH)
@@ -240,7 +417,9 @@ class RedisLimiter:
         self._held: dict[str, list[str]] = {}
         self._renewer: asyncio.Task[None] | None = None
 
-    async def acquire(self, id: str, scopes: Sequence[ScopeLimits], cost: int) -> Verdict:
+    async def acquire(
+        self, id: str, scopes: Sequence[ScopeLimits], cost: int, spend: Spend | None = None
+    ) -> Verdict:
         keys: list[str] = []
         args: list[Any] = [self._window_ms, id, cost, self._lease_ms, len(scopes)]
         con: list[str] = []
@@ -250,6 +429,8 @@ class RedisLimiter:
             args += (s.requests, s.tokens, s.concurrent)
             if s.concurrent:
                 con.append(ks[3])
+        if spend is not None:
+            _budget_args(spend, keys, args)
         observe = self._observe
         t0 = time.perf_counter()
         try:
@@ -271,7 +452,7 @@ class RedisLimiter:
                 self._renewer = asyncio.get_running_loop().create_task(self._renew_forever())
         return verdict
 
-    async def finish(self, ticket: Ticket, kept_tokens: int) -> None:
+    async def finish(self, ticket: Ticket, kept_tokens: int, kept: Charge | None = None) -> None:
         self._held.pop(ticket.id, None)
         keys: list[str] = []
         args: list[Any] = [ticket.id, ticket.reserved, kept_tokens, len(ticket.scopes)]
@@ -281,6 +462,10 @@ class RedisLimiter:
             has_tok = s.tokens > 0 and kept_tokens != ticket.reserved
             args += ("1" if has_tok else "0", "1" if s.concurrent else "0")
             needed = needed or has_tok or s.concurrent > 0
+        spend = ticket.spend
+        if spend is not None and (spend.meters or spend.ledgers):
+            _settle_args(spend, kept or spend.reserved, keys, args)
+            needed = True
         if not needed:
             return
         try:
@@ -291,6 +476,17 @@ class RedisLimiter:
             if str(exc).startswith(_TRANSIENT):
                 raise StoreDown(str(exc)) from exc
             raise
+
+    async def read_spend(self, ledgers: Sequence[str], logs: Sequence[tuple[str, int]]) -> SpendFigures:
+        """One read-only script (Redis's clock for the rolling windows); StoreDown when unreachable."""
+        try:
+            raw = await self._read_spend(
+                keys=[*ledgers, *(key for key, _ in logs)], args=[len(ledgers), *(ms for _, ms in logs)]
+            )
+        except _OUTAGE as exc:
+            raise StoreDown(str(exc)) from exc
+        fields = [{_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)} for flat in raw[0]]
+        return fields, [int(x) for x in raw[1]]
 
     async def _renew_forever(self) -> None:
         period = self._lease_s / 3

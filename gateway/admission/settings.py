@@ -12,6 +12,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from policies.access import ModelAccess
+from policies.budgets import DAY_S, MAX_TOKENS, MAX_USD, Budget, usd_to_nanos
+
 #: every JWS algorithm the gateway can verify; `none` is not among them and never will be
 HMAC_ALGORITHMS = ("HS256", "HS384", "HS512")
 ASYMMETRIC_ALGORITHMS = (
@@ -135,16 +138,66 @@ class AuthSettings(_Model):
         return self.jwt.has_keys if self.enabled is None else self.enabled
 
 
+class BudgetSettings(_Model):
+    """A spending limit: `usd` and/or `tokens` per `period` (UTC `day`, UTC `month`, or a sliding
+    window of `window_s` seconds: `rolling`)."""
+
+    period: Literal["day", "month", "rolling"]
+    window_s: int | None = Field(None, ge=60, le=31 * DAY_S)
+    usd: float | None = Field(None, gt=0, le=MAX_USD)
+    tokens: int | None = Field(None, gt=0, le=MAX_TOKENS)
+
+    @model_validator(mode="after")
+    def _complete(self) -> BudgetSettings:
+        if self.usd is None and self.tokens is None:
+            raise ValueError("a budget needs a limit: usd, tokens or both")
+        if (self.period == "rolling") != (self.window_s is not None):
+            raise ValueError("window_s is required for a rolling budget and only allowed for one")
+        if self.usd is not None:
+            usd_to_nanos(self.usd)  # more than nine decimals is an error, not a silent rounding
+        return self
+
+    def budgets(self) -> list[Budget]:
+        out = []
+        if self.usd is not None:
+            out.append(Budget(self.period, "usd", usd_to_nanos(self.usd), self.window_s or 0))
+        if self.tokens is not None:
+            out.append(Budget(self.period, "tokens", self.tokens, self.window_s or 0))
+        return out
+
+
 class LimitSet(_Model):
-    """Limits of one scope (a user of a tier, or a tenant). 0 means unlimited."""
+    """Limits of one scope (a user of a tier, or a tenant). 0 means unlimited. `allow_models` /
+    `deny_models`: the public model names the scope may use (None: every model) and may never use."""
 
     requests_per_minute: int = Field(0, ge=0)
     tokens_per_minute: int = Field(0, ge=0)
     concurrent_requests: int = Field(0, ge=0)
+    allow_models: list[str] | None = None
+    deny_models: list[str] = Field(default_factory=list)
+    #: spending limits of the scope (each user of a tier; all users of a tenant together)
+    budgets: list[BudgetSettings] = Field(default_factory=list, max_length=16)
+
+    @property
+    def spending_limits(self) -> tuple[Budget, ...]:
+        return tuple(b for setting in self.budgets for b in setting.budgets())
+
+    @property
+    def access(self) -> ModelAccess | None:
+        """The model grant of this scope, None when it restricts nothing."""
+        if self.allow_models is None and not self.deny_models:
+            return None
+        return ModelAccess.of(self.allow_models, self.deny_models)
+
+    def named_models(self) -> set[str]:
+        return {*(self.allow_models or ()), *self.deny_models}
 
     @property
     def unlimited(self) -> bool:
-        return not (self.requests_per_minute or self.tokens_per_minute or self.concurrent_requests)
+        """No rate limit and no budget (model lists are not limits: the parse stage applies them)."""
+        return not (
+            self.requests_per_minute or self.tokens_per_minute or self.concurrent_requests or self.budgets
+        )
 
 
 class LimitsSettings(_Model):
@@ -163,12 +216,23 @@ class LimitsSettings(_Model):
     window_s: float = Field(60.0, ge=1)
     #: seconds between Redis probes while it is down (recovery happens within this)
     redis_probe_s: float = Field(0.25, gt=0, le=5)
+    #: record the spend (tokens, money, requests, per model, per UTC day and month) of every principal
+    #: with a budget, a tokens/min or a concurrency limit — it rides in the limiter's own calls (a
+    #: principal with only requests/min, or none, is not recorded: that would cost a round trip).
+    #: false: only the ledgers calendar budgets need
+    track_spend: bool = True
 
     @model_validator(mode="after")
     def _default_exists(self) -> LimitsSettings:
         if self.default_tier not in self.tiers:
             raise ValueError(f"limits.default_tier {self.default_tier!r} is not one of limits.tiers")
         return self
+
+    def scopes(self) -> list[tuple[str, LimitSet]]:
+        """Every configured scope with its place in the config (for messages)."""
+        out = [(f"limits.tiers.{name}", t) for name, t in self.tiers.items()]
+        out += [(f"limits.tenants.{name}", t) for name, t in self.tenants.items()]
+        return [*out, ("limits.tenant_default", self.tenant_default)]
 
     @property
     def unlimited(self) -> bool:

@@ -9,22 +9,23 @@ admin role; client-facing responses never do.
 including the local `Admin` dependency alias.)
 """
 
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import Body, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response as FastAPIResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engines.errors import ApiError, invalid_request
-from gateway.admission import ApiKeyRecord, ApiKeys, ApiKeySpec
+from gateway.admission import ApiKeyRecord, ApiKeys, ApiKeySpec, BudgetSettings, SpendQuery
 from gateway.control.openapi import document_public_api
 from gateway.control.verbs import FleetControl
 from gateway.core.context import Principal
+from policies.budgets import Budget
 
 #: the caller's principal if it may use the admin API (request headers, lower-case names); raises
 #: ApiError 401/403 otherwise (gateway/admission/assembly.py `Admission.authorize_admin`)
@@ -48,12 +49,35 @@ class DrainBody(BaseModel):
     draining: bool = True
 
 
+_MODELS_DOC = "public model names the key may use (null: whatever the key's tier and tenant allow)"
+_DENY_DOC = "public model names the key may never use"
+_BUDGETS_DOC = (
+    "the key's own budgets, on top of its user's and tenant's: {period: day|month|rolling, window_s "
+    "(rolling only), usd and/or tokens}"
+)
+
+
 class ApiKeyBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     user: str = Field(min_length=1, max_length=256, description="the principal the key speaks for")
     tenant: str | None = Field(None, max_length=256)
     roles: list[str] = Field(default_factory=list, max_length=32)
     tier: str = Field("default", max_length=64, description="the limits tier (limits.tiers)")
     name: str = Field("", max_length=128, description="a label for operators")
+    allow_models: list[str] | None = Field(None, max_length=1024, description=_MODELS_DOC)
+    deny_models: list[str] = Field(default_factory=list, max_length=1024, description=_DENY_DOC)
+    budgets: list[BudgetSettings] = Field(default_factory=list, max_length=16, description=_BUDGETS_DOC)
+
+
+class ApiKeyChange(BaseModel):
+    """The grants of an existing key; fields left out keep their value."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    allow_models: list[str] | None = Field(None, max_length=1024, description=_MODELS_DOC)
+    deny_models: list[str] | None = Field(None, max_length=1024, description=_DENY_DOC)
+    budgets: list[BudgetSettings] | None = Field(None, max_length=16, description=_BUDGETS_DOC)
 
 
 class OkResponse(BaseModel):
@@ -81,7 +105,32 @@ def _public(record: ApiKeyRecord) -> dict[str, Any]:
         "tier": record.tier,
         "name": record.name,
         "created": record.created,
+        **_grants(record),
     }
+
+
+def _grants(record: ApiKeyRecord) -> dict[str, Any]:
+    """What the key itself narrows (what the audit log records of a change)."""
+    return {
+        "allow_models": None if record.allow_models is None else list(record.allow_models),
+        "deny_models": list(record.deny_models),
+        "budgets": [b.as_dict() for b in record.budgets],
+    }
+
+
+def _budgets(settings: list[BudgetSettings]) -> tuple[Budget, ...]:
+    return tuple(b for s in settings for b in s.budgets())
+
+
+def _check_models(names: Sequence[str] | None, known: Collection[str], param: str) -> None:
+    """400 naming the first model no pool serves (a typo must not silently grant or deny nothing)."""
+    for name in names or ():
+        if name not in known:
+            raise invalid_request(f"Unknown model {name!r} in {param}: no pool serves it.", param=param)
+
+
+def _unreachable() -> ApiError:
+    return ApiError(503, "Shared state (Redis) is unreachable; nothing was changed.", type="server_error")
 
 
 def build_admin_app(
@@ -90,10 +139,15 @@ def build_admin_app(
     keys: ApiKeys | None,
     explain_route: Explain,
     models: Sequence[str],
+    known_models: Callable[[], Collection[str]] | None = None,
+    spend: SpendQuery | None = None,
 ) -> FastAPI:
     """The admin app over the operator's verbs; `keys` is None when API keys are off, `models` the
-    public model names the OpenAPI document lists."""
+    public model names the OpenAPI document lists, `known_models` the names served now (API keys'
+    model lists are checked against them; `models` when not given), `spend` the spend report
+    (`GET /admin/spend`; admission's `spend_report`)."""
     fleet = control.fleet
+    served: Callable[[], Collection[str]] = known_models or (lambda: models)
     app = FastAPI(
         title="LLM gateway admin API",
         version="1",
@@ -249,8 +303,18 @@ def build_admin_app(
     @app.post("/admin/api-keys", status_code=201, summary="Create an API key (the plaintext is shown once)")
     async def create_api_key(body: ApiKeyBody, who: Admin) -> FastAPIResponse:
         api_keys = _enabled(keys)
+        known = served()
+        _check_models(body.allow_models, known, "allow_models")
+        _check_models(body.deny_models, known, "deny_models")
         spec = ApiKeySpec(
-            user=body.user, tenant=body.tenant, roles=tuple(body.roles), tier=body.tier, name=body.name
+            user=body.user,
+            tenant=body.tenant,
+            roles=tuple(body.roles),
+            tier=body.tier,
+            name=body.name,
+            allow_models=None if body.allow_models is None else tuple(body.allow_models),
+            deny_models=tuple(body.deny_models),
+            budgets=_budgets(body.budgets),
         )
         try:
             record, plaintext = await api_keys.create(spec)
@@ -260,6 +324,42 @@ def build_admin_app(
             ) from None
         await control.audit_only(who, "create_api_key", record.id, None, _public(record))
         return _json(201, {"key": plaintext, **_public(record), "shared": api_keys.shared})
+
+    @app.get("/admin/api-keys/{key_id}", summary="One API key (its id, hint, principal and grants)")
+    async def get_api_key(key_id: str, who: Admin) -> FastAPIResponse:
+        try:
+            record = await _enabled(keys).get(key_id)
+        except RedisError:
+            raise _unreachable() from None
+        if record is None:
+            raise ApiError(404, f"No API key with id {key_id!r}.", code="api_key_not_found")
+        return _json(200, _public(record))
+
+    @app.put(
+        "/admin/api-keys/{key_id}",
+        summary="Change what an API key may use (its model lists); the change is audited",
+    )
+    async def change_api_key(key_id: str, body: ApiKeyChange, who: Admin) -> FastAPIResponse:
+        api_keys = _enabled(keys)
+        changes: dict[str, Any] = {}
+        known = served()
+        if "allow_models" in body.model_fields_set:
+            _check_models(body.allow_models, known, "allow_models")
+            changes["allow_models"] = None if body.allow_models is None else tuple(body.allow_models)
+        if body.deny_models is not None:
+            _check_models(body.deny_models, known, "deny_models")
+            changes["deny_models"] = tuple(body.deny_models)
+        if body.budgets is not None:
+            changes["budgets"] = _budgets(body.budgets)
+        try:
+            found = await api_keys.update(key_id, **changes)
+        except RedisError:
+            raise _unreachable() from None
+        if found is None:
+            raise ApiError(404, f"No API key with id {key_id!r}.", code="api_key_not_found")
+        before, after = found
+        await control.audit_only(who, "change_api_key", key_id, _grants(before), _grants(after))
+        return _json(200, {**_public(after), "shared": api_keys.shared})
 
     @app.get("/admin/api-keys", summary="API keys (ids, hints and principals; never the keys)")
     async def list_api_keys(who: Admin) -> FastAPIResponse:
@@ -272,6 +372,39 @@ def build_admin_app(
             raise ApiError(404, f"No API key with id {key_id!r}.", code="api_key_not_found")
         await control.audit_only(who, "revoke_api_key", key_id, "active", "revoked")
         return _json(200, {"ok": True, "shared": api_keys.shared})
+
+    @app.get(
+        "/admin/spend",
+        summary="Spend of one user, tenant or API key per UTC day and month, by model, with its budgets",
+    )
+    async def spend_report(
+        who: Admin,
+        user: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
+        tenant: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
+        key: Annotated[
+            str | None, Query(min_length=1, max_length=64, description="an API key id (key_…)")
+        ] = None,
+        tier: Annotated[
+            str | None, Query(min_length=1, max_length=64, description="the user's tier (its budgets)")
+        ] = None,
+        period: Annotated[Literal["day", "month"] | None, Query(description="default: both")] = None,
+        date: Annotated[
+            str | None, Query(min_length=7, max_length=10, description="YYYY-MM-DD or YYYY-MM (default: now)")
+        ] = None,
+        model: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
+    ) -> FastAPIResponse:
+        if spend is None:
+            raise ApiError(404, "Spend is not recorded (no admission stage).", code="spend_disabled")
+        report = await spend(
+            user=user,
+            tenant=tenant,
+            key_id=key,
+            tier=tier,
+            periods=("day", "month") if period is None else (period,),
+            date=date,
+            model=model,
+        )
+        return _json(200, report)
 
     @app.get("/admin/audit", summary="Recent admin changes, newest first")
     async def audit(who: Admin, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> FastAPIResponse:

@@ -1,7 +1,7 @@
 """The public API in the OpenAPI document: documentation only, never on the request path.
 
-`/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/v1/models/{id}`, `/healthz` and `/readyz`
-are answered by `gateway.app.Gateway` before any framework routing, so they are not routes of the
+`/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/v1/models/{id}`, `/healthz`, `/health` and
+`/readyz` are answered by `gateway.app.Gateway` before any framework routing, so they are not routes of the
 admin FastAPI app. `document_public_api(app, models)` makes the admin app's `/openapi.json` describe
 them anyway: it builds docs-only routes on a router that is never mounted, and merges their paths and
 schemas into the admin app's document (with the bearer security scheme both APIs use). Nothing here
@@ -251,21 +251,34 @@ def public_router(model_names: Sequence[str]) -> APIRouter:
     async def completions(body: CompletionRequest) -> None:
         _never_called()
 
-    @router.get("/v1/models", response_model=ModelList, summary="The models some pool serves")
+    @router.get(
+        "/v1/models",
+        response_model=ModelList,
+        responses={401: _ERRORS[401]},
+        summary="The models the caller may use (authenticated like chat)",
+        openapi_extra={"security": _SECURITY},
+    )
     async def models() -> None:
         _never_called()
 
     @router.get(
         "/v1/models/{model_id}",
         response_model=Model,
-        responses={404: {"model": ErrorResponse, "description": "unknown model"}},
-        summary="One model",
+        responses={401: _ERRORS[401], 404: {"model": ErrorResponse, "description": "unknown model"}},
+        summary="One model (404 also when the caller may not use it)",
+        openapi_extra={"security": _SECURITY},
     )
     async def model(model_id: str) -> None:
         _never_called()
 
     @router.get("/healthz", response_model=Status, summary="200 while the process is alive", tags=["probes"])
     async def healthz() -> None:
+        _never_called()
+
+    @router.get(
+        "/health", response_model=Status, summary="The same as /healthz (what engines serve)", tags=["probes"]
+    )
+    async def health() -> None:
         _never_called()
 
     @router.get(

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from engines.base import Endpoint, Usage
 from gateway.core.responses import ErrorRenderer, openai_error
+from policies.access import ModelAccess
+from policies.budgets import Budget
 
 if TYPE_CHECKING:
     from gateway.core.answer import Answer
@@ -39,12 +41,21 @@ Finalizer = Callable[["RequestContext"], Awaitable[None] | None]
 
 @dataclass(slots=True, eq=False)
 class Principal:
-    """Who is calling. `anonymous` when authentication is off."""
+    """Who is calling. `anonymous` when authentication is off.
+
+    A principal proven by an API key also carries the key's own grants: `key_id`, its model access
+    (None: the key narrows nothing) and its budgets; `key_rev` changes whenever an operator changes
+    them, so caches keyed by it see the change.
+    """
 
     user: str
     tenant: str | None = None
     roles: frozenset[str] = frozenset()
     tier: str = "default"
+    key_id: str | None = None
+    key_access: ModelAccess | None = None
+    key_budgets: tuple[Budget, ...] = ()
+    key_rev: int = 0
 
     @property
     def is_admin(self) -> bool:

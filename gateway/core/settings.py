@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from policies.budgets import Price
+
 
 class SettingsModel(BaseModel):
     """The base of every settings section: unknown keys are errors, values are immutable."""
@@ -44,6 +46,23 @@ class PoolSettings(SettingsModel):
     backends: list[BackendSettings] = Field(default_factory=list)
 
 
+class PriceSettings(SettingsModel):
+    """A model's prices in USD per million tokens (how providers quote them), for money budgets and
+    `gateway_spend_usd_total`. Cached prompt tokens cost `prompt` unless `cached_prompt` is set."""
+
+    prompt: float = Field(ge=0, le=1_000_000)
+    completion: float = Field(ge=0, le=1_000_000)
+    cached_prompt: float | None = Field(None, ge=0, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _exact(self) -> PriceSettings:
+        self.price()  # more than six decimals is an error, not a silent rounding
+        return self
+
+    def price(self) -> Price:
+        return Price.per_million(self.prompt, self.completion, self.cached_prompt)
+
+
 class ModelSettings(SettingsModel):
     #: the public name clients use
     name: str
@@ -54,6 +73,8 @@ class ModelSettings(SettingsModel):
     #: what the model does: `generate` (chat, completions, responses, messages) or `embed`
     #: (/v1/embeddings only); the other endpoints answer it with a 400
     task: Literal["generate", "embed"] = "generate"
+    #: USD per million tokens; absent: the model costs nothing against money budgets
+    price: PriceSettings | None = None
 
 
 class HealthSettings(SettingsModel):

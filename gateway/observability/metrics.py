@@ -63,7 +63,10 @@ REDIS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.0
 BUDGET_BUCKETS = (0.0, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 
 #: rejection reasons of the limiter stage, created at zero so "no rejections" is a series, not a gap
-LIMIT_REASONS = ("requests", "tokens", "concurrency", "too_large", "unavailable")
+LIMIT_REASONS = ("requests", "tokens", "concurrency", "too_large", "budget", "unavailable")
+#: the scopes and periods of budgets (gateway_budget_rejections), created at zero
+BUDGET_SCOPES = ("user", "tenant", "key")
+BUDGET_PERIODS = ("day", "month", "rolling")
 #: the pre-routing refusals of the gateway's own intake stages (parse, validate), by HTTP status
 _INTAKE_REASONS = {
     400: "invalid_request",
@@ -115,7 +118,7 @@ class _Hist:
 class _Series:
     """The value cells of one (pool, model), resolved once."""
 
-    __slots__ = ("cached", "completion", "duration", "prompt", "status", "tpot", "ttft")
+    __slots__ = ("cached", "completion", "duration", "prompt", "spend", "status", "tpot", "ttft")
 
     def __init__(self, m: Metrics, pool: str, model: str) -> None:
         self.duration = _Hist(m.duration.labels(pool, model))
@@ -124,6 +127,7 @@ class _Series:
         self.prompt = _value(m.prompt_tokens.labels(pool, model))
         self.completion = _value(m.completion_tokens.labels(pool, model))
         self.cached = _value(m.cached_tokens.labels(pool, model))
+        self.spend = _value(m.spend.labels(pool, model))
         self.status: dict[tuple[Api, int], _Value] = {}
 
 
@@ -171,6 +175,18 @@ class Metrics:
             pm,
             registry=r,
         )
+        self.spend = Counter(
+            "gateway_spend_usd",
+            "Money spent, in USD at the models' configured prices, from the engines' usage.",
+            pm,
+            registry=r,
+        )
+        self.budget_rejections = Counter(
+            "gateway_budget_rejections",
+            "Requests refused because a budget was spent (429 insufficient_quota), by scope and period.",
+            ["scope", "period"],
+            registry=r,
+        )
         self.backend_requests = Counter(
             "gateway_backend_requests",
             "Requests answered by each backend (the last one tried).",
@@ -187,6 +203,13 @@ class Metrics:
             "gateway_upstream_errors",
             "Failed attempts to reach or read an engine, by pool and kind.",
             ["pool", "kind"],
+            registry=r,
+        )
+        self.misconfigured = Counter(
+            "gateway_upstream_misconfigured",
+            "Engine answers of 404 for the backend's configured served-model name (the operator's "
+            "config is wrong; the client got 502), by pool and backend.",
+            pb,
             registry=r,
         )
         self.route_decisions = Counter(
@@ -288,6 +311,11 @@ class Metrics:
         }
         for reason in LIMIT_REASONS:
             self._reject_child("limit", reason)
+        self._budget_rejects = {
+            (scope, period): self.budget_rejections.labels(scope, period)
+            for scope in BUDGET_SCOPES
+            for period in BUDGET_PERIODS
+        }
 
     # -- hot path ---------------------------------------------------------------------------------
     def observe_request(self, ctx: RequestContext, now: float) -> None:
@@ -327,6 +355,18 @@ class Metrics:
             series.completion.inc(usage.completion_tokens)
             if usage.cached_tokens:
                 series.cached.inc(usage.cached_tokens)
+            price = ctx.model.price if ctx.model is not None else None
+            if price is not None:
+                cached = min(usage.cached_tokens or 0, usage.prompt_tokens)
+                cached_price = price.prompt if price.cached_prompt is None else price.cached_prompt
+                series.spend.inc(
+                    (
+                        (usage.prompt_tokens - cached) * price.prompt
+                        + cached * cached_price
+                        + usage.completion_tokens * price.completion
+                    )
+                    / 1e6
+                )
         first = ctx.first_token_at
         if first is not None:
             series.ttft.observe(first - ctx.started)
@@ -355,11 +395,13 @@ class Metrics:
         children[0].inc()
         children[1].inc()
 
-    def upstream_error(self, pool: str, kind: str) -> None:
+    def upstream_error(self, pool: str, kind: str, backend: str | None = None) -> None:
         child = self._upstream.get((pool, kind))
         if child is None:
             child = self._upstream[(pool, kind)] = self.upstream_errors.labels(pool, kind)
         child.inc()
+        if kind == "misconfigured" and backend is not None:
+            self.misconfigured.labels(pool, backend).inc()
 
     # -- admission and Redis ----------------------------------------------------------------------
     def reject(self, stage: str, reason: str, ctx: RequestContext | None = None) -> None:
@@ -377,6 +419,13 @@ class Metrics:
         if child is None:
             child = self._rejects[(stage, reason)] = self.rejections.labels(stage, reason)
         return child
+
+    def budget_rejection(self, scope: str, period: str) -> None:
+        """A request refused by a budget of `scope` (`user`, `tenant`, `key`) over `period`."""
+        child = self._budget_rejects.get((scope, period))
+        if child is None:
+            child = self._budget_rejects[(scope, period)] = self.budget_rejections.labels(scope, period)
+        child.inc()
 
     def observe_redis(self, op: str, seconds: float) -> None:
         """One Redis round trip of operation `op` (a fixed name such as `limit`, `ping`, `weights`)."""

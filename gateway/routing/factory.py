@@ -17,6 +17,7 @@ def build_router(settings: RoutingSettings) -> tuple[Router, FeatureConfig]:
             prompt_tokens_gte=r.min_prompt_tokens,
             has_tools=r.has_tools,
             structured_output=r.structured_output,
+            strict=r.strict,
         )
         for r in settings.rules
     ]

@@ -17,6 +17,8 @@ class RuleSettings(SettingsModel):
     min_prompt_tokens: int | None = None
     has_tools: bool | None = None
     structured_output: bool | None = None
+    #: the rule's pools are a requirement, not a preference: no other pool, not even to fail over
+    strict: bool = False
 
 
 class RoutingSettings(SettingsModel):

@@ -50,17 +50,27 @@ class RouteStage:
         if ctx.principal.is_admin:
             raw = ctx.headers.get(PIN_HEADER)
             if raw:
-                pin = raw.decode("latin-1")
+                pin = ctx.extras["pin"] = raw.decode("latin-1")
         snapshot = self._fleet.snapshot(time.monotonic())
         self._apply(ctx, self.decide(snapshot, ctx, pin))
         return None
 
     def decide(
-        self, snapshot: FleetSnapshot, ctx: RequestContext, pin: str | None, exclude: Collection[str] = ()
+        self,
+        snapshot: FleetSnapshot,
+        ctx: RequestContext,
+        pin: str | None,
+        exclude: Collection[str] = (),
+        prefer: str | None = None,
     ) -> Decision:
         try:
             return self.router.decide(
-                snapshot, ctx.extras["features"], self._random.random(), pin=pin, exclude=exclude
+                snapshot,
+                ctx.extras["features"],
+                self._random.random(),
+                pin=pin,
+                exclude=exclude,
+                prefer=prefer,
             )
         except RoutingError as exc:
             raise _routing_error(exc, ctx) from None
@@ -89,12 +99,19 @@ class RouteStage:
         }
 
     def reroute(self, ctx: RequestContext, exclude: set[str]) -> None:
-        """Choose another backend in the same pool for a retry, never one already tried."""
+        """Choose another backend for a retry, never one already tried: in the same pool while it has
+        a routable backend left, then in the next eligible pool serving the model (rules are
+        preferences unless `strict`; an admin's pin keeps the retry in the pinned pool). ApiError
+        when none is left. Reasons: `retry+<backend policy>` in the pool, `failover+<pool choice>` to
+        another pool."""
         assert ctx.pool is not None
         snapshot = self._fleet.snapshot(time.monotonic())
-        decision = self.decide(snapshot, ctx, ctx.pool.name, exclude)
-        # The pin only keeps the retry in its pool; label it as the retry it is.
-        reason = "retry+" + decision.reason.partition("+")[2]
+        came_from = ctx.pool.name
+        decision = self.decide(snapshot, ctx, ctx.extras.get("pin"), exclude, prefer=came_from)
+        if decision.pool == came_from:
+            reason = "retry+" + decision.reason.rpartition("+")[2]
+        else:
+            reason = "failover+" + decision.reason
         self._apply(ctx, Decision(decision.pool, decision.backend, reason, decision.affinity), retry=True)
 
     def _header_value(self, text: str) -> bytes:

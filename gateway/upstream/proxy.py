@@ -2,9 +2,18 @@
 
 Failover happens only before the first byte reaches the client: a refused or reset connection, a
 timeout before the engine's first event, or an engine status that says "try elsewhere" (429, 502,
-503, 504) sends the request to another backend of the same pool, up to `retries.max_attempts`
-attempts and within the retry budget. For a stream, the client's `200` is sent only once the engine's
-first event is in, so a backend that accepts and then stalls is also failed over.
+503, 504, and 404: the backend does not know its configured served-model name) sends the request to
+another backend — of the same pool while it has one left, then of the next eligible pool serving the
+model (`RouteStage.reroute`; the request is rebuilt for that pool's dialect and served name) — up to
+`retries.max_attempts` attempts and within the retry budget. For a stream, the client's `200` is sent
+only once the engine's first event is in, so a backend that accepts and then stalls is also failed
+over.
+
+Passive health: a refused or reset connection takes the backend out of routing at once (`healthy`
+False, as a failed probe would); the active prober brings it back when it answers again. An engine's
+404 for the served name is the operator's misconfiguration, not the client's unknown model: 502
+`server_error` (no backend detail) to the client, a log line naming the backend and the served name,
+and `gateway_upstream_misconfigured_total{pool,backend}`.
 
 The answer is written in the client's API: OpenAI's chat or completions by `engines.openai`, any
 other API by the `ctx.answer` its intake stage set (gateway/core/answer.py); errors in the shape
@@ -14,6 +23,7 @@ other API by the `ctx.answer` its intake stage set (gateway/core/answer.py); err
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -29,7 +39,13 @@ from gateway.upstream.retry import RetryBudget
 from gateway.upstream.settings import UpstreamSettings
 from gateway.upstream.transport import Transport, UpstreamError, UpstreamResponse
 
+log = logging.getLogger("gateway.upstream")
+
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+#: attempt failures that mean the backend itself is gone (refused, reset or closed before answering)
+_GONE = frozenset({"connect", "error"})
+#: seconds between two log lines about one misconfigured backend
+_MISCONFIGURED_LOG_S = 30.0
 _BACKEND_FAULTS_MID_STREAM = frozenset({"upstream_broken", "idle_timeout"})
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
 
@@ -63,6 +79,7 @@ class ProxyStage:
         self._budget = RetryBudget(settings.retries.budget_ratio, settings.retries.budget_min_per_s)
         self._reroute = reroute
         self._on_upstream_error = on_upstream_error
+        self._misconfigured_logged: dict[str, float] = {}
 
     async def __call__(self, ctx: RequestContext) -> Response | None:
         # Until the answer starts, nothing reads the client's connection: a watcher cancels the
@@ -84,13 +101,19 @@ class ProxyStage:
 
     async def _attempts(self, ctx: RequestContext) -> Response:
         assert ctx.pool is not None and ctx.backend is not None and ctx.model is not None
-        dialect = ctx.pool.dialect
-        upstream_body = dialect.build_request(ctx.endpoint, ctx.body, ctx.pool.models[ctx.model.name])
         path = _PATHS[ctx.endpoint]
         tried: set[str] = set()
         self._budget.on_request(time.monotonic())
         last_error: ApiError = overloaded()
+        built_for = None
+        upstream_body = b""
         while True:
+            pool = ctx.pool
+            if pool is not built_for:  # the first attempt, or a failover to another pool
+                upstream_body = pool.dialect.build_request(
+                    ctx.endpoint, ctx.body, pool.models[ctx.model.name]
+                )
+                built_for = pool
             backend = ctx.backend
             tried.add(backend.name)
             if not backend.circuit.allow(time.monotonic()):
@@ -112,6 +135,8 @@ class ProxyStage:
                 backend.in_flight -= 1
                 backend.circuit.failure(time.monotonic())
                 self._on_upstream_error(ctx, backend, retry.kind)
+                if retry.kind in _GONE:
+                    _mark_gone(backend, retry.kind)
                 last_error = retry.error
             except BaseException:
                 backend.in_flight -= 1
@@ -259,7 +284,10 @@ class ProxyStage:
         self, ctx: RequestContext, backend: Backend, status: int, data: bytes
     ) -> Response:
         """The engine answered an error before any byte went out: fail over, or answer it re-shaped."""
-        assert ctx.pool is not None
+        assert ctx.pool is not None and ctx.model is not None
+        if status == 404:
+            self._log_misconfigured(backend, ctx.pool.models[ctx.model.name])
+            raise _Retry("misconfigured", misconfigured())
         err = ctx.pool.dialect.decode_error(status, data, ctx.endpoint)
         if status in RETRYABLE_STATUS:
             raise _Retry(f"status_{status}", err)
@@ -271,6 +299,20 @@ class ProxyStage:
         ctx.error_kind = f"engine_{status}"
         await self._end(ctx, False)
         return error_response(err, ctx.response_headers, ctx.render_error)
+
+    def _log_misconfigured(self, backend: Backend, served: str) -> None:
+        now = time.monotonic()
+        if now - self._misconfigured_logged.get(backend.name, -_MISCONFIGURED_LOG_S) < _MISCONFIGURED_LOG_S:
+            return
+        self._misconfigured_logged[backend.name] = now
+        log.error(
+            "backend %s (pool %s) answered 404 for its configured served model name %r: the engine serves "
+            "it under another name, or the backend URL is wrong (pools[].models, --served-model-name); "
+            "clients get 502",
+            backend.name,
+            backend.pool,
+            served,
+        )
 
     async def _end(self, ctx: RequestContext, ok: bool) -> None:
         backend = ctx.backend
@@ -304,6 +346,28 @@ class _DisconnectWatch(ClientWatch):
     def stop(self) -> None:
         self._active = False
         super().stop()
+
+
+def _mark_gone(backend: Backend, kind: str) -> None:
+    """Passive health: a backend that refused or reset the connection is out of routing at once."""
+    if backend.healthy is not False:
+        backend.healthy = False
+        log.warning(
+            "backend %s (pool %s) is now unhealthy: %s; the health probe brings it back",
+            backend.name,
+            backend.pool,
+            "connection refused or closed before answering" if kind == "connect" else "connection reset",
+        )
+
+
+def misconfigured() -> ApiError:
+    """The client's answer when the engine does not know its configured model name (the operator's
+    config is wrong, not the client's request): a 502 naming no backend."""
+    return ApiError(
+        502,
+        "The gateway's upstream server is misconfigured for this model. Please contact the gateway's operator.",
+        type="server_error",
+    )
 
 
 def _client_gone() -> ApiError:

@@ -246,7 +246,10 @@ def _gateway_config(urls: dict[str, list[str]], dead_url: str, redis_url: str) -
         )
     config: dict[str, Any] = {
         "server": {"workers": 2, "graceful_shutdown_s": 2},
-        "models": [{"name": m, "context_length": 8192} for m in MODELS.values()],
+        "models": [
+            {"name": m, "context_length": 8192, "price": {"prompt": 0.15, "completion": 0.6}}
+            for m in MODELS.values()
+        ],
         "pools": pools,
         "routing": {
             "scrape_interval_s": 0.5,

@@ -309,6 +309,11 @@ def test_models_endpoints(client: openai.OpenAI) -> None:
 
 def test_health_endpoints(http: httpx.Client) -> None:
     assert http.get("/healthz").status_code == 200
+    # what vLLM and SGLang serve, and what their load generators (guidellm) probe before a run
+    health = http.get("/health")
+    assert (health.status_code, health.json()) == (200, {"status": "ok"})
+    assert http.head("/health").status_code == 200
+    assert http.post("/health").status_code == 404
     assert http.get("/readyz").status_code == 200
     metrics = http.get("/metrics")
     assert metrics.status_code == 200 and "gateway_requests_total" in metrics.text

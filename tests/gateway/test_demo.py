@@ -1,5 +1,6 @@
-"""`gateway demo`, run as a user runs it: the banner's tokens work against both pools, and Ctrl-C or
-SIGTERM stops the gateway and every simulator it started."""
+"""`gateway demo`, run as a user runs it: the banner's tokens work against both pools, its limits show
+(the user token's `x-ratelimit-*` headers, the tight token's 429), and Ctrl-C or SIGTERM stops the
+gateway and every simulator it started."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from openai import OpenAI
 
 from engines.sim.launcher import free_port
+from gateway.demo import MODEL
 from tests.support import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,8 +112,6 @@ def test_the_banner_tokens_answer_on_both_pools(demo: Demo) -> None:
 
 
 def _ready(port: int) -> bool:
-    import httpx
-
     try:
         return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
     except httpx.HTTPError:
@@ -130,3 +131,39 @@ def test_a_signal_stops_the_gateway_and_every_simulator(demo: Demo, sig: signal.
     while time.monotonic() < deadline and any(_alive(p) for p in sims):
         time.sleep(0.1)
     assert not [p for p in sims if _alive(p)], "simulators outlived the demo"
+
+
+def test_the_demo_enforces_limits_and_reports_spend(demo: Demo) -> None:
+    """The user token's tier shows in `x-ratelimit-*`; the tight token's 4th quick request is a 429;
+    the banner's spend query answers with this process's own ledgers (the demo runs without Redis)."""
+    banner = demo.text()
+    assert "tier default: 60 requests/min, 100,000 tokens/min, 8 concurrent" in banner
+    assert "tier tight:   3 requests/min" in banner and "the 4th quick request gets 429" in banner
+    tight = re.search(r"tight token  tier tight: .*\n\s+(\S+)", banner)
+    assert tight, banner
+    base = f"http://127.0.0.1:{demo.port}"
+    wait_until(lambda: _ready(demo.port), 30, what="a healthy backend")
+    body = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}]}
+    user = {"authorization": f"Bearer {demo.token('user token')}"}
+    r = httpx.post(base + "/v1/chat/completions", json=body, headers=user)
+    assert r.status_code == 200, r.text
+    limits = (r.headers["x-ratelimit-limit-requests"], r.headers["x-ratelimit-limit-tokens"])
+    assert limits == ("60", "100000")
+    assert r.headers["x-ratelimit-remaining-requests"] == "59"
+    statuses = []
+    for _ in range(5):
+        t = httpx.post(
+            base + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {tight.group(1)}"}
+        )
+        statuses.append(t.status_code)
+    assert statuses == [200, 200, 200, 429, 429], statuses
+    assert t.json()["error"]["code"] == "rate_limit_exceeded" and int(t.headers["retry-after"]) >= 1
+    assert f"{base}/admin/spend?user=demo-user" in banner
+    spend = httpx.get(
+        base + "/admin/spend",
+        params={"user": "demo-user"},
+        headers={"authorization": f"Bearer {demo.token('admin token')}"},
+    ).json()
+    assert spend["shared"] is False
+    assert [(p["period"], p["requests"]) for p in spend["periods"]] == [("day", 1), ("month", 1)]
+    assert spend["periods"][0]["usd"] > 0 and spend["periods"][0]["models"][MODEL]["requests"] == 1

@@ -182,6 +182,43 @@ def test_exclude_for_failover() -> None:
         router.decide(snap, f, 0.5, exclude={b.name for b in snap.pools[0].backends})
 
 
+def test_failover_stays_in_the_pool_then_moves_to_the_next_eligible_pool() -> None:
+    rng = random.Random(11)
+    snap = _fleet()
+    router = Router(RULES)
+    tools = features(conversation(rng, system="s"), tools=[TOOL])
+    first = router.decide(snap, tools, 0.5)
+    assert (first.pool, first.reason.split("+")[0]) == ("sglang", "rule:tools")
+    tried = {first.backend}
+    # while the pool has a routable backend left, the retry stays in it
+    for _ in range(3):
+        d = router.decide(snap, tools, 0.5, exclude=tried, prefer="sglang")
+        assert d.pool == "sglang" and d.reason.startswith("retry+") and d.backend not in tried
+        tried.add(d.backend)
+    # every sglang backend tried: the rule is a preference, so the next eligible pool serves it
+    # (vllm has no tool parser here, so it is not eligible: unavailable)
+    with pytest.raises(RoutingError):
+        router.decide(snap, tools, 0.5, exclude=tried, prefer="sglang")
+    capable = fleet(pool("vllm", 2), pool("sglang", 2, dialect="sglang"))
+    d1 = router.decide(capable, tools, 0.5)
+    tried = {b.name for b in capable.pools[1].backends}
+    moved = router.decide(capable, tools, 0.5, exclude=tried, prefer=d1.pool)
+    assert moved.pool == "vllm" and moved.reason.startswith("default")
+    # a strict rule keeps the request inside its pools: no failover elsewhere
+    strict = Router((Rule("tools", ("sglang",), has_tools=True, strict=True),))
+    with pytest.raises(RoutingError) as err:
+        strict.decide(capable, tools, 0.5, exclude=tried, prefer="sglang")
+    assert err.value.reason == "rule:tools:no-eligible-pool"
+    # an admin's pin keeps retries in the pinned pool
+    with pytest.raises(RoutingError):
+        router.decide(capable, tools, 0.5, pin="sglang", exclude=tried, prefer="sglang")
+    # unhealthy backends are out of the candidates as excluded ones are
+    dead = fleet(
+        pool("vllm", 2), pool("sglang", members=backends("sglang", 2, healthy=False), dialect="sglang")
+    )
+    assert router.decide(dead, tools, 0.5, prefer="sglang").pool == "vllm"
+
+
 def test_dry_run_changes_no_state() -> None:
     rng = random.Random(10)
     snap = fleet(pool("p", 4))

@@ -6,7 +6,8 @@
 - concurrency slots freed on client disconnect and, after a replica is killed, by lease expiry;
 - Redis stopped mid-test → `fail_open` serves from the local limiter, `fail_closed` answers 503;
   Redis back → shared limits again without a restart;
-- the hostile-token catalogue over HTTP (401 each, never 5xx) and JWKS rotation without restart.
+- the hostile-token catalogue over HTTP on chat and on `/v1/models*` (401 each, never 5xx, no model
+  named) and JWKS rotation without restart.
 """
 
 from __future__ import annotations
@@ -276,8 +277,14 @@ def test_redis_outage_fail_open_and_fail_closed_then_recovery(sim: SimProcess) -
 
 def _raw_post(port: int, authorization: bytes | None) -> tuple[int, bytes]:
     """POST CHAT with the Authorization header sent byte for byte (clients refuse some of these)."""
-    body = orjson.dumps(CHAT)
-    head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+    return _raw(port, b"POST", b"/v1/chat/completions", authorization, orjson.dumps(CHAT))
+
+
+def _raw(
+    port: int, method: bytes, path: bytes, authorization: bytes | None, body: bytes = b""
+) -> tuple[int, bytes]:
+    """One request with the Authorization header sent byte for byte; (status, body)."""
+    head = method + b" " + path + b" HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
     if authorization is not None:
         head += b"authorization: " + authorization + b"\r\n"
     head += b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)
@@ -313,12 +320,28 @@ def test_hostile_tokens_over_http_and_jwks_rotation(sim: SimProcess) -> None:
                 headers={"authorization": "Bearer " + Keys.sign(keys.ec, "ES256", "ec-1")},
             )
             assert ok.status_code == 200, ok.text
+            good = {"authorization": "Bearer " + Keys.sign(keys.ec, "ES256", "ec-1")}
+            listed = http.get("/v1/models", headers=good)
+            assert listed.status_code == 200 and [m["id"] for m in listed.json()["data"]] == [MODEL]
+            assert http.get(f"/v1/models/{MODEL}", headers=good).json()["id"] == MODEL
+            assert http.get("/v1/models/nope", headers=good).json()["error"]["code"] == "model_not_found"
             jwks.down = True
             catalogue = hostile_catalogue(keys, SECRET)
+            model_path = f"/v1/models/{MODEL}".encode()
             for name, header in catalogue:
                 status, body = _raw_post(gw.port, header)
                 assert status == 401, (name, status, body)
                 assert orjson.loads(body)["error"]["code"] in ("invalid_api_key", None)
+                # the model inventory answers strangers no more than chat does (issue #20)
+                for path in (b"/v1/models", model_path, b"/v1/models/no-such-model"):
+                    status, body = _raw(gw.port, b"GET", path, header)
+                    assert status == 401, (name, path, status, body)
+                    error = orjson.loads(body)["error"]
+                    assert (
+                        error["code"] in ("invalid_api_key", None)
+                        and error["type"] == "invalid_request_error"
+                    )
+                    assert MODEL.encode() not in body, (name, path, body)
             # rotation: the provider publishes a new key; the running gateway accepts it
             jwks.down = False
             jwks.set_keys(Keys.jwk(keys.rsa2, "rsa-2", "RS256"))
