@@ -151,6 +151,80 @@ def should_bind(endpoint: str, dialect: Dialect, bind: bool | None = None) -> bo
     return wildcard or (dialect == "sglang" and "0.0.0.0" in endpoint)
 
 
+def vllm_block_stored(
+    hashes: list[Any],
+    parent: Any,
+    token_ids: list[int],
+    block_size: int,
+    *,
+    cache_salt: str | None = None,
+    first_block: bool = False,
+    session_id: str | None = None,
+) -> dict[str, Any]:
+    """vLLM's `BlockStored` map (`first_block`: the run starts at the request's first block, the
+    only one a `cache_salt` enters)."""
+    out: dict[str, Any] = {
+        "type": "BlockStored",
+        "block_hashes": hashes,
+        "parent_block_hash": parent,
+        "token_ids": token_ids,
+        "block_size": block_size,
+        "lora_id": None,
+        "medium": MEDIUM_GPU,
+        "lora_name": None,
+        "extra_keys": [
+            [cache_salt] if i == 0 and first_block and cache_salt else None for i in range(len(hashes))
+        ],
+        "group_idx": 0,
+    }
+    if session_id is not None:
+        out["session_id"] = session_id
+    return out
+
+
+def vllm_block_removed(block_hash: Any) -> dict[str, Any]:
+    """vLLM's `BlockRemoved` map (one per evicted block)."""
+    return {"type": "BlockRemoved", "block_hashes": [block_hash], "medium": MEDIUM_GPU, "group_idx": 0}
+
+
+def sglang_block_stored(
+    hashes: list[int],
+    parent: int | None,
+    token_ids: list[int],
+    page_size: int,
+    *,
+    cache_salt: str | None = None,
+) -> dict[str, Any]:
+    """SGLang's `BlockStored` map."""
+    out: dict[str, Any] = {
+        "type": "BlockStored",
+        "block_hashes": hashes,
+        "parent_block_hash": parent,
+        "token_ids": token_ids,
+        "block_size": page_size,
+        "lora_id": None,
+        "medium": MEDIUM_GPU,
+    }
+    if cache_salt is not None:
+        out["cache_salt"] = cache_salt
+    return out
+
+
+def sglang_block_removed(hashes: list[int]) -> dict[str, Any]:
+    """SGLang's `BlockRemoved` map."""
+    return {"type": "BlockRemoved", "block_hashes": hashes, "medium": MEDIUM_GPU}
+
+
+ALL_BLOCKS_CLEARED: dict[str, Any] = {"type": "AllBlocksCleared"}
+
+
+def pack_batch(ts: float, events: list[dict[str, Any]], rank: int = 0) -> bytes:
+    """The msgpack batch `[ts, events, rank]`, byte for byte what msgspec writes for the engines'
+    `KVEventBatch` (maps in insertion order, ints in their shortest form, floats as float64)."""
+    packed: bytes = msgpack.packb([ts, events, rank], use_bin_type=True)
+    return packed
+
+
 class EventEncoder:
     """Turns the engine's block events into one dialect's msgpack payloads (keeps each cached
     block's digest, to hash its children and to name it when it is removed)."""
@@ -180,13 +254,12 @@ class EventEncoder:
                     self._append(out, removed)
             elif isinstance(ev, ClearedBlocks):
                 self._digests.clear()
-                out.append({"type": "AllBlocksCleared"})
+                out.append(dict(ALL_BLOCKS_CLEARED))
         return out
 
     def payload(self, events: list[dict[str, Any]], ts: float | None = None) -> bytes:
         """The msgpack batch `[ts, events, rank]`."""
-        packed: bytes = msgpack.packb([time.time() if ts is None else ts, events, 0], use_bin_type=True)
-        return packed
+        return pack_batch(time.time() if ts is None else ts, events)
 
     def _stored(self, ev: StoredBlocks) -> dict[str, Any] | None:
         hasher = self.hasher
@@ -203,36 +276,17 @@ class EventEncoder:
             hashes.append(hasher.external(digest))
         parent_hash = hasher.external(parent) if parent is not None else None
         if self.dialect == "vllm":
-            out: dict[str, Any] = {
-                "type": "BlockStored",
-                "block_hashes": hashes,
-                "parent_block_hash": parent_hash,
-                "token_ids": list(ev.token_ids),
-                "block_size": bs,
-                "lora_id": None,
-                "medium": MEDIUM_GPU,
-                "lora_name": None,
-                "extra_keys": [
-                    [ev.cache_salt] if i == 0 and ev.parent is None and ev.cache_salt else None
-                    for i in range(len(ev.keys))
-                ],
-                "group_idx": 0,
-            }
-            if ev.session_id is not None:
-                out["session_id"] = ev.session_id
-            return out
-        out = {
-            "type": "BlockStored",
-            "block_hashes": hashes,
-            "parent_block_hash": parent_hash,
-            "token_ids": list(ev.token_ids),
-            "block_size": bs,
-            "lora_id": None,
-            "medium": MEDIUM_GPU,
-        }
-        if ev.cache_salt is not None:
-            out["cache_salt"] = ev.cache_salt
-        return out
+            return vllm_block_stored(
+                hashes,
+                parent_hash,
+                list(ev.token_ids),
+                bs,
+                cache_salt=ev.cache_salt,
+                first_block=ev.parent is None,
+                session_id=ev.session_id,
+            )
+        assert not isinstance(parent_hash, bytes)
+        return sglang_block_stored(hashes, parent_hash, list(ev.token_ids), bs, cache_salt=ev.cache_salt)
 
     def _removed(self, ev: RemovedBlocks) -> list[dict[str, Any]]:
         hashes = []

@@ -33,10 +33,11 @@ with SGLang's in-batch rule that defers a request sharing ≥ 32 uncached tokens
 A prefill batch takes at most `chunked_prefill_size` new tokens (the one request that does not fit is
 chunked and continues first next time) and `max_prefill_tokens`, and admits a request only if the
 free pool covers its uncached prompt plus a reserve for every running and new request's remaining
-output (`min(max_new_tokens - generated, 4096) × new_token_ratio`; the ratio starts at 0.7, decays
-to 0.7 × 0.14 over 600 decode steps and is reset by a retraction). A decode batch advances every
-running request by one token; when the pool cannot hold the new tokens, requests are retracted
-(fewest output tokens first, then longest input) back to the end of the queue. Prompt blocks are
+output (`min(max_new_tokens - generated, 4096) × new_token_ratio`; the ratio starts at 0.7 and
+decays to 0.7 × 0.14 over 600 decode steps). A decode batch advances every running request by one
+token; when the pool cannot hold the new tokens, requests are retracted (fewest output tokens first,
+then longest input) to the end of the queue, and the ratio becomes (tokens decoded + 20 per kept
+request) / their `max_new_tokens`. Prompt blocks are
 cached after each prefill chunk, output blocks when the request finishes (`release_kv_cache`).
 
 A sequence that alone needs more blocks than the whole pool still runs, alone (the pool runs over
@@ -62,6 +63,7 @@ LPM_IN_BATCH_TOKENS = 32  # SGLang IN_BATCH_PREFIX_CACHING_CHECK/DEPRIORITIZE_TH
 CLIP_MAX_NEW_TOKENS = 4096  # SGLang SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
 NEW_TOKEN_RATIO_DECAY_STEPS = 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
+RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
 
 
 @dataclass(frozen=True, slots=True)
@@ -597,8 +599,10 @@ class StepEngine:
                 self._preempt(victim)
                 self.waiting.append(victim)
                 preempted.append(victim)
-            self._ratio = self.cfg.new_token_ratio
             decodes = [s for s in decodes if s.state == "running"]
+            # NewTokenRatioTracker.estimate_new_token_ratio_after_retract
+            decoded = sum(s.generated for s in decodes) + RETRACT_DECODE_STEPS * len(decodes)
+            self._ratio = min(1.0, decoded / (sum(s.max_new for s in decodes) + 1))
         for seq in decodes:
             self._allocate(seq, 1, force=True)
         return self._batch([(s, 1) for s in decodes], [], preempted)
