@@ -188,6 +188,7 @@ class BatchRun:
         runner = eng.runner
         assert runner is not None
         self._ticket = runner.submit(self._prompt, self._out_len, account=self._account, **self._kw)
+        eng.open.add(self._ticket)
         return self
 
     def _wait(self, tokens: int) -> Awaitable[None]:
@@ -235,6 +236,7 @@ class BatchRun:
         runner = eng.runner
         assert runner is not None
         runner.abort(ticket)  # a no-op once the sequence has finished
+        eng.open.discard(ticket)
         if not self._account:
             return
         queued_until = ticket.admitted_at or self._t0

@@ -156,14 +156,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--decode-us-per-seq",
         type=float,
         default=None,
-        help=f"c: per decoding sequence in a step (default {_BATCH.decode_seq_s * 1e6:g})",
+        help=f"c: per decoding sequence in a step (default {_BATCH.decode_seq_s * 1e6:g} x itl-ms / {_BATCH.fixed_s * 1e3:g})",
     )
     _add(
         g,
         "--context-ns-per-token",
         type=float,
         default=None,
-        help=f"d: per token of context in a step (default {_BATCH.context_token_s * 1e9:g})",
+        help=f"d: per token of context in a step (default {_BATCH.context_token_s * 1e9:g} x itl-ms / {_BATCH.fixed_s * 1e3:g})",
     )
     _add(g, "--load-slowdown", type=float, default=1.0, help="serial: ITL x (1 + this x running/max)")
     _add(g, "--min-output-tokens", type=int, default=30, help="natural length range, low end")
@@ -267,6 +267,10 @@ class SimConfig:
             except KvEventsConfigError as exc:
                 raise ValueError(str(exc)) from None
         zero = 0.0 if fast else None
+        itl_ms = _pick(zero if fast else a.itl_ms, 6.0 if serial else _BATCH.fixed_s * 1e3)
+        # c and d keep their H100 proportion to the step's fixed time unless given: --itl-ms 0 is an
+        # engine with no latency at all, --itl-ms 65 a GPU ten times slower
+        scale = itl_ms / (_BATCH.fixed_s * 1e3)
         return cls(
             engine=engine,
             host=a.host,
@@ -303,9 +307,12 @@ class SimConfig:
                 zero if fast else a.prefill_us_per_token, 20.0 if serial else _BATCH.prefill_token_s * 1e6
             )
             / 1e6,
-            itl_s=_pick(zero if fast else a.itl_ms, 6.0 if serial else _BATCH.fixed_s * 1e3) / 1000,
-            decode_s_per_seq=_pick(zero if fast else a.decode_us_per_seq, _BATCH.decode_seq_s * 1e6) / 1e6,
-            context_s_per_token=_pick(zero if fast else a.context_ns_per_token, _BATCH.context_token_s * 1e9)
+            itl_s=itl_ms / 1000,
+            decode_s_per_seq=_pick(zero if fast else a.decode_us_per_seq, _BATCH.decode_seq_s * 1e6 * scale)
+            / 1e6,
+            context_s_per_token=_pick(
+                zero if fast else a.context_ns_per_token, _BATCH.context_token_s * 1e9 * scale
+            )
             / 1e9,
             load_slowdown=a.load_slowdown,
             min_output_tokens=max(1, a.min_output_tokens),

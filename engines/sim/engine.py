@@ -65,6 +65,8 @@ class Engine:
         self.scheduler = Scheduler(cfg)
         self.model: StepEngine | None = None
         self.runner: BatchRunner | None = None
+        # batching: the requests inside a Run (queued, running, or still streaming)
+        self.open: set[Ticket] = set()
         self.publisher: KvEventPublisher | None = None
         if self.batching:
             self.model = StepEngine(cfg.batch_config())
@@ -115,6 +117,15 @@ class Engine:
     def running(self) -> int:
         """Requests running (batching: in the running batch, including partial prefills)."""
         return len(self.model.running) if self.model else self.scheduler.running
+
+    @property
+    def in_flight(self) -> int:
+        """Requests past the queue and not yet answered: running in the engine, or finished there while
+        their response is still being sent (a slow reader does not hold the engine back, as in vLLM
+        and SGLang, whose API servers buffer the output). Serial: the running slots."""
+        if self.model is None:
+            return self.scheduler.running
+        return sum(1 for t in self.open if t.seq.state != "waiting")
 
     @property
     def waiting(self) -> int:
@@ -221,7 +232,8 @@ class Engine:
         out: dict[str, object] = dict(self.stats.counters())
         out.update(
             scheduler=self.cfg.scheduler,
-            running=self.running,
+            running=self.in_flight,
+            engine_running=self.running,
             waiting=self.waiting,
             kv_cache_usage=self.kv_usage(),
             preemptions_total=self.model.preemptions_total if self.model else 0,

@@ -26,8 +26,8 @@ class VllmEndpoints:
         await asgi.send_json(send, 200, {"version": self.cfg.engine_version})
 
     async def load(self, scope: Scope, receive: Receive, send: Send) -> None:
-        eng = self.engine
-        await asgi.send_json(send, 200, {"server_load": eng.running + eng.waiting})
+        eng = self.engine  # vLLM counts the requests its API server is handling, streaming ones included
+        await asgi.send_json(send, 200, {"server_load": eng.in_flight + eng.waiting})
 
     async def kv_event_sources(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The KV-event publisher's config per data-parallel rank (`{}` without events), as vLLM's
