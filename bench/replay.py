@@ -31,7 +31,9 @@ request goes to the backend, of all eight, where its first token comes earliest,
 no gateway can know - each engine's exact queue and the blocks actually in its cache (serial: the time
 its FIFO drains, from the cost model; batching: the prefill tokens queued ahead of it, costed with the
 step model at its step budget). It is greedy (it does not weigh what a cold copy evicts for later
-requests), so it is a yardstick, not a strict bound.
+requests), so it is a yardstick, not a strict bound; on the batching fleet it is a rough one (queued
+prefills are costed, not simulated): on long documents at 50 % it copies documents to idle engines and
+finds 67 % of the oracle (3 seeds), below prefix affinity's 94 % and round robin's 72 %.
 """
 
 from __future__ import annotations
