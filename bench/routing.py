@@ -33,7 +33,7 @@ import urllib.request
 import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -43,8 +43,10 @@ from bench.targets import gateway_service, gateway_source
 from bench.verdicts import compared
 from bench.workloads import WORKLOADS, Request, schedule
 from engines.sim import tokenizer
+from engines.sim.config import parse_config
 from engines.sim.prefix_cache import PrefixCache, usable_hit
 from engines.sim.prompt import render_chat
+from engines.sim.step_model import BatchConfig
 from gateway.demo import SERVED
 from gateway.demo import sim_flags as demo_sim_flags
 
@@ -55,21 +57,47 @@ SERVED_NAME = SERVED["vllm"]
 
 @dataclass(frozen=True)
 class FleetSpec:
+    """The bench fleet: `per_engine` vLLM-dialect and as many SGLang-dialect simulators.
+
+    `scheduler="batching"` (the default): the simulators' batching engine (`engines/sim/step_model.py`,
+    each its dialect's scheduler), a step costing `itl_ms` + `prefill_us_per_token` × prefill tokens +
+    `decode_us_per_seq` × decoding sequences + `context_ns_per_token` × context tokens, a budget of
+    `max_num_batched_tokens` tokens a step (vLLM 0.32's default below 70 GiB of GPU memory; SGLang's
+    `--chunked-prefill-size` the same), and a KV pool of `cache_blocks` blocks that holds the running
+    requests' KV and the prefix cache (1,024 blocks: room for a batch next to what the serial fleet's
+    512-block cache held). A small, slow GPU on purpose: prefill is 2 % of a step per token (an H100
+    running Llama-3.1-8B: 0.35 %), so a cache miss costs what it cost the serial fleet relative to a
+    token, and the whole fleet runs ~4x slower than it would at the serial fleet's 10 ms a step, which
+    keeps the offered request rates (tens per second) within what a shared 2-core machine drives in
+    the wall-clock suite. `scheduler="serial"` (`SERIAL`): one request at a time per simulator, the
+    fleet of before 2026-12.
+    """
+
     per_engine: int = 4
     block_size: int = 16
-    cache_blocks: int = 512  # per simulator: 8,192 tokens
-    ttft_ms: float = 20.0
-    prefill_us_per_token: float = 200.0
-    itl_ms: float = 10.0
+    cache_blocks: int = 1024  # per simulator: 16,384 tokens of KV (serial: 512, the prefix cache only)
+    ttft_ms: float = (
+        20.0  # batching: the front end's fixed latency before the scheduler; serial: the fixed TTFT
+    )
+    prefill_us_per_token: float = 800.0
+    itl_ms: float = 40.0  # batching: a step's fixed time; serial: the ITL
     output_tokens: int = 16
-    max_num_seqs: int = 1
+    max_num_seqs: int = 256
+    scheduler: Literal["batching", "serial"] = "batching"
+    decode_us_per_seq: float = 800.0
+    context_ns_per_token: float = 1560.0
+    max_num_batched_tokens: int = 2048
 
     @property
     def sims(self) -> int:
         return 2 * self.per_engine
 
+    @property
+    def batching(self) -> bool:
+        return self.scheduler == "batching"
+
     def flags(self, engine: str) -> list[str]:
-        return [
+        common = [
             *demo_sim_flags(engine),
             "--max-model-len", "32768",
             "--block-size", str(self.block_size),
@@ -77,19 +105,53 @@ class FleetSpec:
             "--ttft-ms", str(self.ttft_ms),
             "--prefill-us-per-token", str(self.prefill_us_per_token),
             "--itl-ms", str(self.itl_ms),
-            "--load-slowdown", "0",
             "--min-output-tokens", str(self.output_tokens),
             "--max-output-tokens", str(self.output_tokens),
             "--max-num-seqs", str(self.max_num_seqs),
             "--request-log-size", "1",
         ]  # fmt: skip
+        if not self.batching:
+            return [*common, "--scheduler", "serial", "--load-slowdown", "0"]
+        return [
+            *common,
+            "--decode-us-per-seq", str(self.decode_us_per_seq),
+            "--context-ns-per-token", str(self.context_ns_per_token),
+            "--max-num-batched-tokens", str(self.max_num_batched_tokens),
+            "--chunked-prefill-size", str(self.max_num_batched_tokens),
+        ]  # fmt: skip
+
+    def batch_config(self, engine: str) -> BatchConfig:
+        """The step model a simulator of this fleet runs, from its own flags (the replay uses it)."""
+        return parse_config(["--engine", engine, *self.flags(engine)]).batch_config()
 
     def first_token_s(self, prompt: int, cached: int) -> float:
-        """The simulator's time to first token once a request runs: fixed, plus the uncached prefill."""
+        """Serial: the simulator's time to first token once a request runs (fixed + uncached prefill)."""
         return self.ttft_ms / 1e3 + (prompt - cached) * self.prefill_us_per_token / 1e6
 
     def service_s(self, prompt: int, cached: int) -> float:
+        """Serial: a request's whole time on its simulator."""
         return self.first_token_s(prompt, cached) + (self.output_tokens - 1) * self.itl_ms / 1e3
+
+    def work_s(self, prompt: int, cached: int, batch: float) -> float:
+        """Batching: the engine time a request costs when the engine runs `batch` sequences at once:
+        its uncached prefill (its steps' fixed time wholly its own), its decode steps' per-sequence
+        and context costs, and a `1 / batch` share of their fixed time."""
+        a, b = self.itl_ms / 1e3, self.prefill_us_per_token / 1e6
+        c, d = self.decode_us_per_seq / 1e6, self.context_ns_per_token / 1e9
+        out = self.output_tokens
+        uncached = prompt - cached
+        prefill_steps = max(1, -(-uncached // self.max_num_batched_tokens))
+        return b * uncached + a * prefill_steps + (out - 1) * (c + a / batch) + d * out * (prompt + out / 2)
+
+
+SERIAL = FleetSpec(
+    cache_blocks=512,
+    ttft_ms=20.0,
+    prefill_us_per_token=200.0,
+    itl_ms=10.0,
+    max_num_seqs=1,
+    scheduler="serial",
+)
 
 
 @dataclass(frozen=True)
@@ -147,9 +209,17 @@ def oracle(trace: list[Request], spec: FleetSpec) -> tuple[float, list[tuple[int
 
 
 def capacity(per: list[tuple[int, int]], spec: FleetSpec) -> float:
-    """Requests/s the fleet sustains with the oracle's hits (cost model, all slots busy)."""
-    mean = statistics.fmean(spec.service_s(n, c) for n, c in per)
-    return spec.sims * spec.max_num_seqs / mean
+    """Requests/s the fleet sustains with the oracle's hits (cost model, every engine busy).
+
+    Serial: `sims × max_num_seqs` slots over the mean service time. Batching: `sims` engines over the
+    mean `work_s`, the engines running as many sequences at once as their KV pool holds on average
+    (each request's uncached prompt and output; the cached prefix is shared), at most `max_num_seqs`."""
+    if not spec.batching:
+        mean = statistics.fmean(spec.service_s(n, c) for n, c in per)
+        return spec.sims * spec.max_num_seqs / mean
+    own_kv = statistics.fmean(n - c + spec.output_tokens for n, c in per)
+    batch = min(float(spec.max_num_seqs), max(1.0, spec.cache_blocks * spec.block_size / own_kv))
+    return spec.sims / statistics.fmean(spec.work_s(n, c, batch) for n, c in per)
 
 
 @dataclass(frozen=True)
@@ -403,13 +473,29 @@ def run(quick: bool, log: Log, *, with_peers: bool = True, gateway_ref: str | No
 
 
 def preamble(spec: FleetSpec, m: Matrix, source: str) -> list[str]:
+    if spec.batching:
+        fleet = (
+            f"Fleet: {spec.per_engine} vLLM-dialect + {spec.per_engine} SGLang-dialect simulators running the batching "
+            f"engine (engines/sim/step_model.py, each its dialect's scheduler), each with a KV cache of {spec.cache_blocks} "
+            f"blocks × {spec.block_size} tokens that also holds its prefix cache, a step costing {spec.itl_ms:.0f} ms + "
+            f"{spec.prefill_us_per_token:.0f} µs per prefill token + {spec.decode_us_per_seq:.0f} µs per decoding sequence + "
+            f"{spec.context_ns_per_token:.0f} ns per context token, {spec.max_num_batched_tokens} tokens a step, "
+            f"{spec.ttft_ms:.0f} ms before a request reaches the scheduler, {spec.output_tokens} output tokens. Capacity "
+            "is derived from this cost model with the oracle's cache hits (bench/routing.py `capacity`); "
+            "offered load is Poisson at the given share of it, so a router whose hit rate falls short of the oracle's "
+            "runs the fleet above 100 % and its queues (TTFT p99) grow."
+        )
+    else:
+        fleet = (
+            f"Fleet: {spec.per_engine} vLLM-dialect + {spec.per_engine} SGLang-dialect simulators, each with a prefix cache of "
+            f"{spec.cache_blocks} blocks × {spec.block_size} tokens, TTFT {spec.ttft_ms:.0f} ms + {spec.prefill_us_per_token:.0f} µs "
+            f"per uncached prompt token, {spec.output_tokens} output tokens at {spec.itl_ms:.0f} ms each, {spec.max_num_seqs} running "
+            "requests per simulator (then a FIFO queue). Capacity is derived from this cost model with the oracle's cache hits; "
+            "offered load is Poisson at the given share of it, so a router whose hit rate falls short of the oracle's runs the "
+            "fleet above 100 % and its queues (TTFT p99) grow."
+        )
     return [
-        f"Fleet: {spec.per_engine} vLLM-dialect + {spec.per_engine} SGLang-dialect simulators, each with a prefix cache of "
-        f"{spec.cache_blocks} blocks × {spec.block_size} tokens, TTFT {spec.ttft_ms:.0f} ms + {spec.prefill_us_per_token:.0f} µs "
-        f"per uncached prompt token, {spec.output_tokens} output tokens at {spec.itl_ms:.0f} ms each, {spec.max_num_seqs} running "
-        "requests per simulator (then a FIFO queue). Capacity is derived from this cost model with the oracle's cache hits; "
-        "offered load is Poisson at the given share of it, so a router whose hit rate falls short of the oracle's runs the "
-        "fleet above 100 % and its queues (TTFT p99) grow.",
+        fleet,
         "",
         f"Each run: {m.seconds:.0f} s of arrivals, caches and counters reset, router started fresh"
         + (

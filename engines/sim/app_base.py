@@ -23,13 +23,13 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from engines.sim import asgi
+from engines.sim import asgi, tokenizer
 from engines.sim.asgi import Disconnect, Receive, Scope, Send
 from engines.sim.config import FaultKind, SimConfig
 from engines.sim.engine import Engine, Run
 from engines.sim.faults import FaultUpdateError
 from engines.sim.generator import Output
-from engines.sim.request import Kind, RequestError, parse_body
+from engines.sim.request import Kind, RequestError, max_tokens_of, parse_body
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 _NOT_FOUND = b'{"detail":"Not Found"}'
@@ -69,6 +69,23 @@ class Prepared:
         """Most output tokens of any one choice (decode steps)."""
         return max((o.completion_tokens for o in self.outputs), default=0)
 
+    def engine_args(self, cfg: SimConfig, session_id: str | None) -> dict[str, object]:
+        """What the batching engine needs beyond the prompt: the output's token ids (the blocks it
+        fills are cached and hashed), the engine's `max_new_tokens` (SGLang's memory reserve), the
+        request's `cache_salt` and session."""
+        first = self.outputs[0] if self.outputs else None
+        out_ids = tokenizer.encode(first.reasoning_text + first.text + first.tool_text) if first else []
+        max_tokens = max_tokens_of(self.body)
+        salt = self.body.get("cache_salt")
+        return {
+            "output_ids": out_ids,
+            "max_new": max_tokens
+            if max_tokens is not None
+            else max(1, cfg.max_model_len - len(self.prompt_ids)),
+            "cache_salt": salt if isinstance(salt, str) and salt else None,
+            "session_id": session_id,
+        }
+
 
 class Emitter:
     """Sends stream chunks, applying the crash-after-K-chunks fault."""
@@ -105,7 +122,12 @@ class SimApp(ABC):
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
         self.engine = Engine(cfg)
-        self.zero_latency = cfg.ttft_s == 0 and cfg.prefill_s_per_token == 0 and cfg.itl_s == 0
+        self.zero_latency = (
+            cfg.ttft_s == 0
+            and cfg.prefill_s_per_token == 0
+            and cfg.itl_s == 0
+            and (cfg.scheduler == "serial" or (cfg.decode_s_per_seq == 0 and cfg.context_s_per_token == 0))
+        )
         self.routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/chat/completions"): partial(self._generate, "chat"),
             ("POST", "/v1/completions"): partial(self._generate, "completion"),
@@ -115,6 +137,7 @@ class SimApp(ABC):
             ("POST", "/sim/faults"): self._sim_faults,
             ("POST", "/sim/reset"): self._sim_reset,
         }
+        self.engine.start_events()
 
     # ---- dialect hooks -------------------------------------------------------------------------
     @abstractmethod
@@ -134,6 +157,10 @@ class SimApp(ABC):
     @abstractmethod
     def prepare(self, kind: Kind, body: dict[str, Any]) -> Prepared:
         """Validate and plan a request (raise `RequestError`)."""
+
+    def session_id(self, body: dict[str, Any], scope: Scope) -> str | None:
+        """The request's session for KV events (vLLM: `session_id` or `X-Session-ID`); None here."""
+        return None
 
     @abstractmethod
     def respond(self, p: Prepared, run: Run) -> bytes:
@@ -202,12 +229,13 @@ class SimApp(ABC):
             return
         watch = p.stream or not self.zero_latency or faults.drip_s > 0
         watcher = Disconnect(receive) if watch else None
+        args = p.engine_args(self.cfg, self.session_id(p.body, scope))
         try:
             if p.stream:
                 assert watcher is not None
-                await self._stream(p, scope, receive, send, watcher)
+                await self._stream(p, scope, receive, send, watcher, args)
             else:
-                async with eng.run(p.prompt_ids, p.longest) as run:
+                async with eng.run(p.prompt_ids, p.longest, extra=args) as run:
                     await run.prefill()
                     await run.decode(p.longest)
                     body = self.respond(p, run)
@@ -226,12 +254,18 @@ class SimApp(ABC):
                 watcher.stop()
 
     async def _stream(
-        self, p: Prepared, scope: Scope, receive: Receive, send: Send, watcher: Disconnect
+        self,
+        p: Prepared,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        watcher: Disconnect,
+        args: dict[str, object],
     ) -> None:
         await asgi.start_sse(send)
         emit = Emitter(self, scope, receive, send, watcher)
         try:
-            async with self.engine.run(p.prompt_ids, p.longest) as run:
+            async with self.engine.run(p.prompt_ids, p.longest, extra=args) as run:
                 await self.stream(p, run, emit)
                 run.finish(p.completion_tokens, p.outputs[0].finish_reason if p.outputs else "stop")
         except StreamCut:
@@ -296,5 +330,5 @@ class SimApp(ABC):
     async def _sim_reset(self, scope: Scope, receive: Receive, send: Send) -> None:
         await asgi.read_body(receive)
         self.engine.stats.reset()
-        self.engine.cache.clear()
+        self.engine.reset_cache(when_busy=True)
         await asgi.send_json(send, 200, {"ok": True})

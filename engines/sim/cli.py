@@ -17,4 +17,8 @@ def main(args: argparse.Namespace) -> None:
     """Run one simulator with the parsed flags until interrupted."""
     from engines.sim.server import run
 
-    run(SimConfig.from_args(args))
+    try:
+        cfg = SimConfig.from_args(args)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    run(cfg)

@@ -3,6 +3,10 @@
 `add_arguments` declares every flag; `SimConfig.from_args` turns the parsed namespace into a frozen
 object that the rest of the package reads. Fault settings that can change at run time live in
 `faults.FaultState`, seeded from the flags here.
+
+Cost flags left unset take the scheduler's defaults: `--scheduler batching` (the default) is
+calibrated to Llama-3.1-8B on one H100 (docs/simulators.md); `--scheduler serial` keeps the
+one-request-at-a-time cost model of before, with its defaults.
 """
 
 from __future__ import annotations
@@ -11,12 +15,27 @@ import argparse
 from dataclasses import dataclass
 from typing import Literal, cast
 
+from engines.sim.block_hashes import HASH_ALGOS, HashAlgo
+from engines.sim.kv_events import KvEventsConfig, KvEventsConfigError, parse_kv_events_config
+from engines.sim.step_model import SCHEDULE_POLICIES, BatchConfig, SchedulePolicy, StepCosts
+
 Engine = Literal["vllm", "sglang"]
 ENGINES: tuple[Engine, ...] = ("vllm", "sglang")
 FaultKind = Literal["429", "500", "503", "context"]
 CrashMode = Literal["cut", "exit", "error"]
+SchedulerKind = Literal["batching", "serial"]
+SCHEDULERS: tuple[SchedulerKind, ...] = ("batching", "serial")
 
 DEFAULT_PORTS: dict[Engine, int] = {"vllm": 8000, "sglang": 30000}
+_BATCH = StepCosts()
+# Llama-3.1-8B's KV cache on one H100 80 GB: 0.9 x 80 GiB - 15 GiB of weights - the activation
+# reserve ~ 52 GiB at 128 KiB per token (32 layers x 8 KV heads x 128 x K,V x bf16) ~ 27,000 blocks
+BATCH_BLOCKS = 27_000
+SERIAL_BLOCKS = 4096
+
+
+def _pick(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def _add(group: argparse._ArgumentGroup, *flags: str, **kw: object) -> None:
@@ -51,10 +70,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, "--enable-cache-report", action="store_true", help="SGLang: cached_tokens")
     _add(g, "--enable-metrics", action="store_true", help="SGLang: serve /metrics")
     _add(g, "--max-model-len", "--context-length", dest="max_model_len", type=int, default=8192)
-    _add(g, "--max-num-seqs", "--max-running-requests", dest="max_num_seqs", type=int, default=256)
-    _add(g, "--block-size", "--page-size", dest="block_size", type=int, default=16)
-    _add(g, "--num-cache-blocks", type=int, default=4096, help="prefix-cache capacity in blocks")
-    _add(g, "--no-prefix-caching", dest="prefix_caching", action="store_false")
     _add(g, "--eos-token-id", type=int, default=2)
     _add(
         g,
@@ -64,11 +79,100 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="an embedding model: /v1/embeddings vectors of N floats",
     )
 
-    g = parser.add_argument_group("cost model")
-    _add(g, "--ttft-ms", type=float, default=20.0, help="fixed time before the first token")
-    _add(g, "--prefill-us-per-token", type=float, default=20.0, help="per uncached prompt token")
-    _add(g, "--itl-ms", type=float, default=6.0, help="inter-token latency when idle")
-    _add(g, "--load-slowdown", type=float, default=1.0, help="ITL x (1 + this x running/max)")
+    g = parser.add_argument_group("scheduler and KV cache (the engines' own flag names)")
+    _add(
+        g,
+        "--scheduler",
+        choices=SCHEDULERS,
+        default="batching",
+        help="batching: continuous batching in steps; serial: one request at a time per slot (before 2026-12)",
+    )
+    _add(
+        g,
+        "--max-num-seqs",
+        "--max-running-requests",
+        dest="max_num_seqs",
+        type=int,
+        default=None,
+        help="running sequences (default vllm 1024, sglang 256; serial: 256 slots)",
+    )
+    _add(g, "--max-num-batched-tokens", type=int, default=8192, help="vLLM: token budget of one step")
+    _add(
+        g,
+        "--enable-chunked-prefill",
+        dest="chunked_prefill",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="vLLM: chunk long prefills to the step budget",
+    )
+    _add(
+        g,
+        "--chunked-prefill-size",
+        type=int,
+        default=8192,
+        help="SGLang: new tokens per prefill batch; -1 off",
+    )
+    _add(g, "--max-prefill-tokens", type=int, default=16384, help="SGLang: tokens per prefill batch")
+    _add(g, "--schedule-policy", choices=SCHEDULE_POLICIES, default="fcfs", help="waiting-queue order")
+    _add(g, "--block-size", "--page-size", dest="block_size", type=int, default=16)
+    _add(
+        g,
+        "--num-gpu-blocks-override",
+        "--num-cache-blocks",
+        dest="num_cache_blocks",
+        type=int,
+        default=None,
+        help=f"KV cache in blocks (default {BATCH_BLOCKS}; serial: {SERIAL_BLOCKS}, the prefix cache only)",
+    )
+    _add(g, "--max-total-tokens", type=int, default=None, help="SGLang: KV cache in tokens")
+    _add(
+        g,
+        "--no-prefix-caching",
+        "--no-enable-prefix-caching",
+        "--disable-radix-cache",
+        dest="prefix_caching",
+        action="store_false",
+    )
+    _add(g, "--prefix-caching-hash-algo", choices=HASH_ALGOS, default="sha256", help="vLLM: block hashes")
+    _add(g, "--kv-events-config", default=None, help="JSON: publish KV-cache events over ZMQ")
+
+    g = parser.add_argument_group("cost model (batching: t_step = a + b*prefill + c*decodes + d*context)")
+    _add(
+        g,
+        "--ttft-ms",
+        type=float,
+        default=None,
+        help="fixed time before the first token (default batching 0, serial 20)",
+    )
+    _add(
+        g,
+        "--prefill-us-per-token",
+        type=float,
+        default=None,
+        help=f"b: per uncached prompt token (default batching {_BATCH.prefill_token_s * 1e6:g}, serial 20)",
+    )
+    _add(
+        g,
+        "--itl-ms",
+        type=float,
+        default=None,
+        help=f"a: fixed time of a step (default {_BATCH.fixed_s * 1e3:g}); serial: ITL when idle (6)",
+    )
+    _add(
+        g,
+        "--decode-us-per-seq",
+        type=float,
+        default=None,
+        help=f"c: per decoding sequence in a step (default {_BATCH.decode_seq_s * 1e6:g} x itl-ms / {_BATCH.fixed_s * 1e3:g})",
+    )
+    _add(
+        g,
+        "--context-ns-per-token",
+        type=float,
+        default=None,
+        help=f"d: per token of context in a step (default {_BATCH.context_token_s * 1e9:g} x itl-ms / {_BATCH.fixed_s * 1e3:g})",
+    )
+    _add(g, "--load-slowdown", type=float, default=1.0, help="serial: ITL x (1 + this x running/max)")
     _add(g, "--min-output-tokens", type=int, default=30, help="natural length range, low end")
     _add(g, "--max-output-tokens", type=int, default=60, help="natural length range, high end")
     _add(g, "--fast", action="store_true", help="zero latencies (benchmarks)")
@@ -113,16 +217,26 @@ class SimConfig:
     enable_cache_report: bool = False
     enable_metrics: bool = False
     max_model_len: int = 8192
-    max_num_seqs: int = 256
-    block_size: int = 16
-    num_cache_blocks: int = 4096
-    prefix_caching: bool = True
     eos_token_id: int = 2
     #: > 0: an embedding model serving /v1/embeddings with vectors of this size (engines/sim/embeddings.py)
     embedding_dim: int = 0
-    ttft_s: float = 0.020
-    prefill_s_per_token: float = 20e-6
-    itl_s: float = 0.006
+    scheduler: SchedulerKind = "batching"
+    max_num_seqs: int = 1024
+    max_num_batched_tokens: int = 8192
+    chunked_prefill: bool = True
+    chunked_prefill_size: int = 8192
+    max_prefill_tokens: int = 16384
+    schedule_policy: SchedulePolicy = "fcfs"
+    block_size: int = 16
+    num_cache_blocks: int = BATCH_BLOCKS
+    prefix_caching: bool = True
+    hash_algo: HashAlgo = "sha256"
+    kv_events: KvEventsConfig | None = None
+    ttft_s: float = 0.0
+    prefill_s_per_token: float = _BATCH.prefill_token_s
+    itl_s: float = _BATCH.fixed_s
+    decode_s_per_seq: float = _BATCH.decode_seq_s
+    context_s_per_token: float = _BATCH.context_token_s
     load_slowdown: float = 1.0
     min_output_tokens: int = 30
     max_output_tokens: int = 60
@@ -139,10 +253,33 @@ class SimConfig:
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> SimConfig:
-        """Build the config from a namespace filled by `add_arguments`."""
+        """Build the config from a namespace filled by `add_arguments` (raises `ValueError` on an
+        invalid `--kv-events-config`)."""
         engine = cast(Engine, a.engine)
         fast = bool(a.fast)
         version = a.engine_version or ("0.13.0" if engine == "vllm" else "0.5.6")
+        scheduler = cast(SchedulerKind, a.scheduler)
+        serial = scheduler == "serial"
+        block_size = max(1, a.block_size)
+        blocks = a.num_cache_blocks
+        if blocks is None and a.max_total_tokens is not None:
+            blocks = -(-a.max_total_tokens // block_size)
+        if blocks is None:
+            blocks = SERIAL_BLOCKS if serial else BATCH_BLOCKS
+        seqs = a.max_num_seqs
+        if seqs is None:
+            seqs = 256 if serial or engine == "sglang" else 1024
+        kv_events = None
+        if a.kv_events_config:
+            try:
+                kv_events = parse_kv_events_config(a.kv_events_config, engine)
+            except KvEventsConfigError as exc:
+                raise ValueError(str(exc)) from None
+        zero = 0.0 if fast else None
+        itl_ms = _pick(zero if fast else a.itl_ms, 6.0 if serial else _BATCH.fixed_s * 1e3)
+        # c and d keep their H100 proportion to the step's fixed time unless given: --itl-ms 0 is an
+        # engine with no latency at all, --itl-ms 65 a GPU ten times slower
+        scale = itl_ms / (_BATCH.fixed_s * 1e3)
         return cls(
             engine=engine,
             host=a.host,
@@ -161,15 +298,32 @@ class SimConfig:
             enable_cache_report=a.enable_cache_report,
             enable_metrics=a.enable_metrics,
             max_model_len=a.max_model_len,
-            max_num_seqs=max(1, a.max_num_seqs),
-            block_size=max(1, a.block_size),
-            num_cache_blocks=max(0, a.num_cache_blocks),
-            prefix_caching=a.prefix_caching,
             eos_token_id=a.eos_token_id,
             embedding_dim=max(0, a.embedding_dim),
-            ttft_s=0.0 if fast else a.ttft_ms / 1000,
-            prefill_s_per_token=0.0 if fast else a.prefill_us_per_token / 1e6,
-            itl_s=0.0 if fast else a.itl_ms / 1000,
+            scheduler=scheduler,
+            max_num_seqs=max(1, seqs),
+            max_num_batched_tokens=max(1, a.max_num_batched_tokens),
+            chunked_prefill=a.chunked_prefill,
+            chunked_prefill_size=a.chunked_prefill_size,
+            max_prefill_tokens=max(1, a.max_prefill_tokens),
+            schedule_policy=cast(SchedulePolicy, a.schedule_policy),
+            block_size=block_size,
+            num_cache_blocks=max(0, blocks),
+            prefix_caching=a.prefix_caching,
+            hash_algo=cast(HashAlgo, a.prefix_caching_hash_algo),
+            kv_events=kv_events if kv_events is not None and kv_events.publishing else None,
+            ttft_s=_pick(zero if fast else a.ttft_ms, 20.0 if serial else 0.0) / 1000,
+            prefill_s_per_token=_pick(
+                zero if fast else a.prefill_us_per_token, 20.0 if serial else _BATCH.prefill_token_s * 1e6
+            )
+            / 1e6,
+            itl_s=itl_ms / 1000,
+            decode_s_per_seq=_pick(zero if fast else a.decode_us_per_seq, _BATCH.decode_seq_s * 1e6 * scale)
+            / 1e6,
+            context_s_per_token=_pick(
+                zero if fast else a.context_ns_per_token, _BATCH.context_token_s * 1e9 * scale
+            )
+            / 1e9,
             load_slowdown=a.load_slowdown,
             min_output_tokens=max(1, a.min_output_tokens),
             max_output_tokens=max(a.min_output_tokens, a.max_output_tokens, 1),
@@ -183,6 +337,28 @@ class SimConfig:
             startup_delay_s=a.startup_delay,
             listen_delay_s=a.listen_delay,
             refuse=a.refuse,
+        )
+
+    def batch_config(self) -> BatchConfig:
+        """The step model's settings (`--scheduler batching`)."""
+        return BatchConfig(
+            flavour=self.engine,
+            num_blocks=self.num_cache_blocks,
+            block_size=self.block_size,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            chunked_prefill=self.chunked_prefill,
+            chunked_prefill_size=self.chunked_prefill_size,
+            max_prefill_tokens=self.max_prefill_tokens,
+            schedule_policy=self.schedule_policy,
+            prefix_caching=self.prefix_caching,
+            costs=StepCosts(
+                fixed_s=self.itl_s,
+                prefill_token_s=self.prefill_s_per_token,
+                decode_seq_s=self.decode_s_per_seq,
+                context_token_s=self.context_s_per_token,
+            ),
+            record_events=self.kv_events is not None,
         )
 
 

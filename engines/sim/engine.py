@@ -1,41 +1,59 @@
-"""The simulated engine: scheduler, prefix cache, metrics, counters and faults of one process.
+"""The simulated engine: scheduler, KV cache, metrics, counters, faults and KV-event publisher of one
+process.
 
-A request's life is one `Run` (an async context manager):
+A request's life is one `Run` (an async context manager), whichever the scheduler:
 
     async with engine.run(prompt_ids, budget) as run:
-        await run.prefill()          # queue wait already done; sleeps the time to first token
+        await run.prefill()          # until the first token (queue, prefill)
         await run.step()             # one more output token (streams) ...
-        await run.decode(n)          # ... or n tokens at once (non-streaming)
+        await run.decode(n)          # ... or until n tokens are out (non-streaming)
         run.finish(tokens, "stop")   # what was produced; feeds metrics on a clean exit
 
+`--scheduler batching` (the default): `batch_runner.BatchRun` on the step model
+(`step_model.StepEngine`, continuous batching). `--scheduler serial`: `SerialRun` below on
+`scheduler.Scheduler` (a running slot per request, a FIFO queue, a fixed cost per request).
+
 Leaving the block by cancellation (client gone) counts the request as cancelled; leaving it by another
-exception counts an error; either way the running slot and the cache blocks are released.
+exception counts an error; either way the request leaves the engine and its blocks are released.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Generator
+from collections.abc import Awaitable
 from types import TracebackType
+from typing import Protocol
 
+from engines.sim.batch_runner import DONE, BatchRun, BatchRunner, Ticket
 from engines.sim.config import SimConfig
 from engines.sim.faults import FaultState
+from engines.sim.kv_events import EventEncoder, KvEventPublisher
 from engines.sim.metrics import EngineMetrics, LiveGauges
 from engines.sim.prefix_cache import Lease, PrefixCache, usable_hit
 from engines.sim.scheduler import Scheduler
 from engines.sim.stats import SimStats
+from engines.sim.step_model import BlockEvent, ClearedBlocks, RemovedBlocks, StepEngine, StoredBlocks
 
 
-class _Done:
-    """An awaitable that completes at once (a zero inter-token gap)."""
+class Run(Protocol):
+    """One request's life (see the module docstring)."""
 
-    def __await__(self) -> Generator[None, None, None]:
-        return
-        yield
+    cached_tokens: int
 
+    async def __aenter__(self) -> Run: ...
 
-_DONE = _Done()
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+    async def prefill(self) -> None: ...
+
+    def step(self) -> Awaitable[None]: ...
+
+    async def decode(self, tokens: int) -> None: ...
+
+    def finish(self, generation_tokens: int, finished_reason: str) -> None: ...
 
 
 class Engine:
@@ -43,54 +61,208 @@ class Engine:
 
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
+        self.batching = cfg.scheduler == "batching"
         self.scheduler = Scheduler(cfg)
-        self.cache = PrefixCache(cfg.block_size, cfg.num_cache_blocks, cfg.prefix_caching)
+        self.model: StepEngine | None = None
+        self.runner: BatchRunner | None = None
+        # batching: the requests inside a Run (queued, running, or still streaming)
+        self.open: set[Ticket] = set()
+        self.publisher: KvEventPublisher | None = None
+        if self.batching:
+            self.model = StepEngine(cfg.batch_config())
+            self.cache = self.model.cache
+            self.runner = BatchRunner(self.model, on_admit=self._admitted, on_events=self._publish)
+        else:
+            self.cache = PrefixCache(cfg.block_size, cfg.num_cache_blocks, cfg.prefix_caching)
+            if cfg.kv_events is not None:
+                self.cache.on_evict = lambda key: self._publish([RemovedBlocks([key])])
         self.faults = FaultState.from_config(cfg)
         self.stats = SimStats()
         self.stats.log = type(self.stats.log)(maxlen=cfg.request_log_size)
         self.metrics = EngineMetrics(
-            cfg, LiveGauges(running=self._running, waiting=self._waiting, kv_usage=self.kv_usage)
+            cfg,
+            LiveGauges(
+                running=lambda: float(self.running),
+                waiting=lambda: float(self.waiting),
+                kv_usage=self.kv_usage,
+                preemptions=lambda: float(self.model.preemptions_total if self.model else 0),
+            ),
         )
         self.started = time.time()
 
-    def _running(self) -> float:
-        return float(self.scheduler.running)
+    # ---- KV-cache events ---------------------------------------------------------------------
+    def start_events(self) -> None:
+        """Open the KV-event publisher (`--kv-events-config`); SGLang's radix cache records an
+        `AllBlocksCleared` when it starts, which goes out first."""
+        cfg = self.cfg
+        if cfg.kv_events is None or self.publisher is not None:
+            return
+        encoder = EventEncoder(cfg.engine, cfg.block_size, cfg.hash_algo, int_hashes=_int_hashes())
+        self.publisher = KvEventPublisher(cfg.kv_events, encoder, host=cfg.host)
+        if cfg.engine == "sglang":
+            self.publisher.publish([ClearedBlocks()])
 
-    def _waiting(self) -> float:
-        return float(self.scheduler.waiting)
+    def stop_events(self) -> None:
+        """Flush and close the publisher."""
+        if self.publisher is not None:
+            self.publisher.close()
+            self.publisher = None
+
+    def _publish(self, events: list[BlockEvent]) -> None:
+        if self.publisher is not None:
+            self.publisher.publish(events)
+
+    # ---- state -------------------------------------------------------------------------------
+    @property
+    def running(self) -> int:
+        """Requests running (batching: in the running batch, including partial prefills)."""
+        return len(self.model.running) if self.model else self.scheduler.running
+
+    @property
+    def in_flight(self) -> int:
+        """Requests past the queue and not yet answered: running in the engine, or finished there while
+        their response is still being sent (a slow reader does not hold the engine back, as in vLLM
+        and SGLang, whose API servers buffer the output). Serial: the running slots."""
+        if self.model is None:
+            return self.scheduler.running
+        return sum(1 for t in self.open if t.seq.state != "waiting")
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued (batching: including preempted ones)."""
+        return len(self.model.waiting) if self.model else self.scheduler.waiting
+
+    @property
+    def running_tokens(self) -> int:
+        """Tokens the running requests hold (batching: computed KV; serial: prompt + output budget)."""
+        return self.model.running_tokens if self.model else self.scheduler.running_tokens
+
+    @property
+    def last_output(self) -> float:
+        """perf_counter of the engine's last token (SGLang's health check looks at it)."""
+        return self.runner.last_output if self.runner else self.scheduler.last_output
 
     def kv_usage(self) -> float:
-        """Fraction of KV blocks held by running requests (prompt + output budget), 0–1."""
+        """KV cache in use, 0–1. Batching: blocks held by running requests over the pool (vLLM
+        `kv_cache_usage_perc`, SGLang `token_usage`); serial: (prompt + output budget of running
+        requests) / (blocks × block size)."""
+        if self.model is not None:
+            return self.model.kv_usage
         cap = self.cfg.num_cache_blocks * self.cfg.block_size
         return min(1.0, self.scheduler.running_tokens / cap) if cap else 0.0
 
-    def run(self, prompt_ids: list[int], budget_tokens: int, account: bool = True) -> Run:
+    def reset_cache(self, *, when_busy: bool) -> bool:
+        """Reset the prefix cache. Idle: everything goes (`AllBlocksCleared`). Busy: vLLM's
+        `/reset_prefix_cache` and SGLang's `/flush_cache` refuse (`when_busy=False`); the sim's
+        `/sim/reset` drops what no running request holds (`BlockRemoved`)."""
+        if self.model is not None and self.runner is not None:
+            if when_busy:
+                self.model.drop_unpinned()
+                ok = True
+            else:
+                ok = self.model.reset_cache()
+            self.runner.flush_events()
+            return ok
+        busy = self.scheduler.running > 0 or self.scheduler.waiting > 0
+        if busy and not when_busy:
+            return False
+        dropped = self.cache.clear()
+        if self.cfg.kv_events is not None:
+            self._publish([RemovedBlocks(dropped)] if busy else [ClearedBlocks()])
+        return True
+
+    def run(
+        self,
+        prompt_ids: list[int],
+        budget_tokens: int,
+        *,
+        account: bool = True,
+        extra: dict[str, object] | None = None,
+    ) -> Run:
         """A new request's life; see the module docstring. `account=False` (health probes) keeps it out
-        of `/sim/stats` and the metrics while it still takes a slot and costs time."""
-        return Run(self, prompt_ids, budget_tokens, account)
+        of `/sim/stats` and the metrics while it still takes a slot and costs time. `extra`
+        (`Prepared.engine_args`): `output_ids`, `max_new`, `cache_salt`, `session_id`."""
+        kw = extra or {}
+        if self.batching:
+            return BatchRun(self, prompt_ids, budget_tokens, account, kw)
+        salt = kw.get("cache_salt")
+        return SerialRun(self, prompt_ids, budget_tokens, account, salt if isinstance(salt, str) else None)
+
+    def _admitted(self, ticket: Ticket) -> None:
+        if ticket.account:
+            self.metrics.admitted(ticket.seq.prompt_len, ticket.seq.cached_tokens)
+
+    def account(
+        self,
+        exc_type: type[BaseException] | None,
+        *,
+        prompt_tokens: int,
+        cached_tokens: int,
+        generation_tokens: int,
+        t0: float,
+        first: float,
+        admitted: float,
+        finished_reason: str,
+    ) -> None:
+        """Count a request that left the engine in `/sim/stats` and (if it completed) the metrics."""
+        stats = self.stats
+        stats.prompt_tokens_total += prompt_tokens
+        stats.cached_tokens_total += cached_tokens
+        stats.generation_tokens_total += generation_tokens
+        if exc_type is None:
+            stats.completed_total += 1
+            now = time.perf_counter()
+            gen = generation_tokens
+            self.metrics.observe(
+                prompt_tokens=prompt_tokens,
+                generation_tokens=gen,
+                ttft=first - t0,
+                itl=(now - first) / (gen - 1) if gen > 1 else 0.0,
+                e2e=now - t0,
+                queue=admitted - t0,
+                finished_reason=finished_reason,
+            )
+        elif issubclass(exc_type, asyncio.CancelledError):
+            stats.cancelled_total += 1
+        else:
+            stats.errors_total += 1
 
     def sim_stats(self) -> dict[str, object]:
         """Body of `GET /sim/stats`."""
         out: dict[str, object] = dict(self.stats.counters())
         out.update(
-            running=self.scheduler.running,
-            waiting=self.scheduler.waiting,
+            scheduler=self.cfg.scheduler,
+            running=self.in_flight,
+            engine_running=self.running,
+            waiting=self.waiting,
             kv_cache_usage=self.kv_usage(),
+            preemptions_total=self.model.preemptions_total if self.model else 0,
             prefix_cache={
                 "blocks_used": self.cache.used_blocks,
                 "capacity_blocks": self.cache.capacity,
                 "block_size": self.cache.block_size,
-                "queries_tokens": self.cache.queries_tokens,
-                "hit_tokens": self.cache.hit_tokens,
+                "queries_tokens": self.model.prompt_tokens_queried
+                if self.model
+                else self.cache.queries_tokens,
+                "hit_tokens": self.model.prompt_tokens_hit if self.model else self.cache.hit_tokens,
                 "evictions": self.cache.evictions,
             },
             faults=self.faults.snapshot(),
         )
+        if self.publisher is not None:
+            out["kv_events"] = {"endpoint": self.publisher.endpoint, "batches_sent": self.publisher.sent}
         return out
 
 
-class Run:
-    """One admitted request; see `Engine` for the protocol."""
+def _int_hashes() -> bool:
+    """vLLM's `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES` (default 1): int hashes, else the digest bytes."""
+    import os
+
+    return os.environ.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1").strip() not in ("0", "false", "False")
+
+
+class SerialRun:
+    """One admitted request on the serial scheduler (see `Engine`)."""
 
     __slots__ = (
         "_account",
@@ -101,17 +273,19 @@ class Run:
         "_gen",
         "_lease",
         "_prompt",
+        "_salt",
         "_t0",
         "_t_admit",
         "cached_tokens",
     )
 
     def __init__(
-        self, engine: Engine, prompt_ids: list[int], budget_tokens: int, account: bool = True
+        self, engine: Engine, prompt_ids: list[int], budget_tokens: int, account: bool, salt: str | None
     ) -> None:
         self._engine = engine
         self._account = account
         self._prompt = prompt_ids
+        self._salt = salt
         self._budget = len(prompt_ids) + budget_tokens
         self._lease: Lease | None = None
         self._t0 = time.perf_counter()
@@ -121,7 +295,7 @@ class Run:
         self._finish = "abort"
         self.cached_tokens = 0
 
-    async def __aenter__(self) -> Run:
+    async def __aenter__(self) -> SerialRun:
         eng = self._engine
         try:
             await eng.scheduler.admit()
@@ -131,9 +305,19 @@ class Run:
             raise
         self._t_admit = time.perf_counter()
         eng.scheduler.running_tokens += self._budget
-        lease = eng.cache.acquire(self._prompt) if self._account else Lease([], 0)
+        lease = eng.cache.acquire(self._prompt, self._salt) if self._account else Lease([], 0)
         self._lease = lease
-        self.cached_tokens = usable_hit(lease.cached_tokens, len(self._prompt), eng.cfg.block_size)
+        bs = eng.cfg.block_size
+        self.cached_tokens = usable_hit(lease.cached_tokens, len(self._prompt), bs)
+        if self._account:
+            eng.metrics.admitted(len(self._prompt), self.cached_tokens)
+        if eng.cfg.kv_events is not None:
+            hit = lease.cached_tokens // bs
+            new = lease.keys[hit:]
+            if new:
+                parent = lease.keys[hit - 1] if hit else None
+                tokens = self._prompt[hit * bs : len(lease.keys) * bs]
+                eng._publish([StoredBlocks(new, parent, tokens, self._salt, None)])
         return self
 
     async def prefill(self) -> None:
@@ -149,7 +333,7 @@ class Run:
         drip = self._engine.faults.drip_s
         if drip > 0:
             return self._drip(tick, drip)
-        return tick if tick is not None else _DONE
+        return tick if tick is not None else DONE
 
     @staticmethod
     async def _drip(tick: asyncio.Future[None] | None, drip: float) -> None:
@@ -179,26 +363,13 @@ class Run:
             eng.cache.release(self._lease)
         if not self._account:
             return
-        stats = eng.stats
-        n = len(self._prompt)
-        stats.prompt_tokens_total += n
-        stats.cached_tokens_total += self.cached_tokens
-        stats.generation_tokens_total += self._gen
-        if exc_type is None:
-            stats.completed_total += 1
-            now = time.perf_counter()
-            gen = self._gen
-            eng.metrics.observe(
-                prompt_tokens=n,
-                cached_tokens=self.cached_tokens,
-                generation_tokens=gen,
-                ttft=self._first - self._t0,
-                itl=(now - self._first) / (gen - 1) if gen > 1 else 0.0,
-                e2e=now - self._t0,
-                queue=self._t_admit - self._t0,
-                finished_reason=self._finish,
-            )
-        elif issubclass(exc_type, asyncio.CancelledError):
-            stats.cancelled_total += 1
-        else:
-            stats.errors_total += 1
+        eng.account(
+            exc_type,
+            prompt_tokens=len(self._prompt),
+            cached_tokens=self.cached_tokens,
+            generation_tokens=self._gen,
+            t0=self._t0,
+            first=self._first,
+            admitted=self._t_admit,
+            finished_reason=self._finish,
+        )

@@ -1,10 +1,12 @@
 """The engines' own Prometheus metrics, with their real names and labels.
 
-Values are plain numbers updated by `observe` once per finished request (a histogram is a list of
-bucket counts found with `bisect`); the Prometheus families are built only when `/metrics` is scraped,
-by a custom collector. That keeps `prometheus_client` off the request path. Gauges (running, waiting,
-KV usage) are read from live state at scrape time. Inter-token latency is observed once per request with
-that request's mean gap, weighted by its number of gaps.
+Values are plain numbers: prefix-cache queries and hits are counted when a request is admitted
+(`admitted`, as the engines count them when they schedule it), the rest once per finished request
+(`observe`; a histogram is a list of bucket counts found with `bisect`); the Prometheus families are
+built only when `/metrics` is scraped, by a custom collector. That keeps `prometheus_client` off the
+request path. Gauges (running, waiting, KV usage) and the preemption counter are read from live state at
+scrape time. Inter-token latency is observed once per request with that request's mean gap, weighted by
+its number of gaps.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class LiveGauges:
     running: Callable[[], float]
     waiting: Callable[[], float]
     kv_usage: Callable[[], float]
+    preemptions: Callable[[], float] = lambda: 0.0
 
 
 class Hist:
@@ -89,11 +92,16 @@ class EngineMetrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)  # type: ignore[arg-type]
 
+    def admitted(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """Account one request's prefix-cache lookup (at its first admission)."""
+        self.query_tokens += prompt_tokens
+        self.hit_tokens += cached_tokens
+        self.last_hit_rate = cached_tokens / prompt_tokens if prompt_tokens else 0.0
+
     def observe(
         self,
         *,
         prompt_tokens: int,
-        cached_tokens: int,
         generation_tokens: int,
         ttft: float,
         itl: float,
@@ -103,11 +111,8 @@ class EngineMetrics:
     ) -> None:
         """Account one finished request."""
         self.prompt_tokens += prompt_tokens
-        self.query_tokens += prompt_tokens
-        self.hit_tokens += cached_tokens
         self.generation_tokens += generation_tokens
         self.requests += 1
-        self.last_hit_rate = cached_tokens / prompt_tokens if prompt_tokens else 0.0
         self.finished[finished_reason] = self.finished.get(finished_reason, 0) + 1
         self.ttft.observe(ttft)
         if generation_tokens > 1:
@@ -150,6 +155,9 @@ class EngineMetrics:
         )
         yield self._counter(
             "vllm:prefix_cache_hits", "Prefix cache hits, in terms of tokens.", self.hit_tokens
+        )
+        yield self._counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", lv.preemptions()
         )
         yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens)
         yield self._counter(
@@ -204,6 +212,9 @@ class EngineMetrics:
             "sglang:generation_tokens", "Number of generation tokens processed.", self.generation_tokens
         )
         yield self._counter("sglang:num_requests", "Number of requests processed.", self.requests)
+        yield self._counter(
+            "sglang:num_retracted_requests", "Total number of retracted requests.", lv.preemptions()
+        )
         yield self.ttft.family(
             "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", lb
         )

@@ -83,4 +83,7 @@ def run(cfg: SimConfig) -> None:
         timeout_graceful_shutdown=2,
     )
     logging.getLogger("engines.sim").info("%s simulator on %s:%d", cfg.engine, cfg.host, cfg.port)
-    uvicorn.Server(config).run()
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        app.engine.stop_events()

@@ -4,6 +4,7 @@ models, tokenize/detokenize, `/flush_cache` and a minimal native `/generate`."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -39,7 +40,7 @@ class SglangEndpoints:
             async with asyncio.timeout(20):
                 while not probe.done():
                     await asyncio.wait({probe}, timeout=1.0)
-                    if eng.scheduler.last_output > tic:
+                    if eng.last_output > tic:
                         break
         except TimeoutError:
             await asgi.send_bytes(send, 503, b"", [])
@@ -72,9 +73,27 @@ class SglangEndpoints:
             "enable_metrics": cfg.enable_metrics,
             "enable_cache_report": cfg.enable_cache_report,
             "disable_radix_cache": not cfg.prefix_caching,
+            "chunked_prefill_size": cfg.chunked_prefill_size,
+            "max_prefill_tokens": cfg.max_prefill_tokens,
+            "schedule_policy": cfg.schedule_policy,
+            "kv_events_config": self._kv_events_config(),
             "host": cfg.host,
             "port": cfg.port,
         }
+
+    def _kv_events_config(self) -> str | None:
+        pub = self.engine.publisher
+        if pub is None:
+            return None
+        c = pub.cfg
+        return json.dumps(
+            {
+                "publisher": "zmq",
+                "endpoint": pub.endpoint,
+                "topic": c.topic,
+                "replay_endpoint": pub.replay_endpoint,
+            }
+        )
 
     async def server_info(self, scope: Scope, receive: Receive, send: Send) -> None:
         await asgi.send_json(send, 200, self.info())
@@ -92,16 +111,16 @@ class SglangEndpoints:
         )
 
     async def load(self, scope: Scope, receive: Receive, send: Send) -> None:
-        s = self.engine.scheduler
+        eng = self.engine
         await asgi.send_json(
             send,
             200,
             [
                 {
                     "dp_rank": 0,
-                    "num_reqs": s.running + s.waiting,
-                    "num_waiting_reqs": s.waiting,
-                    "num_tokens": s.running_tokens,
+                    "num_reqs": eng.running + eng.waiting,
+                    "num_waiting_reqs": eng.waiting,
+                    "num_tokens": eng.running_tokens,
                 }
             ],
         )
@@ -161,8 +180,9 @@ class SglangEndpoints:
         await asgi.send_json(send, 200, {"text": tokenizer.decode(ids)})
 
     async def flush_cache(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """SGLang flushes only when no request runs or waits; the answer is the same text either way."""
         await asgi.read_body(receive)
-        self.engine.cache.clear()
+        self.engine.reset_cache(when_busy=False)
         await asgi.send_bytes(
             send,
             200,

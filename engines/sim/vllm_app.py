@@ -16,6 +16,7 @@ import orjson
 
 from engines.sim import asgi, tokenizer
 from engines.sim.app_base import Emitter, Prepared, SimApp
+from engines.sim.asgi import Scope
 from engines.sim.config import SimConfig
 from engines.sim.embeddings import EmbeddingsEndpoint
 from engines.sim.engine import Run
@@ -82,8 +83,20 @@ class VllmApp(SimApp):
                 ("POST", "/tokenize"): ext.tokenize,
                 ("POST", "/detokenize"): ext.detokenize,
                 ("POST", "/v1/embeddings"): EmbeddingsEndpoint(cfg, self.engine, self.error_body),
+                ("GET", "/kv_event_sources"): ext.kv_event_sources,
+                ("POST", "/reset_prefix_cache"): ext.reset_prefix_cache,
             }
         )
+
+    def session_id(self, body: dict[str, Any], scope: Scope) -> str | None:
+        """vLLM's session: the body's `session_id`, else the `X-Session-ID` header."""
+        sid = body.get("session_id")
+        if isinstance(sid, str) and sid:
+            return sid
+        for key, value in scope["headers"]:
+            if key == b"x-session-id" and value:
+                return str(value.decode("latin-1"))
+        return None
 
     # ---- errors --------------------------------------------------------------------------------
     def error_body(

@@ -1,4 +1,5 @@
-"""vLLM's non-OpenAI endpoints: `/health`, `/version`, `/load`, `/metrics`, `/v1/models`, tokenizer."""
+"""vLLM's non-OpenAI endpoints: `/health`, `/version`, `/load`, `/metrics`, `/v1/models`, tokenizer,
+`/kv_event_sources` and (vLLM serves it with `VLLM_SERVER_DEV_MODE=1`) `/reset_prefix_cache`."""
 
 from __future__ import annotations
 
@@ -25,8 +26,24 @@ class VllmEndpoints:
         await asgi.send_json(send, 200, {"version": self.cfg.engine_version})
 
     async def load(self, scope: Scope, receive: Receive, send: Send) -> None:
-        s = self.engine.scheduler
-        await asgi.send_json(send, 200, {"server_load": s.running + s.waiting})
+        eng = self.engine  # vLLM counts the requests its API server is handling, streaming ones included
+        await asgi.send_json(send, 200, {"server_load": eng.in_flight + eng.waiting})
+
+    async def kv_event_sources(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The KV-event publisher's config per data-parallel rank (`{}` without events), as vLLM's
+        `GET /kv_event_sources` serves its `KVEventsConfig` with the bound endpoint."""
+        pub = self.engine.publisher
+        body = (
+            {}
+            if pub is None
+            else {"0": pub.cfg.source(pub.endpoint) | {"replay_endpoint": pub.replay_endpoint}}
+        )
+        await asgi.send_json(send, 200, body)
+
+    async def reset_prefix_cache(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """`{"success": bool}`: false while requests hold blocks, as vLLM answers."""
+        await asgi.read_body(receive)
+        await asgi.send_json(send, 200, {"success": self.engine.reset_cache(when_busy=False)})
 
     async def metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         await asgi.send_bytes(send, 200, self.engine.metrics.render(), asgi.TEXT_HEADERS)
