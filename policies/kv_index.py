@@ -131,6 +131,14 @@ class KvIndex:
         del self._streams[backend]
         del self._names[st.bit]
 
+    @property
+    def streams(self) -> int:
+        """Backends whose events are expected."""
+        return len(self._streams)
+
+    def attached(self, backend: str) -> bool:
+        return backend in self._streams
+
     def set_live(self, backend: str, live: bool) -> None:
         """The subscriber's view of the stream: connected and in sequence (`live`) or not."""
         st = self._streams.get(backend)
