@@ -1,0 +1,118 @@
+"""A tiny KV-event publisher in vLLM 0.32's exact wire format, for the consumer's tests.
+
+What `vllm/distributed/kv_events.py`'s `ZmqEventPublisher` sends: PUB `[topic, seq (8 bytes,
+big-endian), msgpack([ts, [event maps], dp_rank])]`, events tagged maps (`type` first, then the fields
+in declaration order, fields at their default omitted); an optional ROUTER replay socket answering
+`[identity, b"", start]` with `[identity, b"", topic, seq, payload]` per buffered batch and
+`[identity, b"", b"", -1, b""]`. Block hashes are vLLM's default int hashes (the last 8 bytes of
+SHA-256 over the parent and the tokens; the consumer treats them as opaque).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+import zmq
+
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+
+def vllm_hashes(tokens: Sequence[int], block_size: int, parent: int | None = None) -> list[int]:
+    out: list[int] = []
+    h = parent
+    for i in range(len(tokens) // block_size):
+        block = tokens[i * block_size : (i + 1) * block_size]
+        digest = hashlib.sha256(repr((h, tuple(block))).encode()).digest()
+        h = int.from_bytes(digest, "big") & ((1 << 64) - 1)
+        out.append(h)
+    return out
+
+
+def stored(tokens: Sequence[int], block_size: int = 16, start: int = 0) -> dict[str, Any]:
+    """vLLM's `BlockStored` for blocks `start..` of `tokens` (full blocks only)."""
+    full = len(tokens) // block_size * block_size
+    hashes = vllm_hashes(tokens[:full], block_size)
+    return {
+        "type": "BlockStored",
+        "block_hashes": hashes[start:],
+        "parent_block_hash": hashes[start - 1] if start else None,
+        "token_ids": list(tokens[start * block_size : full]),
+        "block_size": block_size,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": None,
+        "extra_keys": [None] * (len(hashes) - start),
+        "group_idx": 0,
+    }
+
+
+def removed(hashes: Sequence[int]) -> list[dict[str, Any]]:
+    """vLLM's `BlockRemoved`: one event per evicted block."""
+    return [{"type": "BlockRemoved", "block_hashes": [h], "medium": "GPU", "group_idx": 0} for h in hashes]
+
+
+CLEARED: dict[str, Any] = {"type": "AllBlocksCleared"}
+
+
+class Publisher:
+    """PUB (+ replay ROUTER) bound on loopback ports chosen by the OS."""
+
+    def __init__(self, topic: str = "kv", *, replay: bool = False, buffer_steps: int = 10_000) -> None:
+        self.ctx = zmq.Context()
+        self.topic = topic.encode()
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        port = self.pub.bind_to_random_port("tcp://127.0.0.1")
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        self.seq = 0
+        self.buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
+        self.replay_endpoint: str | None = None
+        self._running = True
+        self._thread: threading.Thread | None = None
+        if replay:
+            self.router = self.ctx.socket(zmq.ROUTER)
+            self.router.setsockopt(zmq.LINGER, 0)
+            rport = self.router.bind_to_random_port("tcp://127.0.0.1")
+            self.replay_endpoint = f"tcp://127.0.0.1:{rport}"
+            self._thread = threading.Thread(target=self._serve_replay, daemon=True)
+            self._thread.start()
+
+    def publish(self, events: list[dict[str, Any]], *, send: bool = True) -> int:
+        """One batch; `send=False` buffers it for replay without sending it (a lost message)."""
+        payload = msgpack.packb([time.time(), events, 0], use_bin_type=True)
+        seq = self.seq
+        self.seq += 1
+        if send:
+            self.pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))
+        self.buffer.append((seq, payload))
+        return seq
+
+    def restart(self) -> None:
+        """The engine restarted: its sequence starts over, its buffer is empty."""
+        self.seq = 0
+        self.buffer.clear()
+
+    def _serve_replay(self) -> None:
+        while self._running:
+            if not self.router.poll(50):
+                continue
+            client, _, start = self.router.recv_multipart()
+            first = int.from_bytes(start, "big")
+            for seq, payload in list(self.buffer):
+                if seq >= first:
+                    self.router.send_multipart((client, b"", self.topic, seq.to_bytes(8, "big"), payload))
+            self.router.send_multipart((client, b"", b"", END_SEQ, b""))
+
+    def close(self) -> None:
+        self._running = False
+        if self._thread is not None:
+            self._thread.join(2)
+            self.router.close(0)
+        self.pub.close(0)
+        self.ctx.term()
