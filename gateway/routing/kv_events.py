@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -38,6 +38,8 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from engines.kv_events import END_SEQ, Cleared, DecodeError, Removed, Stored, decode_batch, sequence
+from gateway.core.fleet import Fleet
+from gateway.core.settings import PoolSettings
 from policies.kv_index import KvIndex
 
 log = logging.getLogger("gateway.kv_events")
@@ -333,3 +335,95 @@ class _Stream:
         if now - self._logged_at >= 10.0:
             self._logged_at = now
             log.warning("KV events of %s: %s%s", self.backend, what, f": {exc}" if exc else "")
+
+
+#: `GET url` -> the decoded JSON answer, or None (handed in by the root: it owns the transport)
+FetchJson = Callable[[str], Awaitable[Any]]
+
+
+class KvEventSync:
+    """Keeps the subscriber's streams equal to the fleet's backends: configured sources, or for
+    pools with `kv_event_discovery` the engine's `/kv_event_sources` (asked again every
+    `rediscover_s` while a backend has none). Backends that leave the fleet are unwatched."""
+
+    def __init__(
+        self,
+        subscriber: KvEventSubscriber,
+        backends: Callable[[], Mapping[str, tuple[str, str]]],
+        configured: Mapping[str, KvSource],
+        discovery_pools: set[str],
+        fetch_json: FetchJson,
+        *,
+        interval_s: float = 5.0,
+        rediscover_s: float = 30.0,
+    ) -> None:
+        self.subscriber = subscriber
+        self._backends = backends  # name -> (pool, url)
+        self._configured = dict(configured)
+        self._discovery = discovery_pools
+        self._fetch = fetch_json
+        self._interval = interval_s
+        self._rediscover = rediscover_s
+        self._asked: dict[str, float] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.sync()
+        self._task = asyncio.create_task(self._loop(), name="kv-events-sync")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.subscriber.stop()
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            try:
+                await self.sync()
+            except Exception:
+                log.exception("KV event sources sync failed")
+
+    async def sync(self) -> None:
+        backends = self._backends()
+        sub = self.subscriber
+        for name in [n for n in sub.watched if n not in backends]:
+            sub.unwatch(name)
+        now = time.monotonic()
+        for name, (pool, url) in backends.items():
+            source = self._configured.get(name)
+            if source is None and pool in self._discovery and name not in sub.watched:
+                asked = self._asked.get(name)
+                if asked is not None and now - asked < self._rediscover:
+                    continue
+                self._asked[name] = now
+                try:
+                    answer = await asyncio.wait_for(self._fetch(url + "/kv_event_sources"), 3.0)
+                except Exception as exc:
+                    log.info("no KV event sources from %s: %s", name, exc)
+                    continue
+                source = discover(answer, url)
+            if source is not None:
+                sub.watch(name, source)
+
+
+def build_kv_sync(
+    index: KvIndex | None, fleet: Fleet, pools: Sequence[PoolSettings], fetch_json: FetchJson
+) -> KvEventSync | None:
+    """The event streams the config asks for (per backend `kv_events`, per pool discovery), or None."""
+    configured = {
+        b.name: KvSource(b.kv_events.endpoint, b.kv_events.topic, b.kv_events.replay_endpoint)
+        for p in pools
+        for b in p.backends
+        if b.kv_events is not None
+    }
+    discovery = {p.name for p in pools if p.kv_event_discovery}
+    if index is None or not (configured or discovery):
+        return None
+
+    def backends() -> dict[str, tuple[str, str]]:
+        return {name: (b.pool, b.url) for name, b in fleet.backends.items()}
+
+    return KvEventSync(KvEventSubscriber(index), backends, configured, discovery, fetch_json)

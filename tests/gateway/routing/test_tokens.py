@@ -1,0 +1,123 @@
+"""The request's token ids: the model's chat template and tokenizer, cached by piece and conversation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from engines.sim import tokenizer as sim_tokenizer
+from engines.sim.prompt import render_chat
+from gateway.core.settings import ModelSettings
+from gateway.routing.tokens import HfTokenizer, PromptTokens, SimTokenizer, build_prompt_tokens
+from policies.kv_blocks import PromptBlocks
+
+CHATML = (
+    "{% if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n"
+    "{% endif %}# Tools\n<tools>{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools><|im_end|>\n"
+    "{% elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n{% endif %}"
+    "{% for message in messages %}{% if message.role != 'system' %}"
+    "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
+    "<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A byte-level BPE tokenizer trained here on local text (no download), with ChatML specials."""
+    root = tmp_path_factory.mktemp("tok")
+    corpus = [Path(json.__file__).read_text(), Path(pytest.__file__).read_text()] * 3
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=600, special_tokens=SPECIALS))
+    tok.save(str(root / "tokenizer.json"))
+    config = {"chat_template": CHATML, "eos_token": "<|im_end|>", "bos_token": None}
+    (root / "tokenizer_config.json").write_text(json.dumps(config))
+    return root
+
+
+def chat(*contents: str, system: str | None = "You are terse.", **body: Any) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    for i, c in enumerate(contents):
+        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": c})
+    return {"model": "m", "messages": messages, **body}
+
+
+def test_the_template_renders_as_apply_chat_template(tok_dir: Path) -> None:
+    tok = HfTokenizer(tok_dir)
+    assert tok.render(chat("hi there")) == (
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n"
+    )
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    text = tok.render(chat("x", tools=tools, chat_template_kwargs={"enable_thinking": False}))
+    assert (
+        '{"type": "function", "function": {"name": "f", "description": null, "parameters": {"type": "object"}}}'
+        in text
+    )
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    parts = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+        ],
+    }
+    assert "<|im_start|>user\na\nb<|im_end|>" in tok.render(parts)
+
+
+def test_tokenizing_by_pieces_equals_tokenizing_the_whole(tok_dir: Path) -> None:
+    tok = HfTokenizer(tok_dir)
+    rust = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    body = chat("def f(x):\n    return x  # <|im_end|> in text", "ok, done", "again: import json")
+    text = tok.render(body)
+    tokens = PromptTokens({"m": tok})
+    prompt = tokens.blocks(body)
+    assert prompt is not None
+    assert prompt.token_ids() == rust.encode(text, add_special_tokens=False).ids
+    assert rust.token_to_id("<|im_start|>") in prompt.token_ids()
+
+
+def test_a_growing_conversation_reuses_its_keys(tok_dir: Path) -> None:
+    tokens = PromptTokens({"m": HfTokenizer(tok_dir)})
+    long = " ".join(f"word{i}" for i in range(400))
+    first = tokens.blocks(chat(long), conversation=7)
+    assert first is not None
+    first.keys(16)
+    second = tokens.blocks(chat(long, "an answer", "a follow-up"), conversation=7)
+    assert second is not None
+    assert second.keys(16) == PromptBlocks(second.token_ids()).keys(16)
+    shared = len(first.keys(16)) - 1
+    assert second.keys(16)[:shared] == first.keys(16)[:shared]
+    # a salted request lives in another namespace
+    salted = tokens.blocks(chat(long, cache_salt="t1"))
+    assert salted is not None and salted.keys(16)[0] != first.keys(16)[0]
+
+
+def test_completions_and_failures(tok_dir: Path) -> None:
+    tokens = PromptTokens({"m": HfTokenizer(tok_dir)})
+    ids = tokens.blocks({"model": "m", "prompt": [5, 6, 7]})
+    assert ids is not None and ids.token_ids() == [5, 6, 7]
+    text = tokens.blocks({"model": "m", "prompt": "plain text"})
+    assert text is not None and text.tokens > 0
+    assert tokens.blocks({"model": "other", "prompt": "x"}) is None
+    broken = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "x"}],
+        "chat_template_kwargs": {"tools": 3},
+    }
+    assert tokens.blocks(broken) is None  # a template error never fails the request
+
+
+def test_the_simulators_tokenizer_is_the_simulators() -> None:
+    body = chat("hello, world", "fine", "and you?", tools=[{"type": "function", "function": {"name": "g"}}])
+    prompt = build_prompt_tokens([ModelSettings(name="m", tokenizer="sim")])
+    assert prompt is not None
+    blocks = prompt.blocks(body)
+    assert blocks is not None
+    assert blocks.token_ids() == sim_tokenizer.encode(render_chat(body["messages"], body["tools"]))
+    assert isinstance(SimTokenizer().split("<|im_start|>a<|im_start|>b"), list)
