@@ -5,7 +5,8 @@ Per model (`models[].tokenizer` in the config): a directory with Hugging Face's 
 simulators' tokenizer and template (`engines.sim`). Chat requests are rendered as Hugging Face's
 `apply_chat_template` does (a sandboxed jinja2 environment with `trim_blocks`, `lstrip_blocks`, the
 loop controls, `tojson`, `raise_exception`, `strftime_now`; `messages`, `tools`,
-`add_generation_prompt=True`, the special tokens, the request's `chat_template_kwargs`), then
+`add_generation_prompt=True`, the special tokens, the request's `chat_template_kwargs`; no tools with
+`tool_choice: "none"`, since the gateway sends none then: `engines.request.prompt_tools`), then
 tokenized without adding special tokens, as vLLM tokenizes a rendered chat prompt; completions
 prompts are tokenized with them (token-id prompts are taken as they are).
 
@@ -30,6 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from engines.request import prompt_tools
 from gateway.core.settings import ModelSettings
 from policies.kv_blocks import PromptBlocks, salt_extra
 
@@ -53,7 +55,7 @@ class SimTokenizer:
         from engines.sim.prompt import render_chat
 
         add = body.get("add_generation_prompt") is not False
-        return render_chat(list(body.get("messages") or ()), body.get("tools"), add)
+        return render_chat(list(body.get("messages") or ()), prompt_tools(body), add)
 
     def encode(self, text: str, *, special: bool) -> list[int]:
         from engines.sim import tokenizer
@@ -105,7 +107,7 @@ class HfTokenizer:
         return str(
             self._template.render(
                 messages=[_message(m) for m in body.get("messages") or ()],
-                tools=_tools(body.get("tools")),
+                tools=_tools(prompt_tools(body)),
                 add_generation_prompt=body.get("add_generation_prompt") is not False,
                 documents=None,
                 **self._specials,

@@ -6,6 +6,10 @@ in declaration order, fields at their default omitted); an optional ROUTER repla
 `[identity, b"", start]` with `[identity, b"", topic, seq, payload]` per buffered batch and
 `[identity, b"", b"", -1, b""]`. Block hashes are vLLM's default int hashes (the last 8 bytes of
 SHA-256 over the parent and the tokens; the consumer treats them as opaque).
+
+The socket is an XPUB, which a SUB cannot tell from a PUB (same wire), so that a test can wait until
+every routing process has subscribed (`wait_subscribers`) instead of sleeping: ZMQ drops what a PUB
+sends before a subscription has arrived.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+import httpx
 import msgpack
 import zmq
 
@@ -66,8 +71,10 @@ class Publisher:
     def __init__(self, topic: str = "kv", *, replay: bool = False, buffer_steps: int = 10_000) -> None:
         self.ctx = zmq.Context()
         self.topic = topic.encode()
-        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.setsockopt(zmq.XPUB_VERBOSER, 1)  # every (un)subscription, one per SUB socket
+        self.subscribers = 0
         port = self.pub.bind_to_random_port("tcp://127.0.0.1")
         self.endpoint = f"tcp://127.0.0.1:{port}"
         self.seq = 0
@@ -93,6 +100,20 @@ class Publisher:
         self.buffer.append((seq, payload))
         return seq
 
+    def wait_subscribers(self, n: int, timeout: float = 10.0) -> None:
+        """Until exactly `n` SUB sockets are subscribed (AssertionError after `timeout` seconds)."""
+        deadline = time.monotonic() + timeout
+        while self.subscribers != n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{self.subscribers} subscribers after {timeout}s, expected {n}")
+            if self.pub.poll(min(100, int(left * 1000) + 1)):
+                msg = self.pub.recv()
+                if msg[:1] == b"\x01":
+                    self.subscribers += 1
+                elif msg[:1] == b"\x00":
+                    self.subscribers -= 1
+
     def restart(self) -> None:
         """The engine restarted: its sequence starts over, its buffer is empty."""
         self.seq = 0
@@ -116,3 +137,53 @@ class Publisher:
             self.router.close(0)
         self.pub.close(0)
         self.ctx.term()
+
+
+class EngineEvents:
+    """What a vLLM simulator's engine would publish for the requests it served, on `publisher`.
+
+    The simulators do not publish KV events yet; this stands in for their publisher without
+    inventing the tokens: it takes the body the simulator received (`GET /sim/requests`) and has
+    the simulator tokenize it (`POST /tokenize`, as vLLM's does for chat messages), so the token ids
+    are the engine's own, not the test's idea of them. Like vLLM, it announces each full block once:
+    a prompt whose first blocks are already cached announces only the rest, under its parent's hash.
+    """
+
+    def __init__(self, base_url: str, publisher: Publisher, block_size: int = 16) -> None:
+        self.base_url = base_url
+        self.publisher = publisher
+        self.block_size = block_size
+        self.announced: set[int] = set()
+        self._http = httpx.Client(base_url=base_url, timeout=5)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def prompt_ids(self, body: dict[str, Any]) -> list[int]:
+        """The simulator's token ids for a chat body as it received it."""
+        ask = {k: body[k] for k in ("messages", "tools", "add_generation_prompt") if k in body}
+        r = self._http.post("/tokenize", json=ask)
+        r.raise_for_status()
+        return list(r.json()["tokens"])
+
+    def served(self) -> int:
+        """Generation requests the simulator received so far."""
+        return int(self._http.get("/sim/stats").json()["requests_total"])
+
+    def last_body(self) -> dict[str, Any]:
+        r = self._http.get("/sim/requests", params={"limit": 1})
+        r.raise_for_status()
+        body: dict[str, Any] = r.json()["requests"][-1]["body"]
+        return body
+
+    def announce(self, body: dict[str, Any] | None = None) -> int:
+        """Announce the new full blocks of `body` (default: the last request the simulator
+        received); returns how many were announced."""
+        ids = self.prompt_ids(body if body is not None else self.last_body())
+        hashes = vllm_hashes(ids, self.block_size)
+        start = next((i for i, h in enumerate(hashes) if h not in self.announced), len(hashes))
+        if start == len(hashes):
+            return 0
+        self.publisher.publish([stored(ids, self.block_size, start)])
+        self.announced.update(hashes[start:])
+        return len(hashes) - start

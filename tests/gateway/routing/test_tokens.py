@@ -121,3 +121,24 @@ def test_the_simulators_tokenizer_is_the_simulators() -> None:
     assert blocks is not None
     assert blocks.token_ids() == sim_tokenizer.encode(render_chat(body["messages"], body["tools"]))
     assert isinstance(SimTokenizer().split("<|im_start|>a<|im_start|>b"), list)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_tool_choice_none_is_tokenized_without_the_tools_the_gateway_drops(
+    tok_dir: Path, engine: str
+) -> None:
+    """The dialect sends no tools with `tool_choice: "none"`, so the engine renders none: the tokens
+    must match those of the body the engine receives, not of the client's body."""
+    from engines.registry import get_dialect
+
+    tools = [{"type": "function", "function": {"name": "g", "parameters": {"type": "object"}}}]
+    body = chat("hello", "fine", "and you?", tools=tools, tool_choice="none")
+    sent = json.loads(get_dialect(engine).build_request("chat", dict(body), "m"))
+    assert "tools" not in sent
+    for tok in (SimTokenizer(), HfTokenizer(tok_dir)):
+        tokens = PromptTokens({"m": tok})
+        got, want = tokens.blocks(body), tokens.blocks(sent)
+        assert got is not None and want is not None
+        assert got.token_ids() == want.token_ids()
+    with_tools = PromptTokens({"m": SimTokenizer()}).blocks({**body, "tool_choice": "auto"})
+    assert with_tools is not None and with_tools.tokens > want.tokens  # tools are rendered otherwise
