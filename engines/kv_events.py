@@ -120,7 +120,10 @@ def decode_event(item: Any) -> KvEvent | None:
         return None
     if kind == "AllBlocksCleared":
         return Cleared()
-    if fields.get("medium") not in _GPU or (fields.get("group_idx") or 0) != 0:
+    medium = fields.get("medium")
+    if not (medium is None or isinstance(medium, str)) or medium not in _GPU:
+        return None
+    if (fields.get("group_idx") or 0) != 0:
         return None
     hashes = _hashes(fields.get("block_hashes"))
     if hashes is None:
