@@ -199,12 +199,17 @@ class KvIndex:
         n = len(block_hashes)
         if n == 0 or block_size < 1 or len(token_ids) != n * block_size:
             return 0
-        if st.block_size == 0:
+        if block_size > st.block_size:
+            # The engine's block size is the largest it ever stores: a smaller one is a partial
+            # entry (vLLM 0.32 stores the tail of some prompts as one short block). When the first
+            # store heard was such a tail, what was keyed with its size is dropped.
+            if st.block_size:
+                self._drop_all(st)
             st.block_size = block_size
             min_tokens = self.config.min_block_tokens
             st.group = block_size * max(1, -(-min_tokens // block_size))
         elif block_size != st.block_size:
-            return 0  # a partial block (vLLM's sub-block entries) or a foreign group: not indexed
+            return 0  # a partial block: not indexed (a request is matched in whole blocks)
         nodes = st.nodes
         if parent is None:
             base, pend = seed_for(lora), b""

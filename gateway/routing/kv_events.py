@@ -8,7 +8,9 @@ Per backend (`_Stream.run`):
 - connect a SUB socket to the engine's publisher (the engine binds `tcp://*:5557`), subscribe to its
   topic, with ZMTP heartbeats so a dead peer is noticed; ZMQ reconnects by itself;
 - a socket monitor says when the publisher is connected: only then is the stream live
-  (`KvIndex.set_live`); a disconnect makes the backend fall back to approximate affinity at once;
+  (`KvIndex.set_live`); a disconnect makes the backend fall back to approximate affinity at once; a
+  reconnection to a publisher heard before is live only from its next message, whose sequence says
+  whether the engine restarted (its cache is then empty) or the connection only dropped;
 - sequence numbers: the first message after connecting, or a gap, is filled from the engine's replay
   socket when one is configured (vLLM's `replay_endpoint`: a ROUTER that sends the buffered batches
   from a sequence on); a gap that cannot be filled is `KvIndex.gap` (forget, distrust for a while); a
@@ -168,6 +170,7 @@ class _Stream:
         self.last: int | None = None  # last sequence applied
         self.messages = 0
         self.events = 0
+        self.skipped = 0  # events of another tier or group, or malformed
         self.gaps = 0
         self.replayed = 0
         self.restarts = 0
@@ -211,7 +214,11 @@ class _Stream:
                 if kind == zmq.EVENT_CONNECTED:
                     self.connected = True
                     self._reconnected = True
-                    index.set_live(self.backend, True)
+                    # Reconnected to a publisher heard before: it may be a restarted engine with an
+                    # empty cache, which only its next message's sequence tells. Until then its
+                    # blocks are not trusted (approximate affinity), so a restart never routes
+                    # requests to a cache that is gone.
+                    index.set_live(self.backend, self.last is None)
                 elif kind == zmq.EVENT_DISCONNECTED:
                     self.connected = False
                     index.set_live(self.backend, False)
@@ -243,7 +250,9 @@ class _Stream:
             self.restarts += 1
             index.cleared(self.backend)
             last = self.last = None
-        self._reconnected = False
+        if self._reconnected:
+            self._reconnected = False
+            index.set_live(self.backend, True)
         expected = 0 if last is None else last + 1
         if seq > expected and not (last is None and not self.source.replay_endpoint):
             # missed messages (or joined late): fill them in from the replay buffer when there is one
@@ -266,25 +275,30 @@ class _Stream:
             self.last = seq
             return
         backend = self.backend
-        for event in batch.events:
-            if isinstance(event, Stored):
-                index.stored(
-                    backend,
-                    event.block_hashes,
-                    event.parent,
-                    event.token_ids,
-                    event.block_size,
-                    event.extra_keys,
-                    event.lora,
-                )
-            elif isinstance(event, Removed):
-                index.removed(backend, event.block_hashes)
-            elif isinstance(event, Cleared):
-                index.cleared(backend)
+        try:
+            for event in batch.events:
+                if isinstance(event, Stored):
+                    index.stored(
+                        backend,
+                        event.block_hashes,
+                        event.parent,
+                        event.token_ids,
+                        event.block_size,
+                        event.extra_keys,
+                        event.lora,
+                    )
+                elif isinstance(event, Removed):
+                    index.removed(backend, event.block_hashes)
+                elif isinstance(event, Cleared):
+                    index.cleared(backend)
+        except Exception as exc:  # a defect, not the engine's: the batch is half applied
+            self._error("batch not applied", exc)
+            index.gap(backend)
         if not batch.events:
             index.removed(backend, ())  # still a sign of life
         self.messages += 1
         self.events += len(batch.events)
+        self.skipped += batch.skipped
         self.last = seq
 
     async def _replay(self, start: int, until: int, *, strict: bool) -> bool:

@@ -154,6 +154,19 @@ def test_mixed_block_sizes_in_one_pool() -> None:
     assert index.stored("s", [1], None, tokens[:16], 16) == 0
 
 
+def test_a_partial_block_heard_first_does_not_fix_the_block_size() -> None:
+    """vLLM 0.32 may store a prompt's tail as one short block (`block_size` = its length); if that is
+    the first store a stream brings, the real blocks that follow must still be indexed."""
+    index = live_index("v")
+    tail = doc(7, 1)
+    assert index.stored("v", [99], None, tail, 7) == 1
+    tokens = doc(64, 2)
+    assert Engine(16).store(index, "v", tokens) and index.block_size("v") == 16
+    assert index.match(PromptBlocks(tokens), ["v"]) == {"v": 64}
+    assert index.holds("v") == 4  # the tail keyed with the wrong size is gone
+    assert index.stored("v", [98], None, tail, 7) == 0
+
+
 def test_salted_blocks_match_only_the_same_salt() -> None:
     index = live_index("a")
     tokens = doc(64)

@@ -68,14 +68,20 @@ CLEARED: dict[str, Any] = {"type": "AllBlocksCleared"}
 class Publisher:
     """PUB (+ replay ROUTER) bound on loopback ports chosen by the OS."""
 
-    def __init__(self, topic: str = "kv", *, replay: bool = False, buffer_steps: int = 10_000) -> None:
+    def __init__(
+        self, topic: str = "kv", *, replay: bool = False, buffer_steps: int = 10_000, port: int | None = None
+    ) -> None:
         self.ctx = zmq.Context()
         self.topic = topic.encode()
         self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.XPUB_VERBOSER, 1)  # every (un)subscription, one per SUB socket
         self.subscribers = 0
-        port = self.pub.bind_to_random_port("tcp://127.0.0.1")
+        if port is None:
+            port = self.pub.bind_to_random_port("tcp://127.0.0.1")
+        else:  # the same address again: an engine restarted in place
+            self.pub.bind(f"tcp://127.0.0.1:{port}")
+        self.port = port
         self.endpoint = f"tcp://127.0.0.1:{port}"
         self.seq = 0
         self.buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
@@ -100,19 +106,23 @@ class Publisher:
         self.buffer.append((seq, payload))
         return seq
 
+    def poll_subscriptions(self) -> int:
+        """The SUB sockets subscribed now, from the (un)subscriptions received so far (no wait)."""
+        while self.pub.poll(0):
+            msg = self.pub.recv()
+            if msg[:1] == b"\x01":
+                self.subscribers += 1
+            elif msg[:1] == b"\x00":
+                self.subscribers -= 1
+        return self.subscribers
+
     def wait_subscribers(self, n: int, timeout: float = 10.0) -> None:
         """Until exactly `n` SUB sockets are subscribed (AssertionError after `timeout` seconds)."""
         deadline = time.monotonic() + timeout
-        while self.subscribers != n:
-            left = deadline - time.monotonic()
-            if left <= 0:
+        while self.poll_subscriptions() != n:
+            if time.monotonic() > deadline:
                 raise AssertionError(f"{self.subscribers} subscribers after {timeout}s, expected {n}")
-            if self.pub.poll(min(100, int(left * 1000) + 1)):
-                msg = self.pub.recv()
-                if msg[:1] == b"\x01":
-                    self.subscribers += 1
-                elif msg[:1] == b"\x00":
-                    self.subscribers -= 1
+            self.pub.poll(20)
 
     def restart(self) -> None:
         """The engine restarted: its sequence starts over, its buffer is empty."""

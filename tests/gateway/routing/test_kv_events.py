@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import AsyncIterator, Callable
 
@@ -155,6 +156,128 @@ async def test_a_restarted_engine_starts_empty(subscriber: KvEventSubscriber) ->
         await until(lambda: held(subscriber, new) == 64)
         assert held(subscriber, old) == 0
         assert stream.restarts == 1
+    finally:
+        pub.close()
+
+
+async def test_an_engine_restarted_in_place_is_not_trusted_before_its_first_message(
+    subscriber: KvEventSubscriber,
+) -> None:
+    """The engine's process restarts on the same address: the SUB socket reconnects by itself, but
+    until a message's sequence says whether the cache survived, the old blocks are not used."""
+    pub = Publisher()
+    port = pub.port
+    try:
+        await connected(subscriber, pub)
+        old = doc(64, 9)
+        for _ in range(3):
+            pub.publish([stored(old)])
+        await until(lambda: held(subscriber, old) == 64)
+        stream = subscriber.stream("v0")
+        assert stream is not None
+        pub.close()
+        await until(lambda: not stream.connected)
+        pub = Publisher(port=port)  # a new engine process: empty cache, sequence from 0
+        await until(lambda: stream.connected)
+        assert held(subscriber, old) is None  # reconnected, not yet trusted: approximate affinity
+        new = doc(64, 10)
+        await until(lambda: pub.poll_subscriptions() == 1)
+        pub.publish([stored(new)])  # sequence 0: below the last one heard
+        await until(lambda: held(subscriber, new) == 64)
+        assert stream.restarts == 1
+        assert held(subscriber, old) == 0
+    finally:
+        pub.close()
+
+
+class TcpProxy:
+    """A loopback TCP relay in front of a publisher: `drop()` cuts every connection (a network blip;
+    the engine behind it keeps running), after which the SUB socket reconnects through it."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return f"tcp://127.0.0.1:{self.port}"
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self._writers += [writer, up_writer]
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(Exception):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    def drop(self) -> None:
+        for w in self._writers:
+            w.transport.abort()
+        self._writers.clear()
+
+    async def stop(self) -> None:
+        self.drop()
+        if self._server is not None:
+            self._server.close()
+
+
+async def test_a_connection_that_only_dropped_keeps_the_blocks(subscriber: KvEventSubscriber) -> None:
+    """The connection drops but the engine runs on (its sequence goes on): once its next message
+    arrives, its blocks are trusted again."""
+    pub = Publisher()
+    proxy = TcpProxy(pub.port)
+    try:
+        endpoint = await proxy.start()
+        subscriber.watch("v0", KvSource(endpoint, "kv"))
+        stream = subscriber.stream("v0")
+        assert stream is not None
+        tokens = doc(64, 11)
+        await until(lambda: stream.connected and pub.poll_subscriptions() == 1)
+        pub.publish([stored(tokens)])
+        await until(lambda: held(subscriber, tokens) == 64)
+        await until(lambda: pub.poll_subscriptions() == 1)
+        proxy.drop()
+        await until(lambda: not stream.connected)
+        await until(lambda: stream.connected and pub.poll_subscriptions() == 1)
+        assert held(subscriber, tokens) is None  # not trusted until the sequence says
+        pub.publish([])  # the next in sequence: nothing was lost
+        await until(lambda: held(subscriber, tokens) == 64)
+        assert stream.gaps == 0
+        assert stream.restarts == 0
+    finally:
+        await proxy.stop()
+        pub.close()
+
+
+async def test_malformed_events_are_skipped_and_the_rest_applied(subscriber: KvEventSubscriber) -> None:
+    pub = Publisher()
+    try:
+        await connected(subscriber, pub)
+        tokens = doc(64, 12)
+        bad = [
+            {"type": "BlockStored", "block_hashes": "nope"},
+            {
+                "type": "BlockStored",
+                **{k: v for k, v in stored(tokens).items() if k != "type"},
+                "medium": ["x"],
+            },
+            {"type": "BlockRemoved", "block_hashes": [1.5]},
+            {"type": "Unknown"},
+            7,
+        ]
+        pub.publish([*bad, stored(tokens)])
+        await until(lambda: held(subscriber, tokens) == 64)
+        stream = subscriber.stream("v0")
+        assert stream is not None and stream.skipped == len(bad) and stream.gaps == 0
+        assert subscriber.index.usable("v0")
     finally:
         pub.close()
 
