@@ -150,7 +150,7 @@ class Gateway:
         await self._health.start()
         assert self.route is not None
         self.kv_events = build_kv_sync(
-            self.route.router.kv_index, self.fleet, self.settings.pools, self._get_json
+            self.route.router.kv_index, self.fleet, self.base_pools, self._get_json
         )
         if self.kv_events is not None:
             await self.kv_events.start()

@@ -22,6 +22,7 @@ from gateway.admission.settings import AuthSettings, LimitsSettings, SanitiseSet
 from gateway.core.settings import (
     BackendSettings,
     HealthSettings,
+    KvEventsSettings,
     ModelSettings,
     PoolSettings,
     RedisSettings,
@@ -38,6 +39,7 @@ __all__ = [
     "AuthSettings",
     "BackendSettings",
     "HealthSettings",
+    "KvEventsSettings",
     "LimitsSettings",
     "MetricsSettings",
     "ModelSettings",

@@ -110,7 +110,7 @@ class KvEventSubscriber:
         self._clock = clock
         self._heartbeat_ms = max(1, int(heartbeat_s * 1000))
         self._replay_timeout_s = replay_timeout_s
-        self._ctx = zmq.asyncio.Context()
+        self._ctx: zmq.asyncio.Context | None = None  # made on the first watch (an I/O thread)
         self._streams: dict[str, tuple[KvSource, asyncio.Task[None], _Stream]] = {}
 
     @property
@@ -147,9 +147,13 @@ class KvEventSubscriber:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        self._ctx.destroy(linger=0)
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+            self._ctx = None
 
     def _socket(self, kind: int) -> zmq.asyncio.Socket:
+        if self._ctx is None:
+            self._ctx = zmq.asyncio.Context()
         sock = self._ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
@@ -355,30 +359,43 @@ class _Stream:
 FetchJson = Callable[[str], Awaitable[Any]]
 
 
+def configured_sources(pools: Sequence[PoolSettings]) -> dict[str, KvSource]:
+    """The sources the config names (`backends[].kv_events`), by backend."""
+    return {
+        b.name: KvSource(b.kv_events.endpoint, b.kv_events.topic, b.kv_events.replay_endpoint)
+        for p in pools
+        for b in p.backends
+        if b.kv_events is not None
+    }
+
+
 class KvEventSync:
-    """Keeps the subscriber's streams equal to the fleet's backends: configured sources, or for
-    pools with `kv_event_discovery` the engine's `/kv_event_sources` (asked again every
-    `rediscover_s` while a backend has none). Backends that leave the fleet are unwatched."""
+    """Keeps the subscriber's streams equal to the fleet's backends, every `interval_s`: the source
+    the config names for a backend, or for pools with `kv_event_discovery` the one its engine
+    announces at `GET /kv_event_sources` (asked again every `rediscover_s` while it has none, and
+    when its URL changes). Backends that leave the fleet (the admin API, a reload) are unwatched
+    and their blocks forgotten; a drained backend stays watched (its cache is still there when it
+    is undrained). The config is read through `pools` on every pass, so a reload takes effect."""
 
     def __init__(
         self,
         subscriber: KvEventSubscriber,
         backends: Callable[[], Mapping[str, tuple[str, str]]],
-        configured: Mapping[str, KvSource],
-        discovery_pools: set[str],
+        pools: Callable[[], Sequence[PoolSettings]],
         fetch_json: FetchJson,
         *,
-        interval_s: float = 5.0,
+        interval_s: float = 1.0,
         rediscover_s: float = 30.0,
+        fetch_timeout_s: float = 3.0,
     ) -> None:
         self.subscriber = subscriber
         self._backends = backends  # name -> (pool, url)
-        self._configured = dict(configured)
-        self._discovery = discovery_pools
+        self._pools = pools
         self._fetch = fetch_json
         self._interval = interval_s
         self._rediscover = rediscover_s
-        self._asked: dict[str, float] = {}
+        self._fetch_timeout = fetch_timeout_s
+        self._asked: dict[str, tuple[str, float]] = {}  # backend -> (url, when) of the last discovery
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -402,42 +419,52 @@ class KvEventSync:
 
     async def sync(self) -> None:
         backends = self._backends()
+        pools = self._pools()
+        configured = configured_sources(pools)
+        discovery = {p.name for p in pools if p.kv_event_discovery}
         sub = self.subscriber
         for name in [n for n in sub.watched if n not in backends]:
             sub.unwatch(name)
+        for name in [n for n in self._asked if n not in backends]:
+            del self._asked[name]
         now = time.monotonic()
         for name, (pool, url) in backends.items():
-            source = self._configured.get(name)
-            if source is None and pool in self._discovery and name not in sub.watched:
+            source = configured.get(name)
+            if source is None and pool in discovery:
                 asked = self._asked.get(name)
-                if asked is not None and now - asked < self._rediscover:
-                    continue
-                self._asked[name] = now
+                if (
+                    asked is not None
+                    and asked[0] == url
+                    and (name in sub.watched or now - asked[1] < self._rediscover)
+                ):
+                    continue  # discovered already, or asked recently in vain
+                self._asked[name] = (url, now)
                 try:
-                    answer = await asyncio.wait_for(self._fetch(url + "/kv_event_sources"), 3.0)
+                    answer = await asyncio.wait_for(
+                        self._fetch(url + "/kv_event_sources"), self._fetch_timeout
+                    )
                 except Exception as exc:
-                    log.info("no KV event sources from %s: %s", name, exc)
-                    continue
+                    log.info("no KV event sources from %s: %s", name, exc or type(exc).__name__)
+                    answer = None
                 source = discover(answer, url)
             if source is not None:
                 sub.watch(name, source)
+            elif name in sub.watched:
+                sub.unwatch(name)  # no longer configured, or its engine no longer publishes
 
 
 def build_kv_sync(
-    index: KvIndex | None, fleet: Fleet, pools: Sequence[PoolSettings], fetch_json: FetchJson
+    index: KvIndex | None,
+    fleet: Fleet,
+    pools: Callable[[], Sequence[PoolSettings]],
+    fetch_json: FetchJson,
 ) -> KvEventSync | None:
-    """The event streams the config asks for (per backend `kv_events`, per pool discovery), or None."""
-    configured = {
-        b.name: KvSource(b.kv_events.endpoint, b.kv_events.topic, b.kv_events.replay_endpoint)
-        for p in pools
-        for b in p.backends
-        if b.kv_events is not None
-    }
-    discovery = {p.name for p in pools if p.kv_event_discovery}
-    if index is None or not (configured or discovery):
+    """The event streams the config asks for (per backend `kv_events`, per pool discovery), kept
+    in step with the fleet and the config; None when the routing policy keeps no KV index."""
+    if index is None:
         return None
 
     def backends() -> dict[str, tuple[str, str]]:
         return {name: (b.pool, b.url) for name, b in fleet.backends.items()}
 
-    return KvEventSync(KvEventSubscriber(index), backends, configured, discovery, fetch_json)
+    return KvEventSync(KvEventSubscriber(index), backends, pools, fetch_json)
