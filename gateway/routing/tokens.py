@@ -99,6 +99,10 @@ class HfTokenizer:
             else None
         )
 
+    @property
+    def has_template(self) -> bool:
+        return self._template is not None
+
     def render(self, body: Mapping[str, Any]) -> str:
         if self._template is None:
             raise ValueError("the tokenizer has no chat template")
@@ -205,11 +209,35 @@ class PromptTokens:
         return []
 
 
-def load_tokenizer(spec: str) -> Tokenizer:
-    """`sim` or a tokenizer directory."""
+def tokenizer_problem(model: str, spec: str) -> str | None:
+    """Why `spec` cannot be `model`'s tokenizer (no file read but the directory's listing), or None."""
+    if spec == "sim" or (Path(spec) / "tokenizer.json").is_file():
+        return None
+    return (
+        f"model {model!r}: tokenizer {spec!r} is not a directory with a tokenizer.json "
+        "(a Hugging Face tokenizer directory, or 'sim' for the simulators)"
+    )
+
+
+def load_tokenizer(spec: str, model: str = "?") -> Tokenizer:
+    """`sim` or a tokenizer directory; ValueError saying which model and why when it cannot load."""
     if spec == "sim":
         return SimTokenizer()
-    return HfTokenizer(spec)
+    problem = tokenizer_problem(model, spec)
+    if problem is not None:
+        raise ValueError(problem)
+    try:
+        tok = HfTokenizer(spec)
+    except Exception as exc:
+        raise ValueError(f"model {model!r}: tokenizer {spec!r} could not be loaded: {exc}") from exc
+    if not tok.has_template:
+        log.warning(
+            "model %r: tokenizer %r has no chat template: its chat requests are routed without their "
+            "tokens (approximate affinity)",
+            model,
+            spec,
+        )
+    return tok
 
 
 def _split_keep(text: str, marker: str) -> list[str]:
@@ -288,5 +316,5 @@ def _tools(tools: Any) -> Any:
 
 def build_prompt_tokens(models: Sequence[ModelSettings]) -> PromptTokens | None:
     """Tokenizers for the models that name one (loaded once, at start-up), or None."""
-    tokenizers = {m.name: load_tokenizer(m.tokenizer) for m in models if m.tokenizer}
+    tokenizers = {m.name: load_tokenizer(m.tokenizer, m.name) for m in models if m.tokenizer}
     return PromptTokens(tokenizers) if tokenizers else None
