@@ -83,12 +83,14 @@ class PromptBlocks:
     """A prompt's token ids and its block keys per block size, each computed once.
 
     `seed` and `first_extra` put the prompt in the engines' cache namespace (`seed_for`,
-    `salt_extra`). `max_blocks` bounds the keys computed for any one block size (the cost of a very
-    long prompt). `reuse(previous)` takes over the keys of the longest common prefix of an earlier
-    prompt of the same conversation, so a growing conversation hashes only its new blocks.
+    `salt_extra`). `max_tokens` bounds the tokens keyed, whatever the block size (the cost of a very
+    long prompt, and of matching it: beyond it, prompts are told apart by their first `max_tokens`). `length` is the whole prompt's length in tokens when only its start was tokenized
+    (an estimate; `tokens` otherwise). `reuse(previous)` takes over the keys of the longest common
+    prefix of an earlier prompt of the same conversation, so a growing conversation hashes only its
+    new blocks.
     """
 
-    __slots__ = ("_keys", "data", "first_extra", "max_blocks", "seed")
+    __slots__ = ("_keys", "_length", "data", "first_extra", "max_tokens", "seed")
 
     def __init__(
         self,
@@ -96,17 +98,25 @@ class PromptBlocks:
         *,
         seed: int = ROOT,
         first_extra: Any = None,
-        max_blocks: int = 1024,
+        max_tokens: int = 8192,
+        length: int | None = None,
     ) -> None:
         self.data = token_ids if isinstance(token_ids, bytes) else token_bytes(token_ids)
+        self._length = length
         self.seed = seed
         self.first_extra = first_extra
-        self.max_blocks = max_blocks
+        self.max_tokens = max_tokens
         self._keys: dict[int, tuple[int, ...]] = {}
 
     @property
     def tokens(self) -> int:
+        """Token ids known (the prompt's, or its tokenized start's)."""
         return len(self.data) // 4
+
+    @property
+    def length(self) -> int:
+        """The whole prompt's length in tokens (an estimate when only its start was tokenized)."""
+        return self._length if self._length is not None else len(self.data) // 4
 
     def token_ids(self) -> list[int]:
         return array("I", self.data).tolist()
@@ -116,7 +126,13 @@ class PromptBlocks:
         keys = self._keys.get(block_size)
         if keys is None:
             keys = self._keys[block_size] = tuple(
-                chain_keys(self.data, block_size, self.seed, self.first_extra, limit=self.max_blocks)
+                chain_keys(
+                    self.data,
+                    block_size,
+                    self.seed,
+                    self.first_extra,
+                    limit=max(1, self.max_tokens // block_size),
+                )
             )
         return keys
 
@@ -134,7 +150,7 @@ class PromptBlocks:
                 continue
             head = keys[:shared]
             step = block_size * 4
-            count = min(len(self.data) // step, self.max_blocks)
+            count = min(len(self.data) // step, max(1, self.max_tokens // block_size))
             if count <= shared:
                 self._keys[block_size] = head[:count]
                 continue

@@ -357,7 +357,7 @@ class PrefixAffinity(BackendPolicy):
         if not held:
             return None
         # real tokens -> estimated blocks: the request's estimated tokens per real token
-        scale = features.prompt_tokens / (prompt.tokens * self._config.block_tokens)
+        scale = features.prompt_tokens / (prompt.length * self._config.block_tokens)
         return {name: tokens * scale for name, tokens in held.items()}
 
 

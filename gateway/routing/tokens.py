@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from engines.request import prompt_tools
 from gateway.core.settings import ModelSettings
-from policies.kv_blocks import PromptBlocks, salt_extra
+from policies.kv_blocks import PromptBlocks, salt_extra, token_bytes
 
 log = logging.getLogger("gateway.tokens")
 
@@ -92,12 +92,40 @@ class HfTokenizer:
             if isinstance(value, str):
                 self._specials[name] = value
         self._template = _compile(template) if isinstance(template, str) else None
-        specials = [t.content for t in self._tok.get_added_tokens_decoder().values() if t.special]
-        self._special_re = (
-            re.compile("(" + "|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)) + ")")
-            if specials
-            else None
+        specials = sorted(
+            (t.content for t in self._tok.get_added_tokens_decoder().values() if t.special),
+            key=len,
+            reverse=True,
         )
+        self._special_re = (
+            re.compile("(" + "|".join(re.escape(s) for s in specials) + ")") if specials else None
+        )
+        if self._special_re is not None and not self._pieces_add_up(specials):
+            # e.g. a SentencePiece tokenizer that prefixes every input with a space, or a special
+            # token that strips the whitespace beside it: cut pieces would tokenize differently
+            log.info("tokenizer %s: pieces between special tokens are not tokenized alone", root)
+            self._special_re = None
+
+    def _pieces_add_up(self, specials: Sequence[str]) -> bool:
+        """Whether tokenizing the pieces between special tokens one by one gives the whole text's ids,
+        on a sample chat rendered with this tokenizer's own template."""
+        sample = {
+            "messages": [
+                {"role": "system", "content": "You are terse.  Use tools.\n"},
+                {"role": "user", "content": " What's 2+2? Check:\n\n\tsum(x) ."},
+                {"role": "assistant", "content": "It is 4.\n"},
+                {"role": "user", "content": "And  in words?"},
+            ],
+            "tools": [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}],
+        }
+        try:
+            text = self.render(sample) if self._template is not None else ""
+        except Exception:
+            text = ""
+        text += f"{specials[0]} after, a special\n{specials[-1]}x  y"
+        pieces = self.split(text)
+        whole = self.encode(text, special=False)
+        return [t for p in pieces for t in self.encode(p, special=False)] == whole
 
     @property
     def has_template(self) -> bool:
@@ -135,20 +163,30 @@ class PromptTokens:
         self,
         tokenizers: Mapping[str, Tokenizer],
         *,
-        segment_entries: int = 16384,
+        max_tokens: int = 8192,
+        max_chars: int | None = None,
+        segment_bytes: int = 16 << 20,
         conversation_entries: int = 1024,
-        max_blocks: int = 1024,
     ) -> None:
         self._tokenizers = dict(tokenizers)
-        self._segments: dict[tuple[str, str], tuple[int, ...]] = {}
-        self._segment_entries = segment_entries
+        self._max_tokens = max_tokens
+        # prose and code run 3-4.5 characters a token: 4 a token covers about `max_tokens`
+        self._max_chars = max_chars if max_chars is not None else 4 * max_tokens
+        # (model, hash, length) of a piece -> its token ids as 32-bit little-endian bytes
+        self._segments: dict[tuple[str, int, int], bytes] = {}
+        self._segment_bytes = segment_bytes
+        self._cached_bytes = 0
         self._previous: OrderedDict[tuple[str, int], PromptBlocks] = OrderedDict()
         self._conversation_entries = conversation_entries
-        self._max_blocks = max_blocks
         self._failed: set[str] = set()
 
     def __bool__(self) -> bool:
         return bool(self._tokenizers)
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens of a prompt keyed and matched at most (its start)."""
+        return self._max_tokens
 
     def serves(self, model: str) -> bool:
         return model in self._tokenizers
@@ -161,7 +199,7 @@ class PromptTokens:
         if tok is None:
             return None
         try:
-            ids = self._ids(model, tok, body)
+            data, length = self._data(model, tok, body)
         except Exception as exc:  # a template that raises must not fail the request
             if model not in self._failed:
                 self._failed.add(model)
@@ -169,7 +207,10 @@ class PromptTokens:
             return None
         salt = body.get("cache_salt")
         prompt = PromptBlocks(
-            ids, first_extra=salt_extra(salt if isinstance(salt, str) else None), max_blocks=self._max_blocks
+            data,
+            first_extra=salt_extra(salt if isinstance(salt, str) else None),
+            max_tokens=self._max_tokens,
+            length=length,
         )
         if conversation is not None:
             key = (model, conversation)
@@ -182,31 +223,56 @@ class PromptTokens:
                 self._previous.popitem(last=False)
         return prompt
 
-    def _ids(self, model: str, tok: Tokenizer, body: Mapping[str, Any]) -> list[int]:
+    def _data(self, model: str, tok: Tokenizer, body: Mapping[str, Any]) -> tuple[bytes, int | None]:
+        """The prompt's token ids as bytes, and its estimated length in tokens when only its first
+        `max_chars` characters were tokenized (None when it was tokenized whole)."""
         if "messages" in body:
             text = tok.render(body)
             split: Callable[[str], list[str]] | None = getattr(tok, "split", None)
-            pieces = split(text) if split is not None else [text]
-            segments = self._segments
-            out: list[int] = []
-            for piece in pieces:
-                key = (model, piece)
-                ids = segments.get(key)
-                if ids is None:
-                    ids = tuple(tok.encode(piece, special=False))
-                    if len(segments) >= self._segment_entries:
-                        segments.clear()
-                    segments[key] = ids
-                out.extend(ids)
-            return out
+            return self._pieces(model, tok, text, split(text) if split is not None else [text])
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], list | str):
             prompt = prompt[0]  # a batch is routed by its first prompt
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return list(prompt)
+            return token_bytes(prompt), None
         if isinstance(prompt, str):
-            return tok.encode(prompt, special=True)
-        return []
+            cut = len(prompt) > self._max_chars
+            ids = tok.encode(prompt[: self._max_chars] if cut else prompt, special=True)
+            if not cut:
+                return token_bytes(ids), None
+            ids = ids[:-_CUT_TOKENS]
+            return token_bytes(ids), len(ids) * len(prompt) // self._max_chars
+        return b"", None
+
+    def _pieces(self, model: str, tok: Tokenizer, text: str, pieces: list[str]) -> tuple[bytes, int | None]:
+        segments = self._segments
+        out: list[bytes] = []
+        left = self._max_chars
+        for piece in pieces:
+            cut = len(piece) > left
+            if cut:
+                piece = piece[:left]
+            key = (model, hash(piece), len(piece))
+            data = segments.get(key)
+            if data is None:
+                ids = tok.encode(piece, special=False)
+                # a cut piece's last tokens may have merged with what was cut off
+                data = token_bytes(ids[:-_CUT_TOKENS] if cut else ids)
+                if self._cached_bytes + len(data) > self._segment_bytes:
+                    segments.clear()
+                    self._cached_bytes = 0
+                segments[key] = data
+                self._cached_bytes += len(data)
+            out.append(data)
+            left -= len(piece)
+            if cut:
+                tokens = sum(len(d) for d in out) // 4
+                return b"".join(out), tokens * len(text) // self._max_chars
+        return b"".join(out), None
+
+
+#: tokens dropped at the end of a prompt cut at `max_chars` (they may tokenize otherwise whole)
+_CUT_TOKENS = 2
 
 
 def tokenizer_problem(model: str, spec: str) -> str | None:

@@ -21,8 +21,8 @@ def test_a_key_names_the_whole_prefix() -> None:
 
 
 def test_only_full_blocks_are_keyed_and_the_limit_holds() -> None:
-    p = PromptBlocks(list(range(47)), max_blocks=2)
-    assert len(p.keys(16)) == 2
+    p = PromptBlocks(list(range(47)), max_tokens=40)
+    assert len(p.keys(16)) == 2 and len(p.keys(8)) == 5  # the bound is in tokens, whatever the block
     assert len(PromptBlocks(list(range(47))).keys(16)) == 2
     assert len(PromptBlocks(list(range(15))).keys(16)) == 0
 
@@ -71,10 +71,10 @@ def test_reuse_respects_the_namespace_and_the_limit() -> None:
     new = PromptBlocks(ids + [1, 2, 3] * 20)
     new.reuse(old)  # another namespace: nothing adopted
     assert new.keys(16) == PromptBlocks(ids + [1, 2, 3] * 20).keys(16)
-    capped = PromptBlocks(ids, max_blocks=5)
+    capped = PromptBlocks(ids, max_tokens=80)
     capped.reuse(PromptBlocks(ids))  # previous has no keys computed: nothing to adopt
     full = PromptBlocks(ids)
     full.keys(16)
-    capped2 = PromptBlocks(ids, max_blocks=5)
+    capped2 = PromptBlocks(ids, max_tokens=80)
     capped2.reuse(full)
     assert capped2.keys(16) == full.keys(16)[:5]

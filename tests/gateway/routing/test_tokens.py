@@ -142,3 +142,66 @@ def test_tool_choice_none_is_tokenized_without_the_tools_the_gateway_drops(
         assert got.token_ids() == want.token_ids()
     with_tools = PromptTokens({"m": SimTokenizer()}).blocks({**body, "tool_choice": "auto"})
     assert with_tools is not None and with_tools.tokens > want.tokens  # tools are rendered otherwise
+
+
+def _trained(root: Path, pre: Any, specials: list[Any]) -> Path:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre
+    corpus = [Path(json.__file__).read_text()] * 2
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=500, special_tokens=[]))
+    tok.add_special_tokens(specials)
+    tok.save(str(root / "tokenizer.json"))
+    (root / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML}))
+    return root
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["strips-whitespace", "sentencepiece-prefix-space"],
+)
+def test_a_tokenizer_whose_pieces_do_not_add_up_is_tokenized_whole(tmp_path: Path, case: str) -> None:
+    """Tokenizing between special tokens is only a shortcut where it gives the same ids: a special
+    token that strips the whitespace beside it, or a SentencePiece-style space before every input,
+    would not, and the tokenizer is then used on the whole text (its own check at load)."""
+    from tokenizers import AddedToken
+
+    if case == "strips-whitespace":
+        pre = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        specials = [AddedToken(s, special=True, rstrip=True, lstrip=True) for s in SPECIALS]
+    else:
+        pre = pre_tokenizers.Metaspace(prepend_scheme="first")
+        specials = [AddedToken(s, special=True) for s in SPECIALS]
+    root = _trained(tmp_path, pre, specials)
+    tok = HfTokenizer(root)
+    rust = Tokenizer.from_file(str(root / "tokenizer.json"))
+    body = chat("  two spaces\n", "an answer ", " and more")
+    prompt = PromptTokens({"m": tok}).blocks(body)
+    assert prompt is not None
+    assert prompt.token_ids() == rust.encode(tok.render(body), add_special_tokens=False).ids
+    assert tok.split("a<|im_start|>b") == ["a<|im_start|>b"]  # no shortcut for this one
+
+
+def test_a_long_prompt_is_tokenized_up_to_max_chars_and_cached_by_its_start(tok_dir: Path) -> None:
+    tok = HfTokenizer(tok_dir)
+    rust = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    doc = " ".join(f"word{i % 977} value{i % 13}" for i in range(4000))  # ~70k characters
+    tokens = PromptTokens({"m": tok}, max_chars=20_000)
+    first = tokens.blocks(chat(doc + "\n\nWhat is it?", system=None))
+    assert first is not None
+    whole = rust.encode(tok.render(chat(doc + "\n\nWhat is it?", system=None)), add_special_tokens=False).ids
+    assert first.token_ids() == whole[: first.tokens]  # the start, exactly (the cut's tokens dropped)
+    assert 0.9 < first.tokens / len(rust.encode(tok.render(chat(doc, system=None))[:20_000]).ids) <= 1
+    assert 0.8 < first.length / len(whole) < 1.2  # the whole prompt's length, estimated
+    # another question about the same document: its start is the same piece, from the cache
+    again = tokens.blocks(chat(doc + "\n\nWho wrote it?", system=None))
+    assert again is not None and again.token_ids() == first.token_ids()
+    # completions prompts are cut alike
+    plain = tokens.blocks({"model": "m", "prompt": doc})
+    assert plain is not None and plain.tokens < len(rust.encode(doc).ids) and plain.length > plain.tokens
+
+
+def test_the_piece_cache_is_bounded_in_bytes(tok_dir: Path) -> None:
+    tokens = PromptTokens({"m": HfTokenizer(tok_dir)}, segment_bytes=4096)
+    for i in range(50):
+        tokens.blocks(chat(f"message {i} " * 40, system=None))
+        assert tokens._cached_bytes <= 4096
