@@ -18,6 +18,7 @@ Common to both engines (docs/engines.md, "Request fields"):
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -71,6 +72,13 @@ class Constraint:
 def unsupported(field: str, engine: str, hint: str = "") -> ApiError:
     msg = f"Unsupported parameter: '{field}' is not supported by this model's engine ({engine})."
     return invalid_request(msg + (" " + hint if hint else ""), param=field)
+
+
+def prompt_tools(body: Mapping[str, Any]) -> Any:
+    """The tools a chat body's engine renders into its prompt: none with `tool_choice: "none"`,
+    which the gateway sends without them (above). The gateway's own tokenization for KV-event routing
+    (`gateway.routing.tokens`) must render what the engine will, so both use this rule."""
+    return None if body.get("tool_choice") == "none" else body.get("tools")
 
 
 def base_request(endpoint: Endpoint, body: dict[str, Any], served_model: str) -> dict[str, Any]:

@@ -49,7 +49,9 @@ from gateway.observability.metrics_export import CONTENT_TYPE, MetricsExporter
 from gateway.observability.metrics_sampler import MetricsSampler, RedisProbe
 from gateway.pipeline import Pipeline, Stage, run_finalizers
 from gateway.routing.factory import build_router
+from gateway.routing.kv_events import KvEventSync, build_kv_sync
 from gateway.routing.stage import RouteStage
+from gateway.routing.tokens import build_prompt_tokens
 from gateway.settings import PoolSettings, Settings, load_settings
 from gateway.upstream.h1 import H1Transport
 from gateway.upstream.health import HealthChecker
@@ -85,6 +87,7 @@ class Gateway:
         self._transport = transport
         self._owns_transport = transport is None
         self._health: HealthChecker | None = None
+        self.kv_events: KvEventSync | None = None
         self.access_log = AccessLog(settings.access_log)
         self.pipeline: Pipeline | None = None
         #: one pipeline per client API beyond chat/completions (gateway/apis/)
@@ -125,7 +128,8 @@ class Gateway:
         routing state (prefix affinity) is one whichever API a conversation uses."""
         s = self.settings
         router, features = build_router(s.routing)
-        route = self.route = RouteStage(self.fleet, router, features, on_decision=self._on_decision)
+        tokens = build_prompt_tokens(s.models)
+        route = self.route = RouteStage(self.fleet, router, features, self._on_decision, tokens)
         auth = self.admission.authenticate_stages()
         admit = self.admission.admit_stages()
         sanitise = self.admission.sanitise_stage(features)
@@ -161,6 +165,16 @@ class Gateway:
             pipelines[lookup] = [*auth, apis.lookup(lookup)]
         return {api: Pipeline(stages) for api, stages in pipelines.items()}
 
+    async def _get_json(self, url: str) -> Any:
+        """A backend's JSON answer to a GET (KV event discovery), None when not 200."""
+        assert self._transport is not None
+        resp = await self._transport.request("GET", url, headers={})
+        try:
+            body = await resp.read()
+        finally:
+            resp.close()
+        return orjson.loads(body) if resp.status == 200 else None
+
     def _on_decision(self, decision: Any) -> None:
         self.metrics.observe_decision(decision)
 
@@ -194,6 +208,12 @@ class Gateway:
             scrape_interval_s=self.settings.routing.scrape_interval_s,
         )
         await self._health.start()
+        assert self.route is not None
+        self.kv_events = build_kv_sync(
+            self.route.router.kv_index, self.fleet, self.base_pools, self._get_json
+        )
+        if self.kv_events is not None:
+            await self.kv_events.start()
         redis = self.redis
         probe = RedisProbe(redis, self.metrics, up.health.timeout_s) if redis is not None else None
         interval = self.settings.metrics.sample_interval_s
@@ -217,6 +237,8 @@ class Gateway:
         await self.admission.aclose()
         if self._health is not None:
             await self._health.stop()
+        if self.kv_events is not None:
+            await self.kv_events.stop()
         if self.redis is not None:
             await self.redis.aclose()
         if self._transport is not None and self._owns_transport:

@@ -23,6 +23,7 @@ from gateway.apis.settings import ApisSettings, ResponsesSettings
 from gateway.core.settings import (
     BackendSettings,
     HealthSettings,
+    KvEventsSettings,
     ModelSettings,
     PoolSettings,
     RedisSettings,
@@ -40,6 +41,7 @@ __all__ = [
     "AuthSettings",
     "BackendSettings",
     "HealthSettings",
+    "KvEventsSettings",
     "LimitsSettings",
     "MetricsSettings",
     "ModelSettings",

@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Literal, assert_never
 
+from policies.kv_index import KvIndexConfig
 from policies.least_load import LeastLoad, LeastLoadConfig
 from policies.load import LoadModel
 from policies.policy import BackendPolicy
@@ -62,6 +63,8 @@ def parse_policy_config(raw: Mapping[str, Any]) -> PolicyConfig:
             base = next(f.default for f in dataclasses.fields(config_type) if f.name == "load")
             assert isinstance(base, LoadModel)
             values["load"] = dataclasses.replace(base, **values["load"])
+        if "kv" in values and isinstance(values["kv"], Mapping):
+            values["kv"] = KvIndexConfig(**values["kv"])
         return config_type(**values)
     except TypeError as exc:
         raise ValueError(f"invalid policy config: {exc}") from exc

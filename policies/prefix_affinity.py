@@ -44,6 +44,15 @@ trades a warm cache against a queue, refined by a bounded local prefix index.
    next backends of its own HRW order (the same on every replica), which then become warm too.
    If nothing fits, the least loaded backend wins.
 
+5. The engines' own KV-cache events (`policies.kv_index`, fed by the gateway's subscriber). When the
+   request carries its token blocks (`features.prompt`) and a backend's event stream is usable, what
+   that backend holds is known exactly, the same in every routing process: its warm blocks are the
+   tokens it holds of the prompt (in estimated blocks: x the request's estimated tokens per real
+   token / `block_tokens`), and this process's own routing memory (the index, the history prior) is
+   ignored for it - except a decision of the last `pending_s` for the same key, whose blocks the
+   engine may not have announced yet (a queued prefill). A group counts as known when a backend
+   holds half of its blocks. Backends without a usable stream keep the approximate estimate above.
+
 Reasons: `affinity:hit` (home; the index knows a prefix of this request there, or the index is
 disabled), `affinity:miss` (home, or a new group's placement; nothing known there yet), `affinity:index` (a non-home backend the
 index knows to be warmer than the home), `affinity:spill` (home skipped for load), `affinity:spread` (a
@@ -53,11 +62,13 @@ hot group's next holder, taken for load).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Literal
 
 from policies.group_demand import GroupDemand
 from policies.hashing import NameHashes, mix64, str_hash64
+from policies.kv_index import KvIndex, KvIndexConfig
 from policies.load import LoadModel
 from policies.policy import BackendPolicy
 from policies.prefix_index import PrefixIndex
@@ -93,6 +104,12 @@ class PrefixAffinityConfig:
     session_in_key: bool = False
     demand_window: int = 32
     demand_entries: int = 4096
+    #: estimated tokens per block of `policies.features` (the gateway's `routing.block_tokens`)
+    block_tokens: int = 32
+    #: the KV-event index's bounds and liveness rules
+    kv: KvIndexConfig = field(default_factory=KvIndexConfig)
+    #: seconds a decision counts as warm on a backend with events before they confirm it
+    pending_s: float = 10.0
 
     def __post_init__(self) -> None:
         slacks = (
@@ -112,6 +129,8 @@ class PrefixAffinityConfig:
             raise ValueError("demand_window must be >= 2 and demand_entries >= 0")
         if not self.blocks_per_request > 0:
             raise ValueError("blocks_per_request must be > 0")
+        if self.block_tokens < 1 or self.pending_s < 0:
+            raise ValueError("block_tokens must be >= 1 and pending_s >= 0")
 
 
 DEFAULT_CONFIG = PrefixAffinityConfig()
@@ -161,10 +180,18 @@ class PrefixAffinity(BackendPolicy):
         self._names = NameHashes()
         self._sets = WorkingSets(config.working_set_entries)
         self._demand = GroupDemand(1.0 / config.demand_window, config.demand_entries)
+        self._kv = KvIndex(config.kv)
+        # routing key -> (backend, when): decisions whose blocks the engine may not have announced
+        self._pending: OrderedDict[int, tuple[str, float]] = OrderedDict()
 
     @property
     def config(self) -> PrefixAffinityConfig:
         return self._config
+
+    @property
+    def kv_index(self) -> KvIndex:
+        """The engines' KV-cache contents (fed by the gateway's event subscriber)."""
+        return self._kv
 
     @property
     def index(self) -> PrefixIndex:
@@ -198,13 +225,23 @@ class PrefixAffinity(BackendPolicy):
         group = g > 0
         preamble = g or features.preamble_blocks
         base = 0 if group else preamble
-        warm = [0] * n
+        warm: list[float] = [0] * n
         indexed = self._index.max_entries > 0
         deep = known = False
+        # the engines' events: exact warm blocks for backends with a usable stream (5.)
+        exact = self._exact(ranked, features)
+        fresh: str | None = None
+        if exact:
+            pend = self._pending.get(self.key(features))
+            if pend is not None and self._kv.now - pend[1] < config.pending_s:
+                fresh = pend[0]
         if indexed and features.block_hashes:
             depths = self._index.depths(
                 features.block_hashes, {b.name: None for b in ranked}, above=max(0, preamble - 1)
             )
+            if exact and depths:
+                # this replica's memory of where it sent prefixes yields to what engines hold
+                depths = {k: v for k, v in depths.items() if k not in exact or k == fresh}
             if depths:
                 known = True
                 for i in range(n):
@@ -212,6 +249,19 @@ class PrefixAffinity(BackendPolicy):
                     if d > base:
                         warm[i] = d - base
                 deep = max(depths.values()) > preamble
+        if exact:
+            top = 0.0
+            for i in range(n):
+                held = exact.get(ranked[i].name)
+                if held is None:
+                    continue
+                top = max(top, held)
+                if held - base > warm[i]:
+                    warm[i] = held - base
+            if top > preamble:
+                deep = True
+            if group and top >= g / 2:
+                known = True
         known_home = warm[0] > 0
         # working sets: a group's placement, its next holder and the tie-break all compare them
         sizes = [self._sets.size(b.name) for b in ranked] if group else [0] * n
@@ -239,7 +289,12 @@ class PrefixAffinity(BackendPolicy):
                     if n - len(others) < span and room:
                         spread = min(room, key=sizes.__getitem__)
                         warm[spread] = preamble - 1
-        elif not deep and features.history_blocks - base > warm[0]:
+        elif (
+            not deep
+            and features.history_blocks - base > warm[0]
+            and (not exact or ranked[0].name not in exact or ranked[0].name == fresh)
+        ):
+            # the home is assumed to hold the history, unless its engine says what it holds
             warm[0] = features.history_blocks - base
 
         candidates = [i for i in range(n) if fits[i]]
@@ -284,6 +339,26 @@ class PrefixAffinity(BackendPolicy):
         key = self.key(features)
         self._sets.note(key, choice.backend, len(features.block_hashes))
         self._demand.note(pool.name, key if g else None)
+        kv = self._kv
+        if kv.attached(choice.backend):
+            kv.note_routed(choice.backend)
+            pending = self._pending
+            pending[key] = (choice.backend, kv.now)
+            pending.move_to_end(key)
+            if len(pending) > self._config.demand_entries:
+                pending.popitem(last=False)
+
+    def _exact(self, ranked: list[BackendView], features: RequestFeatures) -> dict[str, float] | None:
+        """Warm blocks (in the estimate's units) per backend whose events are usable, or None."""
+        prompt = features.prompt
+        if prompt is None or not self._kv.streams or not prompt.tokens:
+            return None
+        held = self._kv.match(prompt, [b.name for b in ranked])
+        if not held:
+            return None
+        # real tokens -> estimated blocks: the request's estimated tokens per real token
+        scale = features.prompt_tokens / (prompt.length * self._config.block_tokens)
+        return {name: tokens * scale for name, tokens in held.items()}
 
 
 def _first_two(entry: tuple[int, str, BackendView]) -> tuple[int, str]:

@@ -15,11 +15,12 @@ from typing import Literal
 
 from policies.factory import PolicyConfig, make_policy
 from policies.hashing import NameHashes, mix64
+from policies.kv_index import KvIndex
 from policies.policy import BackendPolicy
 from policies.pool_placement import PoolPlacement
 from policies.pools import PlaceHook, PoolBalance, Rule, choose_pool
 from policies.prefix_affinity import DEFAULT_CONFIG as DEFAULT_AFFINITY_CONFIG
-from policies.prefix_affinity import PrefixAffinityConfig, group_blocks, routing_key
+from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig, group_blocks, routing_key
 from policies.types import Decision, FleetSnapshot, PoolView, RequestFeatures, RoutingError
 
 PoolChoiceMode = Literal["sticky", "random"]
@@ -50,6 +51,11 @@ class Router:
         self.policy_config = policy_config
         self.pool_choice: PoolChoiceMode = pool_choice
         self.policy: BackendPolicy = make_policy(policy_config)
+        #: the engines' KV-cache contents the policy scores by (prefix affinity only), fed by the
+        #: gateway's event subscriber
+        self.kv_index: KvIndex | None = (
+            self.policy.kv_index if isinstance(self.policy, PrefixAffinity) else None
+        )
         self._pool_names = NameHashes()
         # The sticky pool choice hashes the same key as prefix affinity (a long shared preamble, else
         # the conversation anchor), so a prefix group lives in one pool, not in every pool.

@@ -16,7 +16,10 @@ Error tree (one, raised by `policies.pools` and `policies.router`)::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from policies.kv_blocks import PromptBlocks
 
 ToolChoice = Literal["none", "auto", "required", "named"]
 Affinity = Literal["hit", "miss", "spill", "none"]
@@ -37,6 +40,9 @@ class RequestFeatures:
     conversation has already sent (the preamble for a first turn; 0 for completions prompts).
     `anchor_blocks` counts the leading blocks that lie wholly inside the opening (the part
     `anchor_hash` identifies; the whole prompt for completions).
+    `prompt` is the request's token ids as the engine will see them (the model's chat template and
+    tokenizer), with their block keys, when the gateway tokenizes for KV-event routing; None
+    otherwise (the estimated blocks above are used alone).
     """
 
     model: str
@@ -51,6 +57,7 @@ class RequestFeatures:
     max_tokens: int | None = None
     history_blocks: int = 0
     anchor_blocks: int = 0
+    prompt: PromptBlocks | None = field(default=None, compare=False, repr=False)
 
     @property
     def needs_tool_parser(self) -> bool:

@@ -20,10 +20,23 @@ class SettingsModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class KvEventsSettings(SettingsModel):
+    """Where a backend's engine publishes its KV-cache events (its `--kv-events-config`)."""
+
+    #: the engine's ZMQ PUB address to connect to, e.g. `tcp://vllm-0:5557` (the engine binds `tcp://*:5557`)
+    endpoint: str = Field(pattern=r"^(tcp|ipc)://.+")
+    #: the engine's `topic` (subscribed as a prefix; "" takes every topic)
+    topic: str = ""
+    #: the engine's `replay_endpoint` (vLLM): lost or missed batches are asked for there
+    replay_endpoint: str | None = Field(None, pattern=r"^(tcp|ipc)://.+")
+
+
 class BackendSettings(SettingsModel):
     #: an opaque name shown to operators; never shown to clients
     name: str
     url: str
+    #: the engine's KV-cache events, for routing by what it holds (docs/routing.md, *KV events*)
+    kv_events: KvEventsSettings | None = None
 
     @field_validator("url")
     @classmethod
@@ -44,6 +57,8 @@ class PoolSettings(SettingsModel):
     #: the engines support response_format / structured output
     structured_output: bool = True
     backends: list[BackendSettings] = Field(default_factory=list)
+    #: ask each backend without `kv_events` for its publisher (vLLM's `GET /kv_event_sources`)
+    kv_event_discovery: bool = False
 
 
 class PriceSettings(SettingsModel):
@@ -75,6 +90,9 @@ class ModelSettings(SettingsModel):
     task: Literal["generate", "embed"] = "generate"
     #: USD per million tokens; absent: the model costs nothing against money budgets
     price: PriceSettings | None = None
+    #: the model's tokenizer for KV-event routing: a directory with `tokenizer.json` and
+    #: `tokenizer_config.json` (its chat template), or `sim` for the simulators'; None: not tokenized
+    tokenizer: str | None = None
 
 
 class HealthSettings(SettingsModel):

@@ -21,5 +21,9 @@ def build_router(settings: RoutingSettings) -> tuple[Router, FeatureConfig]:
         )
         for r in settings.rules
     ]
-    policy = parse_policy_config({"kind": settings.policy, **settings.policy_options})
+    options: dict[str, object] = {"kind": settings.policy}
+    if settings.policy == "prefix_affinity":
+        # event-reported tokens are converted to the features' estimated blocks
+        options["block_tokens"] = settings.block_tokens
+    policy = parse_policy_config({**options, **settings.policy_options})
     return Router(rules, policy), FeatureConfig(block_tokens=settings.block_tokens)

@@ -8,6 +8,7 @@ response headers (`x-gateway-pool`, `x-gateway-route` — never a backend addres
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Callable, Collection
@@ -17,6 +18,7 @@ from engines.errors import ApiError, model_not_found, overloaded
 from gateway.core.context import RequestContext
 from gateway.core.fleet import Fleet
 from gateway.core.responses import Response, safe_header_value
+from gateway.routing.tokens import PromptTokens
 from policies.features import FeatureConfig, extract_features
 from policies.router import Router
 from policies.types import Decision, FleetSnapshot, RequestFeatures, RoutingError
@@ -31,11 +33,18 @@ class RouteStage:
     name = "route"
 
     def __init__(
-        self, fleet: Fleet, router: Router, features: FeatureConfig, on_decision: DecisionHook | None = None
+        self,
+        fleet: Fleet,
+        router: Router,
+        features: FeatureConfig,
+        on_decision: DecisionHook | None = None,
+        tokens: PromptTokens | None = None,
     ) -> None:
         self._fleet = fleet
         self.router = router
         self.features = features
+        #: the request's token blocks for KV-event routing (models with a tokenizer), or None
+        self.tokens = tokens if tokens else None
         self._random = random.Random()
         self._on_decision = on_decision
         self._header_values: dict[str, bytes] = {}
@@ -45,13 +54,20 @@ class RouteStage:
         features = ctx.extras.get("features") or extract_features(
             ctx.body, self.features, session_key=ctx.principal.user
         )
+        now = time.monotonic()
+        kv = self.router.kv_index
+        if kv is not None and kv.streams and self.tokens is not None and features.prompt is None:
+            kv.tick(now)
+            prompt = self.tokens.blocks(ctx.body, features.anchor_hash)
+            if prompt is not None:
+                features = dataclasses.replace(features, prompt=prompt)
         ctx.extras["features"] = features
         pin: str | None = None
         if ctx.principal.is_admin:
             raw = ctx.headers.get(PIN_HEADER)
             if raw:
                 pin = ctx.extras["pin"] = raw.decode("latin-1")
-        snapshot = self._fleet.snapshot(time.monotonic())
+        snapshot = self._fleet.snapshot(now)
         self._apply(ctx, self.decide(snapshot, ctx, pin))
         return None
 

@@ -229,3 +229,20 @@ def test_nginx_upstream_keepalive_and_timeouts() -> None:
     assert int(d["proxy_read_timeout"].rstrip("s")) >= 600
     assert int(d["proxy_send_timeout"].rstrip("s")) >= 600
     assert NGINX.count("{") == NGINX.count("}")
+
+
+def test_engines_publish_kv_events_and_the_gateway_follows_them() -> None:
+    """vLLM and SGLang publish KV-cache events (their own --kv-events-config); the gpu config
+    discovers vLLM's and names SGLang's (docs/operations.md, *KV-cache events*)."""
+    import json
+
+    for name in GPU_ENGINES:
+        argv = [*SERVICES[name].get("entrypoint", []), *command(name)]
+        config = json.loads(argv[argv.index("--kv-events-config") + 1])
+        assert config["publisher"] == "zmq" and config["endpoint"] == "tcp://*:5557", name
+        assert config.get("enable_kv_cache_events", name == "sglang") is True
+    settings = load_settings(COMPOSE_DIR / "gateway.gpu.yaml", environ={})
+    pools = {p.name: p for p in settings.pools}
+    assert pools["vllm"].kv_event_discovery
+    (sglang,) = pools["sglang"].backends
+    assert sglang.kv_events is not None and sglang.kv_events.endpoint == "tcp://sglang:5557"

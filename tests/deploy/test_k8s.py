@@ -180,6 +180,9 @@ def test_engines(overlay: str, docs: tuple[dict[str, Any], ...]) -> None:
                 "sglang": ["--enable-metrics", "--tool-call-parser=qwen25"],
             }[name]
             assert set(flags) <= set(argv), argv
+            (kv,) = [a for a in argv if a.startswith("--kv-events-config=")]
+            assert '"endpoint":"tcp://*:5557"' in kv and '"publisher":"zmq"' in kv
+            assert {p["containerPort"] for p in c["ports"]} >= {5557, 5558}
             assert (
                 c.get("startupProbe", {}).get("failureThreshold", 0) * c["startupProbe"]["periodSeconds"]
                 >= 600
@@ -216,6 +219,14 @@ def test_network_policies(docs: tuple[dict[str, Any], ...]) -> None:
                         assert pod.get("app.kubernetes.io/name") == "prometheus"
                     else:
                         assert pod == GATEWAY_LABELS, (target, pod)
+    # the gateway's processes subscribe to the engines' KV events (5557) and ask for replays (5558)
+    (engines,) = [p for p in policies.values() if p["metadata"]["name"] == "engines-ingress"]
+    from_gateway = [
+        r
+        for r in engines["spec"]["ingress"]
+        if r["from"][0].get("podSelector", {}).get("matchLabels") == GATEWAY_LABELS
+    ]
+    assert {5557, 5558} <= {p["port"] for r in from_gateway for p in r["ports"]}
     # and the gateway pods carry exactly the labels those policies admit
     assert _selects(GATEWAY_LABELS, _gateway(docs)["spec"]["template"]["metadata"]["labels"])
 

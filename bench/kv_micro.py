@@ -1,0 +1,344 @@
+"""KV-event routing's own costs, measured in-process: `python -m bench.kv_micro [--quick]`.
+
+Prints three tables (figures for docs/routing.md, *KV events*; not a test, nothing is asserted):
+
+1. Tokenization per request (`gateway.routing.tokens.PromptTokens.blocks` + the block keys a decision
+   reads), with a byte-level BPE tokenizer trained here on the standard library's sources (vocab
+   8,192, ChatML specials, a hermes-style template with tools; no download): a 2k-token chat's first
+   turn with nothing cached, a first turn whose system prompt and tools were seen before, a later
+   turn of a conversation, a 16k-token document and a second question about it; the simulators'
+   `sim` tokenizer for comparison; rendering (jinja2) alone.
+2. The routing decision's CPU time with events (`Router.decide`: pool choice, prefix affinity's
+   scoring against the KV index, the state updates of `on_routed`), 8 backends in one pool, the
+   index holding what the requests' engines stored; the request's tokens and keys computed before
+   the clock starts (they are table 1).
+3. The index's memory for 8 backends x N events (default 1M block stores each): with the engines'
+   removals delivered (the index follows each engine's capacity) and with every removal lost (the
+   index's `max_blocks` bound is all that holds it), by `tracemalloc`, and the ingest cost per block.
+
+CPU times are the thread's (`time.thread_time_ns`), so other processes on the machine do not count;
+each figure is over many calls, p50 and p99 of the single calls (their resolution is ~0.1 us).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gateway.routing.tokens import HfTokenizer, PromptTokens, SimTokenizer
+from policies.factory import parse_policy_config
+from policies.features import FeatureConfig, extract_features
+from policies.kv_index import KvIndex, KvIndexConfig
+from policies.router import Router
+from policies.types import BackendView, FleetSnapshot, PoolView, RequestFeatures
+
+MODEL = "m"
+TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n"
+    "{% endif %}# Tools\n\nYou may call one or more functions.\n<tools>{% for tool in tools %}\n"
+    "{{ tool | tojson }}{% endfor %}\n</tools><|im_end|>\n"
+    "{%- elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n{%- endif %}"
+    "{%- for message in messages %}{%- if message.role != 'system' %}\n<|im_start|>{{ message.role }}\n"
+    "{{ message.content }}<|im_end|>{%- endif %}{%- endfor %}\n"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIALS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<think>",
+    "</think>",
+]
+
+
+def build_tokenizer(root: Path) -> HfTokenizer:
+    """A byte-level BPE trained on stdlib sources: deterministic, no download."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    lib = Path(json.__file__).parent.parent
+    corpus = [p.read_text(errors="replace") for p in sorted(lib.glob("*.py"))[:120]]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=8192, special_tokens=SPECIALS))
+    tok.save(str(root / "tokenizer.json"))
+    (root / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": TEMPLATE, "eos_token": "<|im_end|>"})
+    )
+    return HfTokenizer(root)
+
+
+def prose(rng: random.Random, words: int) -> str:
+    vocab = [
+        "the", "request", "engine", "cache", "block", "token", "router", "latency", "prefix", "model", "a",
+        "of", "to", "and", "is", "for", "with", "queue", "batch", "system", "answer", "question", "value",
+    ]  # fmt: skip
+    return " ".join(
+        rng.choice(vocab) if rng.random() < 0.8 else f"x{rng.randrange(10**5)}" for _ in range(words)
+    )
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": f"tool_{i}",
+            "description": "Looks up a value in the operator's systems and returns it as JSON.",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+                "required": ["query"],
+            },
+        },
+    }
+    for i in range(3)
+]
+
+
+def conversation(rng: random.Random, system: str, turns: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+    for t in range(turns):
+        role = "user" if t % 2 == 0 else "assistant"
+        messages.append({"role": role, "content": prose(rng, 110)})
+    return messages
+
+
+def cpu_ns(fn: Callable[[], Any]) -> int:
+    t0 = time.thread_time_ns()
+    fn()
+    return time.thread_time_ns() - t0
+
+
+def summary(samples: list[int]) -> str:
+    s = sorted(samples)
+    p50 = s[len(s) // 2] / 1000
+    p99 = s[min(len(s) - 1, int(len(s) * 0.99))] / 1000
+    mean = statistics.fmean(s) / 1000
+    return f"mean {mean:8.1f} us   p50 {p50:8.1f} us   p99 {p99:8.1f} us   (n={len(s)})"
+
+
+# -- 1. tokenization ------------------------------------------------------------------------------
+def bench_tokenization(tok: HfTokenizer, reps: int) -> None:
+    print("\n1. Tokenization per request (render + tokens + block keys of 16), CPU")
+    rng = random.Random(1)
+    system = prose(rng, 220)
+    first_turn: list[int] = []
+    first_shared: list[int] = []
+    later: list[int] = []
+    render: list[int] = []
+    sim_first: list[int] = []
+    tokens_seen = 0
+    for r in range(reps):
+        messages = conversation(random.Random(100 + r), system, 13)
+        body = {"model": MODEL, "messages": messages, "tools": TOOLS}
+        cold = PromptTokens({MODEL: tok})
+        first_turn.append(cpu_ns(lambda c=cold, b=body: c.blocks(b, 1).keys(16)))  # type: ignore[union-attr]
+        if r == 0:
+            p = cold.blocks(body)
+            tokens_seen = p.tokens if p is not None else 0
+        warm = PromptTokens({MODEL: tok})
+        warm.blocks(
+            {"model": MODEL, "messages": [messages[0], {"role": "user", "content": "hi"}], "tools": TOOLS}
+        )
+        first_shared.append(cpu_ns(lambda w=warm, b=body: w.blocks(b, 2).keys(16)))  # type: ignore[union-attr]
+        grown = {**body, "messages": [*messages, {"role": "assistant", "content": prose(rng, 60)},
+                                      {"role": "user", "content": prose(rng, 40)}]}  # fmt: skip
+        later.append(cpu_ns(lambda w=warm, g=grown: w.blocks(g, 2).keys(16)))  # type: ignore[union-attr]
+        render.append(cpu_ns(lambda g=grown: tok.render(g)))
+        sim = PromptTokens({MODEL: SimTokenizer()})
+        sim_first.append(cpu_ns(lambda t=sim, b=body: t.blocks(b, 3).keys(16)))  # type: ignore[union-attr]
+    print(f"   chat of {tokens_seen} tokens (system prompt, 3 tools, 13 messages):")
+    print(f"     first turn, nothing cached          {summary(first_turn)}")
+    print(f"     first turn, system + tools cached   {summary(first_shared)}")
+    print(f"     later turn (+2 messages)            {summary(later)}")
+    print(f"     of which rendering (jinja2)         {summary(render)}")
+    print(f"     'sim' tokenizer, first turn         {summary(sim_first)}")
+    doc_first: list[int] = []
+    doc_again: list[int] = []
+    doc_tokens = 0
+    for r in range(max(3, reps // 10)):
+        doc = prose(random.Random(500 + r), 12000)
+        tokens = PromptTokens({MODEL: tok})
+        ask = {"model": MODEL, "messages": [{"role": "user", "content": doc + "\n\nWhat is it about?"}]}
+        doc_first.append(cpu_ns(lambda t=tokens, a=ask: t.blocks(a, 9).keys(16)))  # type: ignore[union-attr]
+        p = tokens.blocks(ask)
+        doc_tokens = p.tokens if p is not None else 0
+        again = {"model": MODEL, "messages": [{"role": "user", "content": doc + "\n\nWho wrote it?"}]}
+        doc_again.append(cpu_ns(lambda t=tokens, a=again: t.blocks(a, 10).keys(16)))  # type: ignore[union-attr]
+    print(f"   document of {doc_tokens} tokens (tokenized up to max_chars, keyed up to max_tokens):")
+    print(f"     first question                      {summary(doc_first)}")
+    print(f"     another question (pieces cached)    {summary(doc_again)}")
+
+
+# -- 2. the decision ------------------------------------------------------------------------------
+def bench_decision(tok: HfTokenizer, decisions: int, backends: int, match_tokens: int) -> None:
+    print(
+        f"\n2. Routing decision with events, {backends} backends in one pool, prompts matched on their"
+        f" first {match_tokens} tokens, CPU (Router.decide)"
+    )
+    rng = random.Random(2)
+    router = Router([], parse_policy_config({"kind": "prefix_affinity"}))
+    kv = router.kv_index
+    assert kv is not None
+    names = [f"b{i}" for i in range(backends)]
+    for n in names:
+        kv.attach(n)
+        kv.set_live(n, True)
+    tokens = PromptTokens({MODEL: tok}, max_tokens=match_tokens)
+    system = prose(rng, 220)
+    requests: list[tuple[str, RequestFeatures]] = []
+    hashes = iter(range(1, 1 << 62))
+
+    def store(backend: str, ids: list[int]) -> None:
+        full = len(ids) // 16
+        kv.stored(backend, [next(hashes) for _ in range(full)], None, ids[: full * 16], 16)
+
+    def add(kind: str, body: dict[str, Any], holders: int) -> None:
+        features = extract_features(body, FeatureConfig())
+        prompt = tokens.blocks(body, features.anchor_hash)
+        assert prompt is not None
+        prompt.keys(16)  # tokenization's share, done before the clock (table 1)
+        for b in rng.sample(names, holders):
+            store(b, prompt.token_ids())
+        requests.append((kind, _with_prompt(features, prompt)))
+
+    for i in range(200):  # chats: later turns, their history held by one engine
+        messages = conversation(random.Random(1000 + i), system, 1 + 2 * rng.randrange(7))
+        add("chat turn", {"model": MODEL, "messages": messages, "tools": TOOLS}, 1)
+    for i in range(40):  # documents, held by one or two engines
+        doc = prose(random.Random(2000 + i), 6000)
+        body = {"model": MODEL, "messages": [{"role": "user", "content": doc + f"\n\nQuestion {i}?"}]}
+        add("document", body, 1 + i % 2)
+    for i in range(100):  # first turns nobody holds
+        add(
+            "cold",
+            {"model": MODEL, "messages": [{"role": "user", "content": prose(random.Random(3000 + i), 80)}]},
+            0,
+        )
+    pool = PoolView("p", "vllm", 1.0, frozenset({MODEL}), True, True,
+                    tuple(BackendView(n, in_flight=rng.randrange(3)) for n in names))  # fmt: skip
+    snapshot = FleetSnapshot((pool,))
+    overhead = min(cpu_ns(lambda: None) for _ in range(1000))
+    gc.collect()
+    timed: dict[str, dict[str, list[int]]] = {"with events": {}, "without (prompt not tokenized)": {}}
+    for _ in range(max(1, decisions // len(requests))):
+        order = list(requests)
+        rng.shuffle(order)
+        for kind, features in order:
+            r = rng.random()
+            for label, f in (
+                ("with events", features),
+                ("without (prompt not tokenized)", _with_prompt(features, None)),
+            ):
+                t = cpu_ns(lambda f=f, r=r: router.decide(snapshot, f, r)) - overhead
+                timed[label].setdefault(kind, []).append(t)
+    print(f"   index: {len(kv)} keys; {sum(kv.holds(n) for n in names)} engine blocks")
+    for label, by_kind in timed.items():
+        print(f"   {label}:")
+        for kind, ts in by_kind.items():
+            print(f"     {kind:<12} {summary(ts)}")
+        print(f"     {'all':<12} {summary([t for ts in by_kind.values() for t in ts])}")
+    print(f"   (a timer call, {overhead / 1000:.2f} us, is subtracted)")
+
+
+def _with_prompt(features: RequestFeatures, prompt: Any) -> RequestFeatures:
+    import dataclasses
+
+    return dataclasses.replace(features, prompt=prompt)
+
+
+# -- 3. memory ------------------------------------------------------------------------------------
+def _feed(index: KvIndex, backends: int, events: int, capacity: int, removals: bool, seed: int = 3) -> None:
+    """Each backend's engine serves requests (one of 16 shared 512-token system prompts, then 32-256
+    blocks of its own), announcing each as one BlockStored; with `removals` it evicts its oldest
+    requests' blocks beyond `capacity` (BlockRemoved), else those removals are lost."""
+    rng = random.Random(seed)
+    pool = [[rng.randrange(1, 150_000) for _ in range(16)] for _ in range(4096)]  # block contents
+    shared = [[t for _ in range(32) for t in rng.choice(pool)] for _ in range(16)]
+    next_hash = 1
+    for b in range(backends):
+        name = f"b{b}"
+        index.attach(name)
+        index.set_live(name, True)
+        held: deque[list[int]] = deque()
+        count = stored = 0
+        while stored < events:
+            head = rng.choice(shared)
+            own = [t for _ in range(rng.randrange(32, 257)) for t in rng.choice(pool)]
+            n = (len(head) + len(own)) // 16
+            hashes = list(range(next_hash, next_hash + n))
+            next_hash += n
+            index.stored(name, hashes, None, head + own, 16)
+            stored += n
+            if removals:
+                held.append(hashes)
+                count += n
+                while count > capacity:  # the engine evicts its oldest request's blocks
+                    gone = held.popleft()
+                    count -= len(gone)
+                    index.removed(name, gone)
+
+
+def bench_memory(events: int, backends: int, capacity: int, max_blocks: int) -> None:
+    print(
+        f"\n3. Index memory, {backends} backends x {events:,} block stores each (16-token blocks),"
+        f" engine capacity {capacity:,} blocks, index bound max_blocks {max_blocks:,}"
+    )
+    for label, removals in (("engines' removals delivered", True), ("every removal lost", False)):
+        gc.collect()
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        index = KvIndex(KvIndexConfig(max_blocks=max_blocks))
+        _feed(index, backends, events, capacity, removals)
+        used = tracemalloc.get_traced_memory()[0] - base
+        tracemalloc.stop()
+        blocks = sum(index.holds(f"b{b}") for b in range(backends))
+        print(
+            f"   {label:<30} {used / 2**20:8.1f} MiB for {blocks:,} engine blocks and {len(index):,} keys"
+            f" ({used / max(1, blocks):.0f} B a block)"
+        )
+        del index
+    sample = min(events, 200_000)
+    index = KvIndex(KvIndexConfig(max_blocks=max_blocks))
+    t0 = time.thread_time_ns()
+    _feed(index, 1, sample, capacity, True, seed=4)
+    cpu = time.thread_time_ns() - t0
+    print(
+        f"   ingest (the workload's own generation included): {cpu / sample / 1000:.2f} us CPU a block stored"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.kv_micro", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions, 100k events per backend")
+    ap.add_argument("--backends", type=int, default=8)
+    ap.add_argument("--events", type=int, default=None, help="block stores per backend (default 1M)")
+    ap.add_argument("--capacity", type=int, default=32768, help="each engine's KV capacity in blocks")
+    ap.add_argument("--max-blocks", type=int, default=KvIndexConfig().max_blocks, help="the index's bound")
+    ap.add_argument("--match-tokens", type=int, action="append", help="PromptTokens' max_tokens (repeatable)")
+    args = ap.parse_args(argv)
+    events = args.events or (100_000 if args.quick else 1_000_000)
+    print(f"bench.kv_micro on Python {sys.version.split()[0]}, {time.strftime('%Y-%m-%d %H:%M')}")
+    with tempfile.TemporaryDirectory() as tmp:
+        tok = build_tokenizer(Path(tmp))
+        bench_tokenization(tok, 30 if args.quick else 200)
+        for match_tokens in args.match_tokens or [PromptTokens({}).max_tokens]:
+            bench_decision(tok, 5_000 if args.quick else 50_000, args.backends, match_tokens)
+    bench_memory(events, args.backends, args.capacity, args.max_blocks)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,360 @@
+"""Which backend holds which KV-cache blocks, from the engines' own events: bounded and pure.
+
+vLLM and SGLang publish `BlockStored` (blocks computed and cached: their hashes, the parent block's
+hash, their token ids), `BlockRemoved` (evicted) and `AllBlocksCleared` (cache reset). The gateway's
+subscriber (`gateway/routing/kv_events.py`) decodes them and calls `stored`, `removed`, `cleared`
+here; routing asks `match(prompt, names)`: for each backend with a usable stream, how many leading
+tokens of the prompt it holds.
+
+Keys. A block is indexed by the gateway's own chained key over its token ids
+(`policies.kv_blocks`), never by the engine's hash: the engines' hashes depend on settings the gateway
+cannot see (hash algorithm, seed), while the token ids are in every `BlockStored`. Per backend the
+index maps each engine hash to the key computed for it (`nodes`), found through the event's
+`parent_block_hash`; a `BlockRemoved` looks the key up there. A store whose parent is unknown (an event
+lost before it) cannot be keyed and is skipped: the index under-reports, it never invents a block.
+
+Granularity. A backend's blocks are keyed in groups of `group` tokens: its block size, or for engines
+with small pages (SGLang's default page size is 1 token) the first multiple of it of at least
+`min_block_tokens`, so that a request is matched with few keys. Pages inside a group are kept as
+pending token bytes under the group's parent key until the group is full.
+
+Matching is exact prefix semantics: a backend holds a prompt's first `d` blocks when every one of
+them is held (an engine cannot use a block whose parent it evicted), scanned from the first block with
+one bitmask of backends per key, stopping when no backend is left: cost proportional to the longest
+prefix held (a dict lookup and an `and` a block).
+
+Bounds and ageing (no clock here: a logical clock `now` is passed in by the caller, seconds in the
+gateway). Each backend keeps at most `max_blocks` engine blocks; beyond that the oldest stored are
+dropped first, so the memory is bounded by configuration whatever the events say (size it at least
+at the engine's KV capacity in blocks, so that in normal operation the engine's own removals keep it
+below the cap and the cap only ages out entries whose removal was lost). A stream is *usable* when
+the gateway says it is live (connected, no unrecovered sequence gap) and not *silent*: when
+`silent_requests` requests were routed to a backend over `silent_s` without one event from it, its
+stream is ignored until it speaks again. A backend without a usable stream falls back to the
+approximate affinity of `policies.prefix_affinity`. `gap(backend)` (events lost, not replayed):
+its blocks are forgotten and its stream stays unusable for `relearn_s` while new events rebuild it.
+`cleared(backend)` (the engine said so, or restarted): forgotten, and usable at once (it is empty).
+
+Memory (CPython 3.11, measured by tests/policies/test_kv_index.py and docs/routing.md): one engine
+block costs an `OrderedDict` slot with its hash and key (~150 bytes) and, per distinct key, a slot in
+the shared key -> holders map (~100 bytes, shared by every backend holding the block).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from policies.kv_blocks import PromptBlocks, block_key, seed_for, token_bytes
+
+# A node of a backend's engine blocks: the key of a full group, or (parent group's key, pending
+# token bytes of a group not yet full).
+_Node = int | tuple[int, bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class KvIndexConfig:
+    """Bounds and liveness rules of the KV-event index (docs/routing.md, *KV events*)."""
+
+    max_blocks: int = 32768
+    min_block_tokens: int = 16
+    silent_requests: int = 16
+    silent_s: float = 10.0
+    relearn_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_blocks < 1 or self.min_block_tokens < 1 or self.silent_requests < 1:
+            raise ValueError("max_blocks, min_block_tokens and silent_requests must be >= 1")
+        if self.silent_s < 0 or self.relearn_s < 0:
+            raise ValueError("silent_s and relearn_s must be >= 0")
+
+
+class _Stream:
+    """One backend's blocks as its events described them."""
+
+    __slots__ = (
+        "bit",
+        "block_size",
+        "group",
+        "live",
+        "nodes",
+        "orphans",
+        "quiet_since",
+        "relearn_until",
+        "unanswered",
+    )
+
+    def __init__(self, bit: int) -> None:
+        self.bit = bit
+        self.block_size = 0  # unknown until the first full-block store
+        self.group = 0
+        self.live = False
+        self.nodes: OrderedDict[int, _Node] = OrderedDict()
+        self.orphans = 0  # stores skipped for an unknown parent
+        self.unanswered = 0  # requests routed here since its last event
+        self.quiet_since = 0.0
+        self.relearn_until = 0.0
+
+
+class KvIndex:
+    """The engines' KV-cache contents per backend. Not thread-safe (the gateway's event loop only)."""
+
+    def __init__(self, config: KvIndexConfig | None = None) -> None:
+        self.config = config or KvIndexConfig()
+        self.now = 0.0
+        self._streams: dict[str, _Stream] = {}
+        self._names: dict[int, str] = {}  # bit -> backend
+        self._holders: dict[int, int] = {}  # key -> bitmask of backends holding it
+
+    # -- streams ----------------------------------------------------------------------------------
+    def attach(self, backend: str) -> None:
+        """Expect events for `backend` (its stream is configured); not live until `set_live`."""
+        if backend in self._streams:
+            return
+        used = 0
+        for st in self._streams.values():
+            used |= st.bit
+        bit = 1
+        while used & bit:
+            bit <<= 1
+        self._streams[backend] = _Stream(bit)
+        self._names[bit] = backend
+
+    def detach(self, backend: str) -> None:
+        """Forget `backend` and its blocks (it left the fleet, or its stream is no longer configured)."""
+        st = self._streams.get(backend)
+        if st is None:
+            return
+        self._drop_all(st)
+        del self._streams[backend]
+        del self._names[st.bit]
+
+    @property
+    def streams(self) -> int:
+        """Backends whose events are expected."""
+        return len(self._streams)
+
+    def attached(self, backend: str) -> bool:
+        return backend in self._streams
+
+    def set_live(self, backend: str, live: bool) -> None:
+        """The subscriber's view of the stream: connected and in sequence (`live`) or not."""
+        st = self._streams.get(backend)
+        if st is not None:
+            st.live = live
+
+    def tick(self, now: float) -> None:
+        """Advance the logical clock (never backwards)."""
+        if now > self.now:
+            self.now = now
+
+    def usable(self, backend: str) -> bool:
+        """Whether routing may trust `backend`'s blocks now (see the module docstring)."""
+        st = self._streams.get(backend)
+        return st is not None and self._usable(st)
+
+    def _usable(self, st: _Stream) -> bool:
+        if not st.live or self.now < st.relearn_until:
+            return False
+        cfg = self.config
+        return not (st.unanswered >= cfg.silent_requests and self.now - st.quiet_since >= cfg.silent_s)
+
+    def note_routed(self, backend: str) -> None:
+        """A request was sent to `backend` (its engine should soon speak)."""
+        st = self._streams.get(backend)
+        if st is not None:
+            if st.unanswered == 0:
+                st.quiet_since = self.now
+            st.unanswered += 1
+
+    def _heard(self, st: _Stream) -> None:
+        st.unanswered = 0
+
+    def gap(self, backend: str) -> None:
+        """Events were lost and not replayed: forget the backend's blocks, distrust it for a while."""
+        st = self._streams.get(backend)
+        if st is None:
+            return
+        self._drop_all(st)
+        st.relearn_until = self.now + self.config.relearn_s
+
+    # -- events -----------------------------------------------------------------------------------
+    def stored(
+        self,
+        backend: str,
+        block_hashes: Sequence[Any],
+        parent: Any,
+        token_ids: Sequence[int],
+        block_size: int,
+        extra_keys: Sequence[Any] | None = None,
+        lora: str | None = None,
+    ) -> int:
+        """`BlockStored`: returns the number of blocks indexed (0: skipped, see the docstring)."""
+        st = self._streams.get(backend)
+        if st is None:
+            return 0
+        self._heard(st)
+        n = len(block_hashes)
+        if n == 0 or block_size < 1 or len(token_ids) != n * block_size:
+            return 0
+        if block_size > st.block_size:
+            # The engine's block size is the largest it ever stores: a smaller one is a partial
+            # entry (vLLM 0.32 stores the tail of some prompts as one short block). When the first
+            # store heard was such a tail, what was keyed with its size is dropped.
+            if st.block_size:
+                self._drop_all(st)
+            st.block_size = block_size
+            min_tokens = self.config.min_block_tokens
+            st.group = block_size * max(1, -(-min_tokens // block_size))
+        elif block_size != st.block_size:
+            return 0  # a partial block: not indexed (a request is matched in whole blocks)
+        nodes = st.nodes
+        if parent is None:
+            base, pend = seed_for(lora), b""
+        else:
+            node = nodes.get(parent)
+            if node is None:
+                st.orphans += 1
+                return 0
+            if isinstance(node, int):
+                base, pend = node, b""
+            else:
+                base, pend = node
+        data = token_bytes(token_ids)
+        step = block_size * 4
+        group = st.group * 4
+        view = memoryview(data)
+        first_extra: Any = None
+        for i in range(n):
+            blk = view[i * step : (i + 1) * step]
+            extra = extra_keys[i] if extra_keys is not None and i < len(extra_keys) else None
+            if group == step:
+                key = block_key(base, blk, extra)
+                self._put(st, block_hashes[i], key)
+                base = key
+                continue
+            if not pend:
+                first_extra = extra
+            pend = pend + bytes(blk)
+            if len(pend) >= group:
+                key = block_key(base, pend, first_extra)
+                self._put(st, block_hashes[i], key)
+                base, pend = key, b""
+            else:
+                self._put(st, block_hashes[i], (base, pend))
+        return n
+
+    def removed(self, backend: str, block_hashes: Iterable[Any]) -> None:
+        """`BlockRemoved`."""
+        st = self._streams.get(backend)
+        if st is None:
+            return
+        self._heard(st)
+        nodes = st.nodes
+        for h in block_hashes:
+            node = nodes.pop(h, None)
+            if isinstance(node, int):
+                self._unhold(node, st.bit)
+
+    def cleared(self, backend: str) -> None:
+        """`AllBlocksCleared`, or the engine restarted: it holds nothing."""
+        st = self._streams.get(backend)
+        if st is None:
+            return
+        self._heard(st)
+        self._drop_all(st)
+        st.relearn_until = 0.0
+
+    # -- reads ------------------------------------------------------------------------------------
+    def match(self, prompt: PromptBlocks, names: Iterable[str]) -> dict[str, int]:
+        """Leading tokens of `prompt` held by each of `names` whose stream is usable (0 when none);
+        backends without a usable stream are absent."""
+        out: dict[str, int] = {}
+        by_group: dict[int, int] = {}
+        streams = self._streams
+        for name in names:
+            st = streams.get(name)
+            if st is None or not self._usable(st):
+                continue
+            out[name] = 0
+            if st.group:
+                by_group[st.group] = by_group.get(st.group, 0) | st.bit
+        get = self._holders.get
+        bits = self._names
+        for group, mask in by_group.items():
+            depth = 0
+            for key in prompt.keys(group):
+                held = get(key, 0) & mask
+                if held != mask:
+                    gone = mask & ~held
+                    _record(out, bits, gone, depth * group)
+                    mask = held
+                    if not mask:
+                        break
+                depth += 1
+            if mask:
+                _record(out, bits, mask, depth * group)
+        return out
+
+    def holds(self, backend: str) -> int:
+        """Engine blocks indexed for `backend`."""
+        st = self._streams.get(backend)
+        return len(st.nodes) if st is not None else 0
+
+    def block_size(self, backend: str) -> int:
+        """The engine's block size as its events said (0 until known)."""
+        st = self._streams.get(backend)
+        return st.block_size if st is not None else 0
+
+    def stats(self) -> Mapping[str, Mapping[str, int | bool]]:
+        """Per backend: blocks, orphan stores, usable (for metrics and the admin API)."""
+        return {
+            name: {"blocks": len(st.nodes), "orphans": st.orphans, "usable": self._usable(st)}
+            for name, st in self._streams.items()
+        }
+
+    def __len__(self) -> int:
+        """Distinct keys held by any backend."""
+        return len(self._holders)
+
+    # -- internals --------------------------------------------------------------------------------
+    def _put(self, st: _Stream, engine_hash: Any, node: _Node) -> None:
+        nodes = st.nodes
+        old = nodes.pop(engine_hash, None)
+        if isinstance(old, int) and old != node:
+            self._unhold(old, st.bit)
+        nodes[engine_hash] = node
+        if isinstance(node, int):
+            holders = self._holders
+            holders[node] = holders.get(node, 0) | st.bit
+        if len(nodes) > self.config.max_blocks:
+            _, gone = nodes.popitem(last=False)
+            if isinstance(gone, int):
+                self._unhold(gone, st.bit)
+
+    def _unhold(self, key: int, bit: int) -> None:
+        holders = self._holders
+        mask = holders.get(key)
+        if mask is None:
+            return
+        mask &= ~bit
+        if mask:
+            holders[key] = mask
+        else:
+            del holders[key]
+
+    def _drop_all(self, st: _Stream) -> None:
+        bit = st.bit
+        for node in st.nodes.values():
+            if isinstance(node, int):
+                self._unhold(node, bit)
+        st.nodes.clear()
+
+
+def _record(out: dict[str, int], names: Mapping[int, str], mask: int, tokens: int) -> None:
+    while mask:
+        low = mask & -mask
+        out[names[low]] = tokens
+        mask ^= low

@@ -1,0 +1,271 @@
+"""The KV-event index: what the engines said they hold, keyed by the gateway's own block keys."""
+
+from __future__ import annotations
+
+import random
+import tracemalloc
+from collections.abc import Sequence
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.kv_blocks import PromptBlocks, salt_extra
+from policies.kv_index import KvIndex, KvIndexConfig
+
+
+class Engine:
+    """A stand-in engine's hashing: opaque, chained, unlike the gateway's keys."""
+
+    def __init__(self, block_size: int, salt: int = 7) -> None:
+        self.block_size = block_size
+        self.salt = salt
+
+    def hashes(self, tokens: Sequence[int], parent: int | None = None) -> list[int]:
+        out: list[int] = []
+        h = parent
+        bs = self.block_size
+        for i in range(len(tokens) // bs):
+            h = hash((self.salt, h, tuple(tokens[i * bs : (i + 1) * bs]))) & ((1 << 64) - 1)
+            out.append(h)
+        return out
+
+    def store(
+        self, index: KvIndex, backend: str, tokens: Sequence[int], start: int = 0, parent: int | None = None
+    ) -> list[int]:
+        """Store blocks `start..` of `tokens` (their parent is block `start - 1`)."""
+        bs = self.block_size
+        full = len(tokens) // bs * bs
+        all_hashes = self.hashes(tokens[:full])
+        hashes = all_hashes[start:]
+        parent = all_hashes[start - 1] if start else None
+        index.stored(backend, hashes, parent, list(tokens[start * bs : full]), bs)
+        return all_hashes
+
+
+def live_index(*names: str, **config: object) -> KvIndex:
+    index = KvIndex(KvIndexConfig(**config))  # type: ignore[arg-type]
+    for name in names:
+        index.attach(name)
+        index.set_live(name, True)
+    return index
+
+
+def doc(n: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1, 50000) for _ in range(n)]
+
+
+def test_a_stored_prompt_is_matched_on_its_backend_only() -> None:
+    index = live_index("a", "b")
+    tokens = doc(100)
+    Engine(16).store(index, "a", tokens)
+    assert index.match(PromptBlocks(tokens), ["a", "b"]) == {"a": 96, "b": 0}
+    # a longer prompt with the same start: the held prefix
+    assert index.match(PromptBlocks([*tokens[:50], *doc(60, 1)]), ["a", "b"]) == {"a": 48, "b": 0}
+    # backends without a stream are absent (they fall back to the approximate affinity)
+    assert index.match(PromptBlocks(tokens), ["a", "c"]) == {"a": 96}
+
+
+def test_stores_chain_through_their_parent() -> None:
+    index = live_index("a")
+    tokens = doc(64)
+    eng = Engine(16)
+    eng.store(index, "a", tokens[:32])
+    eng.store(index, "a", tokens, start=2)
+    assert index.match(PromptBlocks(tokens), ["a"]) == {"a": 64}
+
+
+def test_a_store_under_an_unknown_parent_invents_nothing() -> None:
+    index = live_index("a")
+    tokens = doc(64)
+    Engine(16).store(index, "a", tokens, start=2)  # blocks 0-1 never announced (a lost event)
+    assert index.match(PromptBlocks(tokens), ["a"]) == {"a": 0}
+    assert index.stats()["a"]["orphans"] == 1
+    assert index.holds("a") == 0
+
+
+def test_a_removed_block_ends_the_held_prefix() -> None:
+    index = live_index("a", "b")
+    tokens = doc(128)
+    eng = Engine(16)
+    hashes = eng.store(index, "a", tokens)
+    eng.store(index, "b", tokens)
+    index.removed("a", [hashes[3]])
+    assert index.match(PromptBlocks(tokens), ["a", "b"]) == {"a": 48, "b": 128}
+    index.removed("a", hashes)
+    index.removed("b", hashes[:1])
+    assert index.match(PromptBlocks(tokens), ["a", "b"]) == {"a": 0, "b": 0}
+    assert len(index) == 7  # b still holds blocks 1..7, unusable without block 0
+    index.cleared("b")
+    assert len(index) == 0
+
+
+def test_all_blocks_cleared_forgets_one_backend() -> None:
+    index = live_index("a", "b")
+    tokens = doc(64)
+    eng = Engine(16)
+    eng.store(index, "a", tokens)
+    eng.store(index, "b", tokens)
+    index.cleared("a")
+    assert index.match(PromptBlocks(tokens), ["a", "b"]) == {"a": 0, "b": 64}
+
+
+def test_the_cap_ages_out_the_oldest_blocks() -> None:
+    index = live_index("a", max_blocks=10)
+    eng = Engine(16)
+    old, new = doc(160, 1), doc(160, 2)
+    eng.store(index, "a", old)
+    eng.store(index, "a", new)
+    assert index.holds("a") == 10
+    assert len(index) == 10
+    assert index.match(PromptBlocks(new), ["a"]) == {"a": 160}
+    assert index.match(PromptBlocks(old), ["a"]) == {"a": 0}
+
+
+def test_small_pages_are_grouped_and_chain_from_any_page() -> None:
+    """SGLang with page size 1: one hash per token, keyed in groups of 16 tokens."""
+    index = live_index("a")
+    eng = Engine(1)
+    tokens = doc(70)
+    hashes = eng.hashes(tokens)
+    # the radix cache stores a node of 37 tokens, then a child from token 37 (mid-group)
+    index.stored("a", hashes[:37], None, tokens[:37], 1)
+    assert index.match(PromptBlocks(tokens), ["a"]) == {"a": 32}
+    index.stored("a", hashes[37:], hashes[36], tokens[37:], 1)
+    assert index.match(PromptBlocks(tokens), ["a"]) == {"a": 64}
+    # a branch from token 20 (a split inside the first node)
+    branch = [*tokens[:20], *doc(30, 5)]
+    bh = eng.hashes(branch)
+    index.stored("a", bh[20:], bh[19], branch[20:], 1)
+    assert index.match(PromptBlocks(branch), ["a"]) == {"a": 48}
+    # evicting the leaf: its group keys go
+    index.removed("a", hashes[37:])
+    assert index.match(PromptBlocks(tokens), ["a"]) == {"a": 32}
+
+
+def test_mixed_block_sizes_in_one_pool() -> None:
+    index = live_index("v", "s")
+    tokens = doc(100)
+    Engine(16).store(index, "v", tokens)
+    Engine(32).store(index, "s", tokens)
+    assert index.match(PromptBlocks(tokens), ["v", "s"]) == {"v": 96, "s": 96}
+    assert index.block_size("s") == 32
+    # a partial block (another size on a known stream) is not indexed
+    assert index.stored("s", [1], None, tokens[:16], 16) == 0
+
+
+def test_a_partial_block_heard_first_does_not_fix_the_block_size() -> None:
+    """vLLM 0.32 may store a prompt's tail as one short block (`block_size` = its length); if that is
+    the first store a stream brings, the real blocks that follow must still be indexed."""
+    index = live_index("v")
+    tail = doc(7, 1)
+    assert index.stored("v", [99], None, tail, 7) == 1
+    tokens = doc(64, 2)
+    assert Engine(16).store(index, "v", tokens) and index.block_size("v") == 16
+    assert index.match(PromptBlocks(tokens), ["v"]) == {"v": 64}
+    assert index.holds("v") == 4  # the tail keyed with the wrong size is gone
+    assert index.stored("v", [98], None, tail, 7) == 0
+
+
+def test_salted_blocks_match_only_the_same_salt() -> None:
+    index = live_index("a")
+    tokens = doc(64)
+    hashes = Engine(16).hashes(tokens)
+    index.stored("a", hashes, None, tokens, 16, extra_keys=[["s1"], None, None, None])
+    assert index.match(PromptBlocks(tokens), ["a"]) == {"a": 0}
+    assert index.match(PromptBlocks(tokens, first_extra=salt_extra("s1")), ["a"]) == {"a": 64}
+    assert index.match(PromptBlocks(tokens, first_extra=salt_extra("s2")), ["a"]) == {"a": 0}
+
+
+def test_a_silent_stream_is_not_trusted_until_it_speaks() -> None:
+    index = live_index("a", silent_requests=3, silent_s=5.0)
+    tokens = doc(64)
+    eng = Engine(16)
+    eng.store(index, "a", tokens)
+    index.tick(100.0)
+    for _ in range(3):
+        index.note_routed("a")
+    assert index.usable("a")  # three unanswered, but not for long yet
+    index.tick(106.0)
+    assert not index.usable("a")
+    assert index.match(PromptBlocks(tokens), ["a"]) == {}
+    index.removed("a", [])  # any event
+    assert index.usable("a")
+
+
+def test_a_gap_forgets_and_distrusts_for_a_while() -> None:
+    index = live_index("a", relearn_s=30.0)
+    tokens = doc(64)
+    eng = Engine(16)
+    eng.store(index, "a", tokens)
+    index.tick(10.0)
+    index.gap("a")
+    assert not index.usable("a")
+    eng.store(index, "a", tokens)
+    index.tick(41.0)
+    assert index.match(PromptBlocks(tokens), ["a"]) == {"a": 64}
+    index.set_live("a", False)
+    assert index.match(PromptBlocks(tokens), ["a"]) == {}
+
+
+def test_detach_frees_the_slot_and_the_keys() -> None:
+    index = live_index("a", "b")
+    tokens = doc(64)
+    Engine(16).store(index, "a", tokens)
+    index.detach("a")
+    assert len(index) == 0
+    index.attach("c")
+    index.set_live("c", True)
+    assert index.match(PromptBlocks(tokens), ["b", "c"]) == {"b": 0, "c": 0}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("sr"), st.integers(0, 5), st.integers(0, 1)), max_size=60))
+def test_matches_agree_with_a_model_of_the_engines(ops: list[tuple[str, int, int]]) -> None:
+    """Random stores and removals of six prompts sharing prefixes on two backends: the index's
+    match is the longest prefix whose every block the model says is held."""
+    base = doc(96, 9)
+    prompts = [base[: 16 * (1 + i % 3)] + doc(16 * (i // 3), i) for i in range(6)]
+    eng = Engine(16)
+    names = ["a", "b"]
+    index = live_index(*names)
+    held: dict[str, set[int]] = {n: set() for n in names}
+    for op, p, b in ops:
+        name = names[b]
+        hashes = eng.hashes(prompts[p])
+        if op == "s":
+            index.stored(name, hashes, None, prompts[p][: 16 * len(hashes)], 16)
+            held[name].update(hashes)
+        else:
+            index.removed(name, hashes[-1:])
+            held[name].difference_update(hashes[-1:])
+    for p in prompts:
+        hashes = eng.hashes(p)
+        want = {}
+        for n in names:
+            d = 0
+            while d < len(hashes) and hashes[d] in held[n]:
+                d += 1
+            want[n] = d * 16
+        assert index.match(PromptBlocks(p), names) == want
+
+
+def test_memory_per_block_is_bounded() -> None:
+    """8 backends at a cap of 5,000 engine blocks each, sent 7,040 (640 of them shared by all): the
+    cap holds and the bytes per engine block stay small."""
+    index = live_index(*[f"b{i}" for i in range(8)], max_blocks=5000)
+    eng = Engine(16)
+    shared = [doc(1024, s) for s in range(10)]
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(8):
+        for s in range(10):
+            eng.store(index, f"b{i}", shared[s])
+        for j in range(100):
+            eng.store(index, f"b{i}", doc(1024, 1000 * i + j))
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    blocks = sum(index.holds(f"b{i}") for i in range(8))
+    assert blocks == 8 * 5000  # the cap held
+    per_block = (after - before) / blocks
+    assert per_block < 320, per_block  # measured ~254 on CPython 3.11

@@ -1,0 +1,143 @@
+"""Prefix affinity with the engines' KV-cache events: exact holders, agreement, no stale affinity."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Any
+
+from engines.sim import tokenizer
+from engines.sim.prompt import render_chat
+from policies.kv_blocks import PromptBlocks
+from policies.kv_index import KvIndexConfig
+from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig
+from policies.types import BackendChoice, PoolView, RequestFeatures
+from tests.policies.fleet import conversation, features, grow, pool, text
+from tests.policies.test_kv_index import Engine
+
+
+def with_prompt(messages: list[dict[str, Any]], **body: Any) -> RequestFeatures:
+    f = features(messages, **body)
+    ids = tokenizer.encode(render_chat(messages, body.get("tools")))
+    return dataclasses.replace(f, prompt=PromptBlocks(ids))
+
+
+def process(p: PoolView, **config: Any) -> PrefixAffinity:
+    policy = PrefixAffinity(PrefixAffinityConfig(**config))
+    for b in p.backends:
+        policy.kv_index.attach(b.name)
+        policy.kv_index.set_live(b.name, True)
+    return policy
+
+
+def engine_stores(policies: list[PrefixAffinity], backend: str, f: RequestFeatures) -> list[int]:
+    """The engine of `backend` computed the prompt: every process's index hears it."""
+    assert f.prompt is not None
+    ids = f.prompt.token_ids()
+    hashes: list[int] = []
+    for policy in policies:
+        hashes = Engine(16).store(policy.kv_index, backend, ids)
+    return hashes
+
+
+def route(policy: PrefixAffinity, p: PoolView, f: RequestFeatures) -> BackendChoice:
+    choice = policy.select(p, f, 0.0)
+    policy.on_routed(p, f, choice)
+    return choice
+
+
+def load(p: PoolView, name: str, in_flight: int) -> PoolView:
+    members = tuple(dataclasses.replace(b, in_flight=in_flight) if b.name == name else b for b in p.backends)
+    return dataclasses.replace(p, backends=members)
+
+
+def test_four_processes_send_a_prefix_where_the_engine_holds_it() -> None:
+    """A document cached on a backend that is not its rendezvous home (placed there by load):
+    every process, none of which routed it, sends its next question there once the events arrive."""
+    rng = random.Random(1)
+    p = pool("a", 8)
+    document = text(rng, 900)
+    first = with_prompt([{"role": "user", "content": document + " question one"}])
+    processes = [process(p) for _ in range(4)]
+    home = processes[0].select(p, first, 0.0).backend
+    holder = next(b.name for b in p.backends if b.name != home)
+    engine_stores(processes, holder, first)
+    later = with_prompt([{"role": "user", "content": document + " another question"}])
+    choices = [proc.select(p, later, 0.0) for proc in processes]
+    assert {c.backend for c in choices} == {holder}
+    assert all(c.reason == "affinity:index" for c in choices)
+    # the control: without the prompt's token blocks the processes know nothing of it
+    blind = dataclasses.replace(later, prompt=None)
+    assert {proc.select(p, blind, 0.0).backend for proc in processes} == {home}
+
+
+def test_a_cleared_engine_leaves_no_stale_affinity() -> None:
+    """A conversation moved off its home by load is followed there by the process that moved it -
+    until that engine says it lost its cache (a restart): then it goes home again."""
+    rng = random.Random(2)
+    p = pool("a", 8)
+    messages = conversation(rng, system=text(rng, 40), words=200)
+    proc = process(p, pending_s=5.0)
+    f1 = with_prompt(messages)
+    home = proc.select(p, f1, 0.0).backend
+    busy = load(p, home, 30)
+    moved = route(proc, busy, f1)
+    assert moved.backend != home
+    engine_stores([proc], moved.backend, f1)
+    messages = grow(rng, messages)
+    assert proc.select(p, with_prompt(messages), 0.0).backend == moved.backend
+    proc.kv_index.cleared(moved.backend)
+    proc.kv_index.tick(proc.kv_index.now + 6.0)  # past the pending window of the decision
+    assert proc.select(p, with_prompt(messages), 0.0).backend == home
+
+
+def test_a_decision_counts_until_its_events_arrive() -> None:
+    """Right after a document's first question was sent (its prefill still queued, no events yet),
+    the next one follows it rather than placing the document again."""
+    rng = random.Random(3)
+    p = pool("a", 8)
+    document = text(rng, 900)
+    proc = process(p, pending_s=5.0)
+    first = with_prompt([{"role": "user", "content": document + " one"}])
+    home = proc.select(p, first, 0.0).backend
+    moved = route(proc, load(p, home, 30), first)
+    assert moved.backend != home
+    second = with_prompt([{"role": "user", "content": document + " two"}])
+    assert proc.select(p, second, 0.0).backend == moved.backend
+    proc.kv_index.tick(proc.kv_index.now + 6.0)  # the events never came: the engine does not hold it
+    assert proc.select(p, second, 0.0).backend == home
+
+
+def test_without_a_usable_stream_the_approximate_affinity_decides() -> None:
+    rng = random.Random(4)
+    p = pool("a", 8)
+    messages = conversation(rng, system=text(rng, 40), words=200)
+    proc = process(p, pending_s=0.0, kv=KvIndexConfig(silent_requests=1, silent_s=0.0))
+    f1 = with_prompt(messages)
+    home = proc.select(p, f1, 0.0).backend
+    moved = route(proc, load(p, home, 30), f1).backend
+    messages = grow(rng, messages)
+    f2 = with_prompt(messages)
+    # events are usable and say nothing is cached anywhere: home
+    proc.kv_index.cleared(moved)
+    assert proc.select(p, f2, 0.0).backend == home
+    # the stream of `moved` goes down: this process's own memory of the move decides for it
+    proc.kv_index.set_live(moved, False)
+    assert proc.select(p, f2, 0.0).backend == moved
+    # a gap (lost events): the same until it has relearnt
+    proc.kv_index.set_live(moved, True)
+    proc.kv_index.gap(moved)
+    assert proc.select(p, f2, 0.0).backend == moved
+
+
+def test_a_holder_busier_than_its_prefill_is_worth_spills() -> None:
+    rng = random.Random(5)
+    p = pool("a", 8)
+    document = text(rng, 900)
+    proc = process(p)
+    first = with_prompt([{"role": "user", "content": document + " one"}])
+    holder = proc.select(p, first, 0.0).backend
+    engine_stores([proc], holder, first)
+    second = with_prompt([{"role": "user", "content": document + " two"}])
+    assert proc.select(load(p, holder, 3), second, 0.0).backend == holder
+    assert proc.select(load(p, holder, 40), second, 0.0).backend != holder
