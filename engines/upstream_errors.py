@@ -31,7 +31,7 @@ _CONTEXT = re.compile(
 _CTX_LEN = re.compile(r"context length (?:is only |is |of )?\(?(\d+)", re.I)
 _INPUT = re.compile(
     r"passed (\d+) input tokens|input \((\d+) tokens\)|(\d+) tokens from the input|(\d+) in the messages"
-    r"|messages resulted in (\d+)",
+    r"|messages resulted in (\d+)|prompt contains (?:at least )?(\d+) input tokens",  # the last: vLLM 0.32
     re.I,
 )
 _OUTPUT = re.compile(

@@ -6,6 +6,8 @@ every choice; `finish_reason` in a separate chunk after the content; usage in st
 (or `--stream-response-default-include-usage`), nulls kept, `reasoning_tokens` at the top of usage;
 explicit `null` for `n`, `frequency_penalty`, `presence_penalty`, `logprobs`, `stream` is a 400;
 without `--tool-call-parser` tool calls stay as text in `content`.
+
+Shapes checked against a real SGLang 0.5.23 server by `tests/real_engines/test_sim_vs_real.py`.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from engines.sim.tools import choose_calls, named_function, tool_name
 
 _NON_NULLABLE = frozenset({"n", "frequency_penalty", "presence_penalty", "logprobs", "stream"})
 _TYPES = {
-    400: "BadRequest",
+    400: "BadRequestError",  # its request validation's type (a ValueError deeper in says "BadRequest")
     404: "NotFound",
     429: "TooManyRequests",
     500: "InternalServerError",
@@ -108,7 +110,7 @@ class SglangApp(SimApp):
             {
                 "object": "error",
                 "message": message,
-                "type": err_type or _TYPES.get(status, "BadRequest"),
+                "type": err_type or _TYPES.get(status, "BadRequestError"),
                 "param": param,
                 "code": status,
             }
@@ -240,8 +242,7 @@ class SglangApp(SimApp):
     def _usage(self, p: Prepared, run: Run, completion: int) -> dict[str, Any]:
         n = len(p.prompt_ids)
         # SGLang's UsageProcessor reports the details only when something was cached
-        cached = run.cached_tokens
-        details = {"cached_tokens": cached} if self.cfg.enable_cache_report and cached > 0 else None
+        details = {"cached_tokens": run.cached_tokens} if self.cfg.enable_cache_report else None
         reasoning = sum(len(o.reasoning) for o in p.outputs)
         return {
             "prompt_tokens": n,
@@ -249,6 +250,7 @@ class SglangApp(SimApp):
             "completion_tokens": completion,
             "prompt_tokens_details": details,
             "reasoning_tokens": reasoning,
+            "completion_tokens_details": None,
         }
 
     def _matched(self, o: Output, streaming: bool = False) -> Any:
@@ -277,12 +279,14 @@ class SglangApp(SimApp):
         choices: list[dict[str, Any]] = []
         for i, o in enumerate(p.outputs):
             if p.kind == "chat":
-                message = {
+                message: dict[str, Any] = {
                     "role": "assistant",
                     "content": o.text,
                     "reasoning_content": o.reasoning_text or None,
-                    "tool_calls": self._tool_calls(o),
                 }
+                calls = self._tool_calls(o)
+                if calls is not None:  # SGLang 0.5.23 leaves the key out when there are none
+                    message["tool_calls"] = calls
                 lp = chat_logprobs(o.content, p.top_logprobs, p.seed + i) if p.logprobs else None
                 choices.append(
                     {
@@ -313,7 +317,11 @@ class SglangApp(SimApp):
                 "model": p.model,
                 "choices": choices,
                 "usage": self._usage(p, run, p.completion_tokens),
-                "metadata": {"weight_version": "default"},
+                "metadata": {
+                    "weight_version": "default",
+                    # which weights produced which output tokens (one version: all of them)
+                    "weight_versions": [{"version": "default", "start": 0, "end": p.completion_tokens}],
+                },
             }
         )
 
@@ -358,20 +366,14 @@ class SglangApp(SimApp):
         obj = "chat.completion.chunk" if chat else "text_completion"
         head = orjson.dumps({"id": p.request_id, "object": obj, "created": p.created, "model": p.model})[:-1]
         head += b',"choices":['
-        n_prompt = len(p.prompt_ids)
         produced = [0] * len(p.outputs)
 
-        def tail(i: int, full: bool) -> bytes:
-            if not p.continuous_usage:
+        def tail(i: int, full: bool, running: bool = True) -> bytes:
+            """The end of a chunk; `running`: it carries the running usage under continuous usage
+            stats (SGLang 0.5.23 puts it on the generated chunks, not the role or finish chunks)."""
+            if not (p.continuous_usage and running):
                 return b'],"usage":null}\n\n' if full else b"]}\n\n"
-            done = produced[i]
-            usage = {
-                "prompt_tokens": n_prompt,
-                "total_tokens": n_prompt + done,
-                "completion_tokens": done,
-                "prompt_tokens_details": None,
-                "reasoning_tokens": 0,
-            }
+            usage = self._usage(p, run, produced[i])
             return b'],"usage":' + orjson.dumps(usage) + b"}\n\n"
 
         await run.prefill()
@@ -384,7 +386,7 @@ class SglangApp(SimApp):
                     "finish_reason": None,
                     "matched_stop": None,
                 }
-                await emit(b"data: " + head + orjson.dumps(choice) + tail(i, False))
+                await emit(b"data: " + head + orjson.dumps(choice) + tail(i, False, running=False))
         all_steps = [self._deltas(p, i, o) for i, o in enumerate(p.outputs)]
         longest = max((len(s) for s in all_steps), default=0)
         for t in range(longest):
@@ -424,7 +426,9 @@ class SglangApp(SimApp):
                     "finish_reason": o.finish_reason,
                     "matched_stop": self._matched(o, streaming=True),
                 }
-                await emit(b"data: " + head + orjson.dumps(choice) + tail(i, False))
+                await emit(b"data: " + head + orjson.dumps(choice) + tail(i, False, running=False))
         if p.include_usage:
             usage = self._usage(p, run, p.completion_tokens)
+            if not chat:  # its completions stream leaves the details key out
+                del usage["completion_tokens_details"]
             await emit(b"data: " + head + b'],"usage":' + orjson.dumps(usage) + b"}\n\n")

@@ -136,6 +136,7 @@ class SglangEndpoints:
             "created": int(self.engine.started),
             "owned_by": "sglang",
             "root": cfg.model,
+            "parent": None,
             "max_model_len": cfg.max_model_len,
         }
 

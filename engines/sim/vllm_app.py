@@ -1,15 +1,21 @@
 """The vLLM dialect: `vllm serve`'s OpenAI server, quirks included (shared/ENGINES.md).
 
-Highlights: nested errors (`{"error": {message, type, param, code}}`); unknown model → 404; `model` in
-responses is the served name; non-stream bodies dump every field, nulls included; streams drop unset
-fields, carry the last text and `finish_reason` in the same chunk, and send usage only when
-`stream_options` is present (even `{}`) or with `--enable-force-include-usage`; `auto` tool choice needs
-`--enable-auto-tool-choice --tool-call-parser`; a named tool call finishes with `"stop"`.
+Highlights: nested errors (`{"error": {message, type, param, code}}`, a 400 with a `param` ends its
+message with `(parameter=…)`); unknown model → 404; `model` in responses is the served name; non-stream
+bodies dump every field, nulls included; streams drop unset fields, carry the last text and
+`finish_reason` in the same chunk, and send usage only when `stream_options.include_usage` is true or
+with `--enable-force-include-usage`; `max_tokens` past the context is cut to what fits (a prompt past it
+is a 400); `auto` tool choice needs `--enable-auto-tool-choice --tool-call-parser`; a named tool call is
+its arguments only (structured output on the tool's parameters) and finishes with `"stop"`.
+
+Shapes checked against a real vLLM 0.32 server by `tests/real_engines/test_sim_vs_real.py`.
 """
 
 from __future__ import annotations
 
+import re
 import time
+import zlib
 from typing import Any
 
 import orjson
@@ -20,7 +26,7 @@ from engines.sim.asgi import Scope
 from engines.sim.config import SimConfig
 from engines.sim.embeddings import EmbeddingsEndpoint
 from engines.sim.engine import Run
-from engines.sim.generator import Constraint, Output, pieces
+from engines.sim.generator import Constraint, Output, ToolCallOut, pieces
 from engines.sim.plan import chat_logprobs, completion_logprobs, hex_id, plan_outputs, thinking_enabled
 from engines.sim.prompt import render_chat
 from engines.sim.request import (
@@ -41,6 +47,15 @@ _TYPES = {
     500: "InternalServerError",
     503: "ServiceUnavailableError",
 }
+
+
+_PYDANTIC_LOC = re.compile(r"'loc': \('body', '([^']+)'\)")
+
+
+def system_fingerprint(cfg: SimConfig) -> str:
+    """`vllm-<version>-<8 hex>`, as vLLM's default fingerprint mode (the hash of its config)."""
+    digest = zlib.crc32(f"{cfg.model}|{cfg.max_model_len}|{cfg.block_size}".encode())
+    return f"vllm-{cfg.engine_version}-{digest:08x}"
 
 
 def structured_outputs_constraint(so: Any) -> Constraint | None:
@@ -102,6 +117,8 @@ class VllmApp(SimApp):
     def error_body(
         self, status: int, message: str, param: str | None = None, err_type: str | None = None
     ) -> bytes:
+        if status == 400 and param and err_type != "Bad Request" and "(parameter=" not in message:
+            message = f"{message} (parameter={param})"  # vLLM 0.32's VLLMValidationError
         err = {
             "message": message,
             "type": err_type or _TYPES.get(status, "BadRequestError"),
@@ -114,25 +131,41 @@ class VllmApp(SimApp):
         return asgi.sse({"error": {"message": message, "type": err_type, "param": None, "code": code}})
 
     def context_error(self, prompt_tokens: int, max_tokens: int | None) -> RequestError:
-        want = max_tokens or 0
+        """vLLM 0.32: only a prompt longer than the context is refused (its tokenizer stops one token
+        past the limit, hence "at least"); a `max_tokens` that does not fit is cut to what does."""
         limit = self.cfg.max_model_len
+        count = min(prompt_tokens, limit + 1)
+        qualifier = "at least " if count == limit + 1 else ""
         return RequestError(
-            f"You passed {prompt_tokens} input tokens and requested {want} output tokens. However, the model's "
-            f"context length is only {limit} tokens, resulting in a maximum input length of {limit - want} "
-            f"tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value={prompt_tokens})",
+            f"This model's maximum context length is {limit} tokens. However, your prompt contains "
+            f"{qualifier}{count} input tokens, which exceeds this limit even without any output tokens. "
+            f"Please reduce the length of the input prompt. (parameter=input_tokens, value={count})",
             param="input_tokens",
         )
 
     # ---- planning ------------------------------------------------------------------------------
     def prepare(self, kind: Kind, body: dict[str, Any]) -> Prepared:
         cfg = self.cfg
-        check_types(
-            body, kind, "ChatCompletionRequest" if kind == "chat" else "CompletionRequest", frozenset()
-        )
+        try:
+            check_types(
+                body, kind, "ChatCompletionRequest" if kind == "chat" else "CompletionRequest", frozenset()
+            )
+        except RequestError as err:
+            # vLLM 0.32 words pydantic's errors as "N validation error:" with `'loc': 'body.x'`, and
+            # names the first field in `param`
+            if err.err_type == "Bad Request":
+                loc = _PYDANTIC_LOC.search(err.message)
+                located = _PYDANTIC_LOC.sub(r"'loc': 'body.\1'", err.message)
+                err.message = re.sub(r" for \w+:", ":", located, count=1)
+                err.param = f"body.{loc.group(1)}" if loc else None
+            raise
         model = body.get("model")
         if model is not None and model != cfg.served_model_name:
             raise RequestError(
-                f"The model `{model}` does not exist.", status=404, param="model", err_type="NotFoundError"
+                f"The model `{model}` does not exist. Valid aliases: {cfg.served_model_name}.",
+                status=404,
+                param="model",
+                err_type="NotFoundError",
             )
         stream = body.get("stream") is True
         so = body.get("stream_options")
@@ -140,10 +173,14 @@ class VllmApp(SimApp):
             raise RequestError(
                 "Stream options can only be defined when `stream=True`.", param="stream_options"
             )
-        include_usage = stream and (
-            cfg.enable_force_include_usage or (so is not None and bool(so.get("include_usage", True)))
+        # vLLM 0.32 (`should_include_usage`): `include_usage` defaults to false, so `stream_options: {}`
+        # asks for nothing; the force flag turns on the usage chunk and the running usage
+        asked = isinstance(so, dict) and bool(so.get("include_usage"))
+        include_usage = stream and (cfg.enable_force_include_usage or asked)
+        continuous = stream and (
+            cfg.enable_force_include_usage
+            or (asked and isinstance(so, dict) and so.get("continuous_usage_stats") is True)
         )
-        continuous = include_usage and isinstance(so, dict) and so.get("continuous_usage_stats") is True
         constraint = structured_outputs_constraint(
             body.get("structured_outputs")
         ) or response_format_constraint(body.get("response_format"))
@@ -170,15 +207,27 @@ class VllmApp(SimApp):
             extra["echo"] = body.get("echo") is True
         max_tokens = max_tokens_of(body)
         n_prompt = len(prompt_ids)
-        if n_prompt + (max_tokens if max_tokens is not None else 1) > cfg.max_model_len:
+        if n_prompt > cfg.max_model_len:
             raise self.context_error(n_prompt, max_tokens)
+        room = cfg.max_model_len - n_prompt  # vLLM 0.32's get_max_tokens: cut to what fits
+        if max_tokens is not None and max_tokens > room:
+            body = {**body, "max_completion_tokens": room, "max_tokens": room}
+            max_tokens = room
+        named = extra.get("tool_mode") == "named" and bool(calls)
         seed, outputs = plan_outputs(
-            cfg, body, n_prompt, constraint=constraint, calls=calls, reasoning=reasoning
+            cfg,
+            # a named call is generated whole here and cut below, as vLLM cuts its arguments
+            {k: v for k, v in body.items() if k not in ("max_tokens", "max_completion_tokens")}
+            if named
+            else body,
+            n_prompt,
+            constraint=constraint,
+            calls=calls,
+            reasoning=reasoning,
         )
-        if extra.get("tool_mode") == "named":
+        if named:
             for out in outputs:
-                if out.tool_calls:
-                    out.finish_reason = "stop"
+                _named_call(out, max_tokens)
         logprobs = body.get("logprobs")
         top = body.get("top_logprobs") if kind == "chat" else logprobs
         return Prepared(
@@ -249,10 +298,24 @@ class VllmApp(SimApp):
             "total_tokens": n + completion,
             "completion_tokens": completion,
         }
-        usage["prompt_tokens_details"] = (
-            {"cached_tokens": run.cached_tokens} if self.cfg.enable_prompt_tokens_details else None
-        )
+        details: dict[str, Any] | None = None
+        if self.cfg.enable_prompt_tokens_details:
+            details = {
+                "cached_tokens": run.cached_tokens,
+                # chat reports the tokens it newly cached (whole blocks); completions do not
+                "created_cache_tokens": self._created_cache_tokens(p, run) if p.kind == "chat" else None,
+                "multimodal_tokens": None,
+            }
+        usage["prompt_tokens_details"] = details
+        usage["completion_tokens_details"] = None
         return usage
+
+    def _created_cache_tokens(self, p: Prepared, run: Run) -> int:
+        """The prompt's whole blocks that were not cached before (what this request added)."""
+        if not self.cfg.prefix_caching:
+            return 0
+        block = self.cfg.block_size
+        return max(0, len(p.prompt_ids) // block * block - run.cached_tokens)
 
     def respond(self, p: Prepared, run: Run) -> bytes:
         ids = p.extra.get("return_token_ids", False)
@@ -274,6 +337,7 @@ class VllmApp(SimApp):
                         "token_ids": token_ids,
                         "prompt_logprobs": None,
                         "prompt_token_ids": p.prompt_ids if ids else None,
+                        "routed_experts": None,
                     }
                 )
         body: dict[str, Any] = {
@@ -283,12 +347,14 @@ class VllmApp(SimApp):
             "model": p.model,
             "choices": choices,
             "service_tier": None,
-            "system_fingerprint": None,
+            "system_fingerprint": system_fingerprint(self.cfg),
             "usage": self._usage(p, run, p.completion_tokens),
         }
         if p.kind == "chat":
-            body.update(prompt_logprobs=None, prompt_token_ids=p.prompt_ids if ids else None)
-        body["kv_transfer_params"] = None
+            body.update(
+                prompt_logprobs=None, prompt_token_ids=p.prompt_ids if ids else None, prompt_text=None
+            )
+        body.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
         return orjson.dumps(body)
 
     def _chat_choice(self, p: Prepared, i: int, o: Output, token_ids: list[int] | None) -> dict[str, Any]:
@@ -322,6 +388,7 @@ class VllmApp(SimApp):
             "finish_reason": o.finish_reason,
             "stop_reason": o.stop_str,
             "token_ids": token_ids,
+            "routed_experts": None,
         }
 
     # ---- streaming -----------------------------------------------------------------------------
@@ -343,18 +410,19 @@ class VllmApp(SimApp):
         lps = chat_logprobs(o.content, p.top_logprobs, p.seed + i)["content"] if p.logprobs else None
         for k, piece in enumerate(o.content):
             steps.append(({"content": piece}, {"content": [lps[k]]} if lps else None))
+        named = p.extra.get("tool_mode") == "named"
         for k, call in enumerate(o.tool_calls):
-            head = {
+            args = pieces(call.arguments)
+            head: dict[str, Any] = {
                 "index": k,
                 "id": f"chatcmpl-tool-{hex_id()}",
                 "type": "function",
                 "function": {"name": call.name},
             }
+            if named and args:  # the named path streams the first piece of the arguments with the head
+                head["function"]["arguments"] = args.pop(0)
             steps.append(({"tool_calls": [head]}, None))
-            steps.extend(
-                ({"tool_calls": [{"index": k, "function": {"arguments": a}}]}, None)
-                for a in pieces(call.arguments)
-            )
+            steps.extend(({"tool_calls": [{"index": k, "function": {"arguments": a}}]}, None) for a in args)
         if not steps:
             steps.append(({"content": ""}, None))
         return steps
@@ -382,11 +450,9 @@ class VllmApp(SimApp):
                     "logprobs": None,
                     "finish_reason": None,
                 }
-                tail = b'],"prompt_token_ids":null'
+                tail = b'],"prompt_token_ids":null,"prompt_text":null'
                 if p.continuous_usage:
-                    tail += b',"usage":' + orjson.dumps(
-                        {"prompt_tokens": n_prompt, "completion_tokens": 0, "total_tokens": n_prompt}
-                    )
+                    tail = b"]," + _running_usage(n_prompt, 0) + tail[1:]
                 await emit(b"data: " + head + orjson.dumps(role_choice) + tail + b"}\n\n")
         all_steps = [self._deltas(p, i, o) for i, o in enumerate(p.outputs)]
         longest = max(len(s) for s in all_steps)
@@ -406,20 +472,17 @@ class VllmApp(SimApp):
                     "logprobs": lp,
                     "finish_reason": o.finish_reason if last else None,
                 }
-                if last:
+                if last or not chat:
                     choice["stop_reason"] = o.stop_str
-                if chat:
-                    choice["token_ids"] = None
+                if not chat:
+                    choice["prompt_token_ids"] = None
+                choice["token_ids"] = None
                 tail = b"]"
                 if p.continuous_usage:
                     done = min(t + 1, o.completion_tokens) if not last else o.completion_tokens
-                    tail += b',"usage":' + orjson.dumps(
-                        {
-                            "prompt_tokens": n_prompt,
-                            "completion_tokens": done,
-                            "total_tokens": n_prompt + done,
-                        }
-                    )
+                    tail += b"," + _running_usage(n_prompt, done)
+                if last and not p.include_usage and i == len(all_steps) - 1:
+                    tail += b',"system_fingerprint":' + orjson.dumps(system_fingerprint(self.cfg))
                 await emit(b"data: " + head + orjson.dumps(choice) + tail + b"}\n\n")
         if p.include_usage:
             c = p.completion_tokens
@@ -429,5 +492,45 @@ class VllmApp(SimApp):
                 "completion_tokens": c,
             }
             if self.cfg.enable_prompt_tokens_details:
-                usage["prompt_tokens_details"] = {"cached_tokens": run.cached_tokens}
-            await emit(b"data: " + head + b'],"usage":' + orjson.dumps(usage) + b"}\n\n")
+                details: dict[str, Any] = {"cached_tokens": run.cached_tokens}
+                if chat:  # nulls are dropped in streams, and completions leave it unset
+                    details["created_cache_tokens"] = self._created_cache_tokens(p, run)
+                usage["prompt_tokens_details"] = details
+            fingerprint = orjson.dumps(system_fingerprint(self.cfg))
+            await emit(
+                b"data: " + head + b'],"usage":' + orjson.dumps(usage)
+                + b',"system_fingerprint":' + fingerprint + b"}\n\n"
+            )  # fmt: skip
+
+
+def _running_usage(n_prompt: int, done: int) -> bytes:
+    """`"usage":{…}` of a chunk with continuous usage stats (vLLM sets the details key to null)."""
+    usage = {
+        "prompt_tokens": n_prompt,
+        "total_tokens": n_prompt + done,
+        "completion_tokens": done,
+        "completion_tokens_details": None,
+    }
+    return b'"usage":' + orjson.dumps(usage)
+
+
+def _named_call(out: Output, max_tokens: int | None) -> None:
+    """A named `tool_choice`: vLLM constrains the output to the tool's parameters, so the output *is*
+    the arguments (no `<tool_call>` wrapper), always parsed into `tool_calls`, cut at `max_tokens`
+    (`finish_reason: "length"`, arguments left unfinished), else `"stop"`."""
+    if not out.tool_calls:
+        return
+    call = out.tool_calls[0]
+    args = pieces(call.arguments)
+    budget = len(args) if max_tokens is None else max_tokens
+    kept = len(out.reasoning) + len(args)
+    if kept > budget:
+        args = args[: max(0, budget - len(out.reasoning))]
+        out.finish_reason = "length"
+    else:
+        out.finish_reason = "stop"
+    call = ToolCallOut(call.name, "".join(args))
+    out.tool_calls = [call]
+    out.tool_text = call.arguments
+    out.content = []
+    out.completion_tokens = min(kept, budget)

@@ -114,6 +114,7 @@ class FleetControl:
                             "running": b.load.running,
                             "waiting": b.load.waiting,
                             "kv_usage": b.load.kv_usage,
+                            "prefix_cache_hit_rate": b.load.prefix_cache_hit_rate,
                             "age_s": round(now - b.load_at, 3),
                         },
                     }

@@ -582,6 +582,19 @@ V_CONTEXT = _j(
         }
     }
 )
+# vLLM 0.32 (measured): a prompt past the context; a max_tokens that does not fit is cut instead
+V_CONTEXT_032 = _j(
+    {
+        "error": {
+            "message": "This model's maximum context length is 4096 tokens. However, your prompt contains at least "
+            "4097 input tokens, which exceeds this limit even without any output tokens. Please reduce the length "
+            "of the input prompt. (parameter=input_tokens, value=4097)",
+            "type": "BadRequestError",
+            "param": "input_tokens",
+            "code": 400,
+        }
+    }
+)
 S_CONTEXT_1 = _j(
     {
         "object": "error",

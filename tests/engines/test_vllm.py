@@ -182,6 +182,12 @@ def test_decode_error_mapping() -> None:
         "(5000 in the messages, 100 in the completion). Please reduce the length of the messages or completion."
     )
     assert V.decode_error(400, p.V_CONTEXT, "completions").param == "prompt"
+    e = V.decode_error(400, p.V_CONTEXT_032)
+    assert (e.code, e.param) == ("context_length_exceeded", "messages")
+    assert e.message == (
+        "This model's maximum context length is 4096 tokens. However, your messages resulted in 4097 tokens. "
+        "Please reduce the length of the messages."
+    )
     e = V.decode_error(404, p.V_UNKNOWN_MODEL)
     assert (e.status, e.code) == (404, "model_not_found")
     e = V.decode_error(400, p.V_VALIDATION)

@@ -1,4 +1,5 @@
-"""Session-scoped real engine servers: `real_vllm`, `real_sglang`, and `real_engine` (both, parametrized).
+"""Session-scoped real engine servers: `real_vllm`, `real_sglang`, and `real_engine` (both, parametrized);
+`real_vllm_spare`, a second vLLM server for the failover test to kill (started only when it is used).
 
 Each takes 16-30 s to become healthy and ~3 GB of memory, so they are started in the background as soon
 as collection has finished, and only when a collected test asks for them: their startup overlaps the
@@ -17,7 +18,8 @@ import pytest
 from tests.real_engines.servers import ENGINES_DIR, EngineServer, SglangServer, VllmServer, build_tiny_model
 
 SERVED_MODEL = "tiny-qwen3"
-_KINDS: dict[str, type[EngineServer]] = {"vllm": VllmServer, "sglang": SglangServer}
+ENGINES = ("sglang", "vllm")  # what `real_engine` is parametrized over
+_KINDS: dict[str, type[EngineServer]] = {"vllm": VllmServer, "sglang": SglangServer, "vllm_spare": VllmServer}
 _servers: dict[str, EngineServer] = {}
 _errors: dict[str, BaseException] = {}
 _watchers: dict[str, threading.Thread] = {}
@@ -32,7 +34,7 @@ def _wanted(items: list[pytest.Item]) -> set[str]:
         if "real_engine" in names:
             callspec = getattr(item, "callspec", None)
             param = callspec.params.get("real_engine") if callspec is not None else None
-            wanted |= {param} if param in _KINDS else set(_KINDS)
+            wanted |= {param} if param in ENGINES else set(ENGINES)
     return wanted
 
 
@@ -46,7 +48,8 @@ def _launch(engines: set[str]) -> None:
     for engine in sorted(engines):
         if engine in _servers or engine in _errors:
             continue
-        server = _KINDS[engine](model, served_model_name=SERVED_MODEL, log_dir=ENGINES_DIR / "logs")
+        logs = ENGINES_DIR / "logs" / ("spare" if engine.endswith("_spare") else "")
+        server = _KINDS[engine](model, served_model_name=SERVED_MODEL, log_dir=logs)
         try:
             server.start(wait=False)
         except Exception as exc:
@@ -102,7 +105,15 @@ def real_sglang() -> SglangServer:
     return server
 
 
-@pytest.fixture(scope="session", params=sorted(_KINDS))
+@pytest.fixture(scope="session")
+def real_vllm_spare() -> VllmServer:
+    """Another vLLM server (~2.7 GB): tests may kill it; it is not restarted."""
+    server = _running("vllm_spare")
+    assert isinstance(server, VllmServer)
+    return server
+
+
+@pytest.fixture(scope="session", params=ENGINES)
 def real_engine(request: pytest.FixtureRequest) -> EngineServer:
     return _running(str(request.param))
 

@@ -360,7 +360,8 @@ class SglangServer(EngineServer):
             "--served-model-name", self.served_model_name,
             "--device", "cpu", "--context-length", "4096",
             "--max-total-tokens", "32768",  # the default KV pool (~17.6 GB) gets it OOM-killed
-            "--enable-metrics", "--tool-call-parser", "qwen",
+            "--max-running-requests", "8",  # as vLLM's --max-num-seqs 8: a ninth request waits
+            "--enable-metrics", "--enable-cache-report", "--tool-call-parser", "qwen",
             "--constrained-json-disable-any-whitespace",
             "--sleep-on-idle",  # else its scheduler spins a whole core while idle
             *self.extra,

@@ -64,8 +64,8 @@ def test_repeated_prefix_is_faster_and_counted(slow_prefill: tuple[str, str]) ->
     engine, base = slow_prefill
     cold, cold_usage = ttft(base, "first question")
     warm, warm_usage = ttft(base, "second question")
-    # vLLM reports 0 cached tokens; SGLang reports the details only when some were cached
-    assert cold_usage["prompt_tokens_details"] == ({"cached_tokens": 0} if engine == "vllm" else None)
+    # both report 0 cached tokens (measured: vLLM 0.32, SGLang 0.5.23 with --enable-cache-report)
+    assert cold_usage["prompt_tokens_details"]["cached_tokens"] == 0  # type: ignore[index]
     cached = warm_usage["prompt_tokens_details"]["cached_tokens"]  # type: ignore[index]
     assert cached >= 0.9 * int(warm_usage["prompt_tokens"])  # type: ignore[call-overload]
     assert cold > 0.2 and warm < cold / 2  # ~ 300 ms of prefill vs almost none

@@ -78,6 +78,8 @@ def assert_error(
     r: httpx.Response, status: int, message: str, param: str | None = None, err_type: str = "BadRequestError"
 ) -> None:
     assert r.status_code == status, r.text
+    if status == 400 and param and "(parameter=" not in message:  # vLLM 0.32 names it at the end
+        message += f" (parameter={param})"
     assert r.json() == {"error": {"message": message, "type": err_type, "param": param, "code": status}}
 
 
@@ -154,12 +156,24 @@ def test_non_stream_dumps_every_field_with_served_name(vl: str) -> None:
         "usage",
         "prompt_logprobs",
         "prompt_token_ids",
+        "prompt_text",
         "kv_transfer_params",
+        "ec_transfer_params",
+        "metrics",
     ]
     assert body["id"].startswith("chatcmpl-") and body["object"] == "chat.completion"
     assert body["model"] == "served"
+    assert re.fullmatch(r"vllm-[0-9.]+-[0-9a-f]{8}", body["system_fingerprint"])
     choice = body["choices"][0]
-    assert list(choice) == ["index", "message", "logprobs", "finish_reason", "stop_reason", "token_ids"]
+    assert list(choice) == [
+        "index",
+        "message",
+        "logprobs",
+        "finish_reason",
+        "stop_reason",
+        "token_ids",
+        "routed_experts",
+    ]
     assert choice["message"] == {
         "role": "assistant",
         "content": choice["message"]["content"],
@@ -173,9 +187,13 @@ def test_non_stream_dumps_every_field_with_served_name(vl: str) -> None:
     usage = body["usage"]
     assert usage["completion_tokens"] == 7
     assert usage["total_tokens"] == usage["prompt_tokens"] + 7
-    assert usage["prompt_tokens_details"] == {
-        "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]
+    details = usage["prompt_tokens_details"]
+    assert details == {
+        "cached_tokens": details["cached_tokens"],
+        "created_cache_tokens": details["created_cache_tokens"],
+        "multimodal_tokens": None,
     }
+    assert usage["completion_tokens_details"] is None
 
 
 def test_model_omitted_is_fine_and_prompt_tokens_details_null_by_default(plain: str) -> None:
@@ -185,7 +203,13 @@ def test_model_omitted_is_fine_and_prompt_tokens_details_null_by_default(plain: 
 
 
 def test_unknown_model_is_404(vl: str) -> None:
-    assert_error(chat(vl, model="foo"), 404, "The model `foo` does not exist.", "model", "NotFoundError")
+    assert_error(
+        chat(vl, model="foo"),
+        404,
+        "The model `foo` does not exist. Valid aliases: served.",
+        "model",
+        "NotFoundError",
+    )
 
 
 def test_deterministic_and_seeded(vl: str) -> None:
@@ -277,19 +301,24 @@ def test_unknown_and_engine_only_fields_are_ignored(vl: str) -> None:
 
 
 def test_context_length_400(vl: str) -> None:
+    """vLLM 0.32: a prompt past the context is refused (its tokenizer stops one past the limit: "at
+    least 4097"); a max_tokens that does not fit is cut to what does (200, finish "length")."""
     long = [{"role": "user", "content": "word " * 5000}]
     r = post(vl, CHAT, {"messages": long, "max_tokens": 100})
-    n = r.json()["error"]["message"].split()[2]
     assert_error(
         r,
         400,
-        f"You passed {n} input tokens and requested 100 output tokens. However, the model's "
-        f"context length is only 4096 tokens, resulting in a maximum input length of 3996 tokens. Please "
-        f"reduce the length of the input prompt. (parameter=input_tokens, value={n})",
+        "This model's maximum context length is 4096 tokens. However, your prompt contains at least 4097 "
+        "input tokens, which exceeds this limit even without any output tokens. Please reduce the length "
+        "of the input prompt. (parameter=input_tokens, value=4097)",
         "input_tokens",
     )
-    short = post(vl, CHAT, {"messages": USER, "max_tokens": 4090})
-    assert short.status_code == 400 and short.json()["error"]["param"] == "input_tokens"
+    near = [{"role": "user", "content": "word " * 4000}]
+    cut = post(vl, CHAT, {"messages": near, "max_tokens": 100, "ignore_eos": True})
+    assert cut.status_code == 200, cut.text
+    usage = cut.json()["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == 4096
+    assert cut.json()["choices"][0]["finish_reason"] == "length"
 
 
 # ---- streaming ------------------------------------------------------------------------------------
@@ -314,22 +343,24 @@ def test_stream_shapes(vl: str) -> None:
 
 @pytest.mark.parametrize(
     ("options", "expect_usage"),
-    [({}, True), ({"include_usage": True}, True), ({"include_usage": False}, False)],
+    [({}, False), ({"include_usage": True}, True), ({"include_usage": False}, False)],
 )
-def test_usage_defaults_on_when_stream_options_present(
-    vl: str, options: dict[str, Any], expect_usage: bool
-) -> None:
+def test_usage_only_when_include_usage_is_true(vl: str, options: dict[str, Any], expect_usage: bool) -> None:
     evs = stream(vl, CHAT, {"messages": USER, "max_tokens": 4, "stream_options": options})
     usage_chunks = [e for e in evs[:-1] if e["choices"] == []]
     assert bool(usage_chunks) is expect_usage
     if expect_usage:
         usage = usage_chunks[0]["usage"]
         assert list(usage) == ["prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details"]
+        assert list(usage["prompt_tokens_details"]) == ["cached_tokens", "created_cache_tokens"]
         assert usage["completion_tokens"] == 4 and evs[-2] is usage_chunks[0]
+        assert re.fullmatch(r"vllm-[0-9.]+-[0-9a-f]{8}", usage_chunks[0]["system_fingerprint"])
+    else:  # the fingerprint rides on the last chunk instead
+        assert evs[-2]["choices"][0]["finish_reason"] and "system_fingerprint" in evs[-2]
 
 
 def test_usage_chunk_drops_nulls(plain: str) -> None:
-    evs = stream(plain, CHAT, {"messages": USER, "max_tokens": 5, "stream_options": {}})
+    evs = stream(plain, CHAT, {"messages": USER, "max_tokens": 5, "stream_options": {"include_usage": True}})
     usage = evs[-2]["usage"]
     assert usage == {
         "prompt_tokens": usage["prompt_tokens"],
@@ -542,11 +573,16 @@ def test_completions(vl: str) -> None:
         "token_ids",
         "prompt_logprobs",
         "prompt_token_ids",
+        "routed_experts",
     ]
     assert len(choice["logprobs"]["tokens"]) == 5 and body["usage"]["prompt_tokens"] == 4
     echo = post(vl, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 5, "echo": True}).json()
     assert echo["choices"][0]["text"].startswith("Once upon a time")
-    evs = stream(vl, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 3, "stream_options": {}})
+    evs = stream(
+        vl,
+        "/v1/completions",
+        {"prompt": "Once upon a time", "max_tokens": 3, "stream_options": {"include_usage": True}},
+    )
     assert [e["choices"][0]["text"] != "" for e in evs[:3]] == [True] * 3
     assert evs[2]["choices"][0]["finish_reason"] == "length" and evs[3]["usage"]["completion_tokens"] == 3
 

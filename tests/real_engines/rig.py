@@ -1,0 +1,51 @@
+"""A gateway in front of real engine servers, and readers for the engines' and the gateway's metrics."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+
+from tests.conftest import MODEL, single_pool_config
+from tests.real_engines.servers import EngineServer
+
+RUNNING = {"vllm": "vllm:num_requests_running", "sglang": "sglang:num_running_reqs"}
+# Engine-side evidence that a request was aborted (not finished): a counter that moves only then.
+ABORTED = {
+    "vllm": ("vllm:request_success_total", 'finished_reason="abort"'),
+    "sglang": ("sglang:num_aborted_requests_total", ""),
+}
+
+
+def real_pool_config(dialect: str, urls: list[str], served: str, **overrides: Any) -> dict[str, Any]:
+    """`single_pool_config` for real servers: their served name and their 4096-token context."""
+    config = single_pool_config(dialect, urls, **overrides)
+    config["pools"][0]["models"] = {MODEL: served}
+    config["models"][0]["context_length"] = 4096
+    return config
+
+
+def metric(text: str, name: str, having: str = "") -> float:
+    """The sum of `name`'s samples whose labels contain `having` (0 when there are none)."""
+    pattern = re.compile(rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? (\S+)$", re.MULTILINE)
+    return sum(float(v) for labels, v in pattern.findall(text) if having in labels)
+
+
+def engine_metric(server: EngineServer, name: str, having: str = "") -> float:
+    response = httpx.get(server.base_url + "/metrics", timeout=10, trust_env=False)
+    assert response.status_code == 200
+    return metric(response.text, name, having)
+
+
+def running(server: EngineServer) -> float:
+    return engine_metric(server, RUNNING[server.engine])
+
+
+def aborted(server: EngineServer) -> float:
+    name, having = ABORTED[server.engine]
+    return engine_metric(server, name, having)
+
+
+def chat(content: str, **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 8, **extra}

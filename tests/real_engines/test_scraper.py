@@ -1,0 +1,121 @@
+"""The gateway's view of real engines: its health probes pass, its scraper reads their `/metrics`
+(running, waiting, KV-cache use, prefix-cache hits, shown by `GET /admin/pools`), and a repeated long
+prompt shows `cached_tokens` in the usage the client gets (vLLM with `--enable-prompt-tokens-details`,
+SGLang with `--enable-cache-report`).
+
+Load is real: ten long streams against servers that run at most eight requests at once (vLLM
+`--max-num-seqs 8`, SGLang `--max-running-requests 8`), so two wait. SGLang's gauges refresh when
+its scheduler logs stats (every 40 decode steps, and when it goes idle), so they are polled for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from gateway.admission.tokens import mint_token
+from tests.real_engines.rig import chat, metric, real_pool_config, running
+from tests.real_engines.servers import EngineServer
+from tests.support import GatewayProcess, wait_until
+
+pytestmark = pytest.mark.timeout(300)  # the first test may wait for a server's startup
+
+SECRET = "test-secret-for-the-real-engine-scraper-0123"
+ADMIN = {"Authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}
+USER = {"Authorization": "Bearer " + mint_token(SECRET, "alice")}
+SLOTS = 8  # both servers' running-request limit (tests/real_engines/servers.py)
+
+
+@pytest.fixture(scope="module")
+def gateway(real_engine: EngineServer) -> Iterator[GatewayProcess]:
+    config = real_pool_config(real_engine.engine, [real_engine.base_url], real_engine.served_model_name)
+    with GatewayProcess(config, env={"GATEWAY_JWT_SECRET": SECRET}) as gw:
+        yield gw
+
+
+def backend(gateway: GatewayProcess) -> dict[str, Any]:
+    (pool,) = httpx.get(gateway.base_url + "/admin/pools", headers=ADMIN, timeout=10).json()["pools"]
+    (one,) = pool["backends"]
+    return dict(one)
+
+
+def load(gateway: GatewayProcess) -> dict[str, Any]:
+    scraped = backend(gateway)["load"]
+    assert scraped is not None, "the scraper has not read the engine's /metrics"
+    return dict(scraped)
+
+
+def test_health_probes_pass_and_idle_load_is_read(gateway: GatewayProcess, real_engine: EngineServer) -> None:
+    assert httpx.get(gateway.base_url + "/readyz", timeout=10).status_code == 200
+    wait_until(lambda: running(real_engine) == 0, 10, 0.1, "the engine idle")
+    wait_until(
+        lambda: backend(gateway)["load"] is not None and load(gateway)["running"] == 0, 5, 0.1, "a scrape"
+    )
+    one = backend(gateway)
+    assert one["healthy"] is True and one["circuit"] == "closed"
+    idle = load(gateway)
+    assert idle["waiting"] == 0 and 0 <= idle["kv_usage"] < 0.05 and idle["age_s"] < 2
+    text = httpx.get(gateway.base_url + "/metrics", timeout=10).text
+    assert metric(text, "gateway_backend_healthy", f'backend="{real_engine.engine}-0"') == 1
+
+
+async def test_running_waiting_and_kv_use_are_scraped(
+    gateway: GatewayProcess, real_engine: EngineServer
+) -> None:
+    """Ten long requests (whole, not streamed: a stream per token would starve vLLM's API server, and
+    its /metrics with it, on 2 cores) against 8 running slots; cancelled once the scrape showed them."""
+    seen: dict[str, float] = {"running": 0, "waiting": 0, "kv_usage": 0}
+    wait_until(lambda: running(real_engine) == 0, 15, 0.1, "the engine idle before the load")
+    async with httpx.AsyncClient(base_url=gateway.base_url, timeout=60, headers=USER) as client:
+        bodies = [
+            chat(f"{i} {uuid.uuid4()} keep going", max_tokens=1500, ignore_eos=True) for i in range(SLOTS + 2)
+        ]
+        tasks = [asyncio.create_task(client.post("/v1/chat/completions", json=b)) for b in bodies]
+        try:
+            deadline = time.monotonic() + 60
+            while not (seen["running"] >= SLOTS and seen["waiting"] >= 1 and seen["kv_usage"] > 0):
+                assert time.monotonic() < deadline, f"the scraper never showed the load: {seen}"
+                pools = (await client.get("/admin/pools", headers=ADMIN)).json()["pools"]
+                now = pools[0]["backends"][0]["load"] or {}
+                seen = {k: max(seen[k], now.get(k) or 0) for k in seen}
+                await asyncio.sleep(0.1)
+        finally:
+            for task in tasks:
+                task.cancel()  # closes their connections: the gateway aborts the engine requests
+            await asyncio.gather(*tasks, return_exceptions=True)
+    assert seen["running"] == SLOTS  # never more than the engine's limit
+    wait_until(lambda: load(gateway)["running"] == 0 and load(gateway)["waiting"] == 0, 15, 0.1, "idle again")
+
+
+def test_repeated_long_prompt_shows_cached_tokens(gateway: GatewayProcess, real_engine: EngineServer) -> None:
+    # ~1.5k tokens, unique per run so earlier runs' cache entries do not count
+    prompt = f"{uuid.uuid4()} " + " ".join(f"cache block {i} of the repeated prompt." for i in range(100))
+    with httpx.Client(base_url=gateway.base_url, timeout=60, headers=USER) as client:
+        first = client.post("/v1/chat/completions", json=chat(prompt)).json()["usage"]
+        assert 1000 <= first["prompt_tokens"] <= 2000
+        assert first["prompt_tokens_details"]["cached_tokens"] < 64  # nothing of it was cached
+        before = httpx.get(gateway.base_url + "/metrics", timeout=10).text
+        second = client.post("/v1/chat/completions", json=chat(prompt)).json()["usage"]
+        body = chat(prompt, stream=True, stream_options={"include_usage": True})
+        streamed = client.post("/v1/chat/completions", json=body).text
+    cached = second["prompt_tokens_details"]["cached_tokens"]
+    n = second["prompt_tokens"]
+    if real_engine.engine == "vllm":  # whole 32-token blocks, all but the one holding the last token
+        assert cached % 32 == 0 and n - 32 <= cached < n
+    else:  # SGLang's radix cache: all but the last token
+        assert n - 2 <= cached < n
+    usage = orjson.loads(streamed.rstrip().split("\n\n")[-2].removeprefix("data: "))["usage"]
+    assert usage["prompt_tokens"] == n and n - 32 <= usage["prompt_tokens_details"]["cached_tokens"] < n
+    after = httpx.get(gateway.base_url + "/metrics", timeout=10).text
+    assert (
+        metric(after, "gateway_cached_tokens_total") - metric(before, "gateway_cached_tokens_total") >= cached
+    )
+    # the scraper's prefix-cache hit rate moved off zero (vLLM: lifetime hits/queries; SGLang: last batch)
+    wait_until(lambda: (load(gateway)["prefix_cache_hit_rate"] or 0) > 0, 5, 0.1, "a prefix-cache hit rate")
