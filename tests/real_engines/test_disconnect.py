@@ -4,7 +4,7 @@ A long streamed generation (`ignore_eos`, 3,800 tokens: seconds of decoding) run
 in front of one real server; as soon as the client has a chunk with content (the engine is
 generating), it closes the connection. Asserted: the engine's running gauge
 (`vllm:num_requests_running`, `sglang:num_running_reqs`) reads 0 in a scrape begun within 1 s of the
-close, and generation stopped far short of the request's length — so the 0 is an abort, not a finish.
+close, and generation stopped short of the request's length — so the 0 is an abort, not a finish.
 Neither engine's gauge is awaited at 1 first: a scrape during the stream is late on vLLM (below), and
 SGLang's gauges refresh only when its scheduler logs stats (every 40 decode steps).
 SGLang also counts it in `sglang:num_aborted_requests_total`; vLLM 0.32 counts a client's abort in no
@@ -69,4 +69,8 @@ def test_client_disconnect_aborts_the_engine_request(
     if real_engine.engine == "vllm":  # (SGLang's counters refresh when it logs; its abort counter moved)
         time.sleep(0.5)  # still the same: nothing is generating any more
         assert engine_metric(real_engine, GENERATED[real_engine.engine]) - generated_before == generated
-    assert generated < LONG / 2, f"{generated} tokens generated: the request ran on ({took:.2f}s)"
+    # A request that ran to its end would have generated exactly LONG tokens (`ignore_eos`), so fewer is
+    # an abort. How many fewer depends on how soon vLLM's API server sees the closed connection: on 2
+    # busy cores it decodes faster than that process (detokenizing and streaming every token) keeps
+    # up, and once in six runs it had generated 3,214 of 3,800 before it noticed (most runs: < 1,000).
+    assert generated < LONG, f"{generated} tokens generated: the request ran to its end ({took:.2f}s)"

@@ -31,6 +31,10 @@ SECRET = "test-secret-for-the-real-engine-scraper-0123"
 ADMIN = {"Authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}
 USER = {"Authorization": "Bearer " + mint_token(SECRET, "alice")}
 SLOTS = 8  # both servers' running-request limit (tests/real_engines/servers.py)
+#: tokens per loading request: long enough to outlast a scrape. vLLM answers /metrics seconds late
+#: while it decodes for 8 requests on 2 cores; with 1,500 tokens the 10 requests once finished before
+#: any scrape showed more than 2 running (the test then cancels them as soon as it saw the load)
+LONG = 3800
 
 
 @pytest.fixture(scope="module")
@@ -75,13 +79,17 @@ async def test_running_waiting_and_kv_use_are_scraped(
     wait_until(lambda: running(real_engine) == 0, 15, 0.1, "the engine idle before the load")
     async with httpx.AsyncClient(base_url=gateway.base_url, timeout=60, headers=USER) as client:
         bodies = [
-            chat(f"{i} {uuid.uuid4()} keep going", max_tokens=1500, ignore_eos=True) for i in range(SLOTS + 2)
+            chat(f"{i} {uuid.uuid4()} keep going", max_tokens=LONG, ignore_eos=True) for i in range(SLOTS + 2)
         ]
         tasks = [asyncio.create_task(client.post("/v1/chat/completions", json=b)) for b in bodies]
         try:
             deadline = time.monotonic() + 60
+            pools: Any = None
             while not (seen["running"] >= SLOTS and seen["waiting"] >= 1 and seen["kv_usage"] > 0):
-                assert time.monotonic() < deadline, f"the scraper never showed the load: {seen}"
+                assert time.monotonic() < deadline, (
+                    f"the scraper never showed the load: {seen}; last view {pools}; finished: "
+                    f"{[t.result().status_code for t in tasks if t.done() and not t.exception()]}"
+                )
                 pools = (await client.get("/admin/pools", headers=ADMIN)).json()["pools"]
                 now = pools[0]["backends"][0]["load"] or {}
                 seen = {k: max(seen[k], now.get(k) or 0) for k in seen}
