@@ -361,6 +361,11 @@ class StreamEncoder:
         if d.finish_reason is not None:
             st.finish = d.finish_reason
 
+    @property
+    def finish_reasons(self) -> tuple[str, ...]:
+        """The engine's finish reason of each choice that has one, in choice order (for traces)."""
+        return tuple(st.finish for _, st in sorted(self._choices.items()) if st.finish is not None)
+
     def finish(self, usage_fallback: Usage | None = None) -> bytes:
         """The pending finish chunks (choice order), the usage chunk if the client asked for it, `[DONE]`.
 

@@ -11,6 +11,7 @@ written down.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
 import os
 import time
@@ -47,6 +48,7 @@ from gateway.observability.access_log import AccessLog
 from gateway.observability.metrics import Metrics
 from gateway.observability.metrics_export import CONTENT_TYPE, MetricsExporter
 from gateway.observability.metrics_sampler import MetricsSampler, RedisProbe
+from gateway.observability.tracing import Tracing
 from gateway.pipeline import Pipeline, Stage, run_finalizers
 from gateway.routing.factory import build_router
 from gateway.routing.kv_events import KvEventSync, build_kv_sync
@@ -89,6 +91,8 @@ class Gateway:
         self._health: HealthChecker | None = None
         self.kv_events: KvEventSync | None = None
         self.access_log = AccessLog(settings.access_log)
+        #: None when tracing is off: then the request path carries no trace at all
+        self.tracing = Tracing(settings.tracing, _version()) if settings.tracing.enabled else None
         self.pipeline: Pipeline | None = None
         #: one pipeline per client API beyond chat/completions (gateway/apis/)
         self.pipelines: dict[Api, Pipeline] = {}
@@ -163,6 +167,9 @@ class Gateway:
         }
         for lookup in ("responses.get", "responses.delete", "responses.input_items"):
             pipelines[lookup] = [*auth, apis.lookup(lookup)]
+        tracing = self.tracing
+        if tracing is not None:  # spans around the stages a trace shows (auth, admit, route)
+            return {api: Pipeline(tracing.wrap(stages)) for api, stages in pipelines.items()}
         return {api: Pipeline(stages) for api, stages in pipelines.items()}
 
     async def _get_json(self, url: str) -> Any:
@@ -197,6 +204,8 @@ class Gateway:
             store = RedisStore(self.redis)
         await self.admission.start(self.redis)
         self.apis.start(self.redis)
+        if self.tracing is not None:
+            self.tracing.start()
         self.pipelines = self.build_pipelines(self._transport)
         self.pipeline = self.pipelines["chat"]
         await self.control.start(store)
@@ -243,6 +252,9 @@ class Gateway:
             await self.redis.aclose()
         if self._transport is not None and self._owns_transport:
             await self._transport.aclose()
+        if self.tracing is not None:
+            # the export thread sends what is queued (bounded by tracing.timeout_s)
+            await asyncio.to_thread(self.tracing.shutdown)
 
     # -- ASGI -------------------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -286,6 +298,9 @@ class Gateway:
             api="completions" if endpoint == "completions" else "chat",
         )
         ctx.response_headers.append((b"x-request-id", rid.encode()))
+        tracing = self.tracing
+        if tracing is not None:
+            ctx.trace = tracing.begin(headers)
         pipeline = self.pipeline
         if api is not None:
             api.prepare(ctx, scope.get("query_string", b""))
@@ -302,6 +317,8 @@ class Gateway:
             now = time.perf_counter()
             self.metrics.observe_request(ctx, now)
             self.access_log.write(ctx, now)
+            if tracing is not None:
+                tracing.end(ctx, scope["method"], scope["path"])
 
     async def _small(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         method = scope["method"]
@@ -435,6 +452,13 @@ def _with_request_id(send: Send, headers: dict[bytes, bytes]) -> Send:
         await send(message)
 
     return wrapped
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("llm-gateway")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _not_found(method: str, path: str) -> ApiError:

@@ -30,7 +30,7 @@ from gateway.core.settings import (
     SettingsModel,
 )
 from gateway.edge.settings import ServerSettings
-from gateway.observability.settings import AccessLogSettings, MetricsSettings
+from gateway.observability.settings import AccessLogSettings, MetricsSettings, TracingSettings
 from gateway.routing.settings import RoutingSettings, RuleSettings
 from gateway.upstream.settings import RetrySettings, TimeoutSettings, UpstreamSettings
 
@@ -55,6 +55,7 @@ __all__ = [
     "ServerSettings",
     "Settings",
     "TimeoutSettings",
+    "TracingSettings",
     "UpstreamSettings",
     "load_settings",
     "parse_settings",
@@ -70,6 +71,7 @@ class Settings(SettingsModel):
     redis: RedisSettings = RedisSettings()
     access_log: AccessLogSettings = AccessLogSettings()
     metrics: MetricsSettings = MetricsSettings()
+    tracing: TracingSettings = TracingSettings()
     auth: AuthSettings = AuthSettings()
     limits: LimitsSettings = LimitsSettings()
     sanitise: SanitiseSettings = SanitiseSettings()

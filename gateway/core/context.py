@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from gateway.core.answer import Answer
     from gateway.core.fleet import Backend, Pool
     from gateway.core.settings import ModelSettings
+    from gateway.core.trace import RequestTrace
 
 #: the client's API, decided by the path before anything else runs (metrics' and the access log's
 #: `endpoint`); `endpoint` below is the engine endpoint it is translated to
@@ -100,3 +101,5 @@ class RequestContext:
     api: Api = "chat"
     render_error: ErrorRenderer = openai_error
     answer: Answer | None = None
+    #: this request's trace when tracing is on (gateway/core/trace.py); None when it is off
+    trace: RequestTrace | None = None

@@ -1,6 +1,8 @@
-"""Settings of the observability wing: the access log and `GET /metrics`."""
+"""Settings of the observability wing: the access log, `GET /metrics` and tracing."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import Field
 
@@ -23,3 +25,31 @@ class MetricsSettings(SettingsModel):
     #: seconds between samples of the fleet gauges (weights, in-flight, health, circuits) in each
     #: worker, and between Redis probes when Redis is configured
     sample_interval_s: float = Field(1.0, gt=0, le=60)
+
+
+class TracingSettings(SettingsModel):
+    """OpenTelemetry traces over OTLP/HTTP (docs/tracing.md). Off by default."""
+
+    enabled: bool = False
+    #: the OTLP/HTTP traces endpoint, the whole URL (a collector's is `http://HOST:4318/v1/traces`)
+    endpoint: str = Field("http://127.0.0.1:4318/v1/traces", pattern=r"^https?://[^\s]+$")
+    #: the share of requests without a sampled parent that are traced (0..1); a client's `traceparent`
+    #: decides for its own requests (parent-based: its sampled flag is followed)
+    sample_ratio: float = Field(1.0, ge=0, le=1)
+    #: the `service.name` resource attribute
+    service_name: str = Field("llm-gateway", min_length=1, max_length=256)
+    #: put the prompt (messages, or the completions prompt) on the request span as
+    #: `gen_ai.input.messages`; off by default: prompts are the users' data
+    include_prompts: bool = False
+    #: extra headers on every export request (a collector's API key, e.g. via
+    #: GATEWAY_TRACING__HEADERS='{x-api-key: …}')
+    headers: dict[str, str] = Field(default_factory=dict)
+    #: `compact`: the gateway's own OTLP protobuf encoder (a third of the SDK's CPU per span);
+    #: `sdk`: the OpenTelemetry SDK's `OTLPSpanExporter`
+    exporter: Literal["compact", "sdk"] = "compact"
+    #: seconds between exports (the SDK's BatchSpanProcessor schedule delay)
+    export_interval_s: float = Field(1.0, gt=0, le=60)
+    #: spans held for export at most; past it new spans are dropped (counted, never blocking a request)
+    max_queue_spans: int = Field(8192, ge=64, le=1_000_000)
+    #: an export request's timeout
+    timeout_s: float = Field(5.0, gt=0, le=60)

@@ -48,6 +48,9 @@ _GONE = frozenset({"connect", "error"})
 _MISCONFIGURED_LOG_S = 30.0
 _BACKEND_FAULTS_MID_STREAM = frozenset({"upstream_broken", "idle_timeout"})
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
+#: the transport's default request headers, spelled out when a traced attempt adds `traceparent`
+_JSON = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+UpstreamHeaders = dict[str, str]
 
 #: picks another backend for a retry, never one in `exclude`; raises ApiError when none is left
 Reroute = Callable[[RequestContext, set[str]], None]
@@ -127,11 +130,16 @@ class ProxyStage:
             ctx.attempts += 1
             backend.in_flight += 1
             backend.requests_total += 1
+            headers = None
+            if ctx.trace is not None:  # tracing on: this attempt's span, its traceparent to the engine
+                headers = {**_JSON, **ctx.trace.attempt_start(pool.name, backend.name, pool.dialect.name)}
             try:
                 if ctx.stream:
-                    return await self._stream(ctx, backend, backend.url + path, upstream_body)
-                return await self._complete(ctx, backend, backend.url + path, upstream_body)
+                    return await self._stream(ctx, backend, backend.url + path, upstream_body, headers)
+                return await self._complete(ctx, backend, backend.url + path, upstream_body, headers)
             except _Retry as retry:
+                if ctx.trace is not None:
+                    ctx.trace.attempt_end(retry.kind)
                 backend.in_flight -= 1
                 backend.circuit.failure(time.monotonic())
                 self._on_upstream_error(ctx, backend, retry.kind)
@@ -151,11 +159,13 @@ class ProxyStage:
                 raise last_error from None
 
     # -- non-streamed -----------------------------------------------------------------------------
-    async def _complete(self, ctx: RequestContext, backend: Backend, url: str, body: bytes) -> Response:
+    async def _complete(
+        self, ctx: RequestContext, backend: Backend, url: str, body: bytes, headers: UpstreamHeaders | None
+    ) -> Response:
         assert ctx.pool is not None and ctx.model is not None
         try:
             async with asyncio.timeout(self._timeouts.total_s):
-                resp = await self._transport.request("POST", url, body)
+                resp = await self._transport.request("POST", url, body, headers)
                 try:
                     data = await resp.read()
                 finally:
@@ -180,6 +190,8 @@ class ProxyStage:
             else:
                 completion = dialect.decode_response(ctx.endpoint, data)
                 ctx.usage = completion.usage
+                if ctx.trace is not None:
+                    ctx.trace.finished([c.finish_reason for c in completion.choices if c.finish_reason])
                 out = encode_completion(
                     completion,
                     endpoint=ctx.endpoint,
@@ -198,7 +210,9 @@ class ProxyStage:
         return BytesResponse(200, out, ctx.response_headers)
 
     # -- streamed ---------------------------------------------------------------------------------
-    async def _stream(self, ctx: RequestContext, backend: Backend, url: str, body: bytes) -> Response:
+    async def _stream(
+        self, ctx: RequestContext, backend: Backend, url: str, body: bytes, headers: UpstreamHeaders | None
+    ) -> Response:
         assert ctx.pool is not None and ctx.model is not None
         dialect = ctx.pool.dialect
         answer = ctx.answer
@@ -220,7 +234,7 @@ class ProxyStage:
         resp: UpstreamResponse | None = None
         try:
             async with asyncio.timeout(self._timeouts.first_byte_s):
-                resp = await self._transport.request("POST", url, body)
+                resp = await self._transport.request("POST", url, body, headers)
                 if resp.status != 200:
                     data = await resp.read()
                     resp.close()
@@ -315,6 +329,8 @@ class ProxyStage:
         )
 
     async def _end(self, ctx: RequestContext, ok: bool) -> None:
+        if ctx.trace is not None:
+            ctx.trace.attempt_end(ctx.error_kind)
         backend = ctx.backend
         if backend is not None:
             backend.in_flight -= 1

@@ -17,10 +17,12 @@ Then the context's finalizers run (accounting), whatever happened.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from engines.base import StreamDecoder, StreamWriter
 from engines.errors import ApiError
+from engines.openai import StreamEncoder
 from gateway.core.context import RequestContext
 from gateway.core.disconnect import ClientWatch
 from gateway.core.responses import COALESCE, SSE, Headers, Receive, Send
@@ -130,6 +132,7 @@ class StreamRelay:
         # upstream response, which wakes the pending read with an error at once and drops the
         # engine's connection (so it stops generating). The flags tell the relay why.
         loop = asyncio.get_running_loop()
+        started_ns = time.time_ns() if self.ctx.trace is not None else 0
         watch = ClientWatch(self.ctx, self._client_left)
         self._last = loop.time()
         self._timer = loop.call_at(self._last + self._idle_s, self._check_idle, loop)
@@ -151,6 +154,8 @@ class StreamRelay:
             self._timer.cancel()
             watch.stop()
             self._upstream.close()
+            if self.ctx.trace is not None:
+                self._traced(started_ns)
             await self._on_end(self.ctx, ok)
 
     async def _relay(self, send: Send, loop: asyncio.AbstractEventLoop) -> bool:
@@ -220,6 +225,13 @@ class StreamRelay:
         await send(
             {"type": "http.response.body", "body": prefix + self._encoder.error(err), "more_body": False}
         )
+
+    def _traced(self, started_ns: int) -> None:
+        trace = self.ctx.trace
+        assert trace is not None
+        trace.relay_span(started_ns, time.time_ns(), self.ctx.error_kind)
+        if isinstance(self._encoder, StreamEncoder):
+            trace.finished(self._encoder.finish_reasons)
 
     def _check_idle(self, loop: asyncio.AbstractEventLoop) -> None:
         due = self._last + self._idle_s

@@ -1,0 +1,421 @@
+"""OpenTelemetry traces of the request path (docs/tracing.md), exported over OTLP/HTTP.
+
+    POST /v1/chat/completions          SERVER  the request: HTTP and GenAI attributes, the answer's usage
+    ├── gateway.auth                   INTERNAL
+    ├── gateway.admit                  INTERNAL
+    ├── gateway.route                  INTERNAL gateway.pool, gateway.route (the reason), gateway.affinity
+    ├── gateway.upstream               CLIENT   one per attempt: gateway.backend, status, error.type;
+    │   └── (the engine's own spans)            its span id is the `traceparent` the engine receives
+    └── gateway.relay                  INTERNAL streams: from the engine's first event to the end
+
+`Tracing` is built only when `tracing.enabled` is true; with it off nothing here runs and the request
+path is exactly the untraced one. On, each request gets a trace at arrival (`begin`): the SDK's
+parent-based ratio sampler decides — a client's W3C `traceparent` makes its trace the parent and its
+sampled flag the decision — and `end` turns what was recorded into SDK `ReadableSpan`s for the SDK's
+`BatchSpanProcessor`, whose worker thread encodes and exports them (gateway/observability/otlp.py),
+off the event loop. While the request runs, spans are plain tuples appended to a list: no SDK span
+objects, no context variables, no locks on the event loop. An unsampled request records nothing but
+still sends the engine a `traceparent` with the sampled flag off, so the engine does not start a
+sampled trace of its own for it.
+
+The stages are spanned by wrappers (`Tracing.wrap`) that exist only when tracing is on; the upstream
+wing records its attempts and the relay through `gateway.core.trace.RequestTrace`.
+
+Prompt text is never recorded unless `tracing.include_prompts` is true (then `gen_ai.input.messages`
+holds the request's messages, or its prompt, as JSON, cut at 32,768 characters). Completions' text is
+never recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import orjson
+from opentelemetry.context import Context
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import Decision, ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, get_current_span
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace.status import Status, StatusCode
+
+from engines.errors import ApiError
+from gateway.core.context import RequestContext
+from gateway.core.responses import Response
+from gateway.observability.otlp import OtlpHttpExporter
+from gateway.observability.settings import TracingSettings
+
+log = logging.getLogger("gateway.tracing")
+
+_OPERATION = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings"}
+#: request fields copied onto the request span (GenAI semantic conventions), when numbers
+_REQUEST_PARAMS = (
+    ("max_tokens", "gen_ai.request.max_tokens"),
+    ("max_completion_tokens", "gen_ai.request.max_tokens"),
+    ("temperature", "gen_ai.request.temperature"),
+    ("top_p", "gen_ai.request.top_p"),
+)
+_MAX_PROMPT_CHARS = 32_768
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_OK = Status(StatusCode.UNSET)
+_ERROR = Status(StatusCode.ERROR)
+#: the stages that get a span, and the span's name
+_STAGE_SPANS = {"authenticate": "gateway.auth", "admit": "gateway.admit", "route": "gateway.route"}
+#: the engine's HTTP status for the error kinds the proxy reports that do not name it (the others:
+#: `status_503`, `engine_400`; none at all for `connect`, `timeout`, a client gone before the answer)
+_KIND_STATUS = {
+    "misconfigured": 404,
+    "engine_error": 200,  # an error event in a 200 stream
+    "engine_bad_response": 200,
+    "upstream_broken": 200,  # a stream cut after its first event
+    "idle_timeout": 200,
+}
+
+#: (name, span id, parent span id, kind, start ns, end ns, attributes, error kind or None)
+SpanRecord = tuple[str, int, int, SpanKind, int, int, dict[str, Any] | None, str | None]
+
+
+class Stage(Protocol):
+    """A pipeline stage (gateway/pipeline.py `Stage`)."""
+
+    name: str
+
+    async def __call__(self, ctx: RequestContext) -> Response | None: ...
+
+
+def _engine_status(kind: str | None) -> int | None:
+    if kind is None:
+        return 200
+    if kind.startswith(("status_", "engine_")) and kind[7:].isdigit():
+        return int(kind[7:])
+    return _KIND_STATUS.get(kind)
+
+
+class Unsampled:
+    """The trace of a request the sampler left out: records nothing, propagates `traceparent` (00)."""
+
+    __slots__ = ("_headers",)
+    recording = False
+
+    def __init__(self, headers: dict[str, str]) -> None:
+        self._headers = headers
+
+    def attempt_start(self, pool: str, backend: str, dialect: str) -> Mapping[str, str]:
+        return self._headers
+
+    def attempt_end(self, error_kind: str | None) -> None:
+        pass
+
+    def relay_span(self, start_ns: int, end_ns: int, error_kind: str | None) -> None:
+        pass
+
+    def finished(self, reasons: Sequence[str]) -> None:
+        pass
+
+
+class Trace:
+    """A sampled request's spans, recorded as tuples until `Tracing.end`."""
+
+    __slots__ = (
+        "_attempt",
+        "_prefix",
+        "_state",
+        "parent",
+        "reasons",
+        "span_id",
+        "spans",
+        "start_ns",
+        "trace_id",
+    )
+    recording = True
+
+    def __init__(self, trace_id: int, span_id: int, parent: SpanContext | None, state: str | None) -> None:
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.parent = parent
+        self.start_ns = time.time_ns()
+        self.spans: list[SpanRecord] = []
+        self.reasons: tuple[str, ...] = ()
+        self._prefix = f"00-{trace_id:032x}-"
+        self._state = state
+        self._attempt: tuple[int, int, dict[str, Any]] | None = None
+
+    def span(
+        self, name: str, start_ns: int, end_ns: int, attributes: dict[str, Any] | None, error: str | None
+    ) -> None:
+        """A finished child of the request span."""
+        sid = random.getrandbits(64) or 1
+        self.spans.append((name, sid, self.span_id, SpanKind.INTERNAL, start_ns, end_ns, attributes, error))
+
+    def attempt_start(self, pool: str, backend: str, dialect: str) -> Mapping[str, str]:
+        self.attempt_end("abandoned")
+        sid = random.getrandbits(64) or 1
+        attributes = {"gateway.pool": pool, "gateway.backend": backend, "gen_ai.system": dialect}
+        self._attempt = (sid, time.time_ns(), attributes)
+        headers = {"traceparent": f"{self._prefix}{sid:016x}-01"}
+        if self._state:
+            headers["tracestate"] = self._state
+        return headers
+
+    def attempt_end(self, error_kind: str | None) -> None:
+        if self._attempt is None:
+            return
+        sid, start, attributes = self._attempt
+        self._attempt = None
+        status = _engine_status(error_kind)
+        if status is not None:
+            attributes["http.response.status_code"] = status
+        if error_kind is not None:
+            attributes["error.type"] = error_kind
+        record = (
+            "gateway.upstream",
+            sid,
+            self.span_id,
+            SpanKind.CLIENT,
+            start,
+            time.time_ns(),
+            attributes,
+            error_kind,
+        )
+        self.spans.append(record)
+
+    def relay_span(self, start_ns: int, end_ns: int, error_kind: str | None) -> None:
+        attributes = {"error.type": error_kind} if error_kind else None
+        self.span("gateway.relay", start_ns, end_ns, attributes, error_kind)
+
+    def finished(self, reasons: Sequence[str]) -> None:
+        self.reasons = tuple(reasons)
+
+
+class _Spanned:
+    """A stage with a span around it, for sampled requests."""
+
+    __slots__ = ("_attributes", "_span", "_stage", "name")
+
+    def __init__(
+        self, stage: Stage, span: str, attributes: Callable[[RequestContext], dict[str, Any]] | None
+    ) -> None:
+        self.name = stage.name
+        self._stage = stage
+        self._span = span
+        self._attributes = attributes
+
+    async def __call__(self, ctx: RequestContext) -> Response | None:
+        trace = ctx.trace
+        if type(trace) is not Trace:
+            return await self._stage(ctx)
+        start = time.time_ns()
+        try:
+            response = await self._stage(ctx)
+        except ApiError as err:
+            kind = ctx.error_kind or f"status_{err.status}"
+            trace.span(self._span, start, time.time_ns(), {"error.type": kind}, kind)
+            raise
+        attributes = self._attributes(ctx) if self._attributes is not None else None
+        error = None if response is None or response.status < 400 else f"status_{response.status}"
+        if error is not None:
+            attributes = {**(attributes or {}), "error.type": error}
+        trace.span(self._span, start, time.time_ns(), attributes, error)
+        return response
+
+
+def _route_attributes(ctx: RequestContext) -> dict[str, Any]:
+    return {
+        "gateway.pool": ctx.pool.name if ctx.pool is not None else "",
+        "gateway.route": ctx.route_reason,
+        "gateway.affinity": ctx.affinity,
+    }
+
+
+class Tracing:
+    """The tracer of one gateway process: sampling at arrival, spans at the end, export in a thread."""
+
+    def __init__(self, settings: TracingSettings, version: str, exporter: SpanExporter | None = None) -> None:
+        self.settings = settings
+        self._sampler = ParentBased(TraceIdRatioBased(settings.sample_ratio))
+        self._propagator = TraceContextTextMapPropagator()
+        self._empty = Context()
+        self._resource = Resource(
+            {
+                "service.name": settings.service_name,
+                "service.version": version,
+                "telemetry.sdk.language": "python",
+                "telemetry.sdk.name": "opentelemetry",
+            }
+        )
+        self._scope = InstrumentationScope("llm-gateway", version)
+        self._include_prompts = settings.include_prompts
+        self._exporter = exporter
+        self._processor: BatchSpanProcessor | None = None
+
+    # -- lifecycle (the gateway's start-up and shutdown, in the worker process) -----------------
+    def start(self) -> None:
+        s = self.settings
+        if self._exporter is None:
+            if s.exporter == "sdk":
+                self._exporter = OTLPSpanExporter(
+                    endpoint=s.endpoint, headers=dict(s.headers), timeout=s.timeout_s
+                )
+            else:
+                self._exporter = OtlpHttpExporter(s.endpoint, s.headers, s.timeout_s)
+        self._processor = BatchSpanProcessor(
+            self._exporter,
+            max_queue_size=s.max_queue_spans,
+            schedule_delay_millis=s.export_interval_s * 1000,
+            max_export_batch_size=min(512, s.max_queue_spans),
+        )
+        log.info(
+            "tracing on: OTLP/HTTP to %s, sampling %g of requests without a sampled parent (pid %d)",
+            s.endpoint,
+            s.sample_ratio,
+            os.getpid(),
+        )
+
+    def shutdown(self) -> None:
+        """Export what is queued (bounded by the export timeout), then stop the worker thread."""
+        processor, self._processor = self._processor, None
+        if processor is not None:
+            stop: Callable[[], object] = processor.shutdown  # untyped in the SDK
+            stop()
+
+    def flush(self) -> None:
+        if self._processor is not None:
+            self._processor.force_flush()
+
+    @property
+    def exporter(self) -> SpanExporter | None:
+        return self._exporter
+
+    # -- the request path -------------------------------------------------------------------------
+    def wrap(self, stages: Sequence[Stage]) -> list[Stage]:
+        """`stages` with a span around those the trace shows (auth, admit, route)."""
+        out: list[Stage] = []
+        for stage in stages:
+            span = _STAGE_SPANS.get(stage.name)
+            if span is None or isinstance(stage, _Spanned):
+                out.append(stage)
+            else:
+                out.append(_Spanned(stage, span, _route_attributes if stage.name == "route" else None))
+        return out
+
+    def begin(self, headers: Mapping[bytes, bytes]) -> Trace | Unsampled:
+        """The trace of a request that just arrived (`headers`: its request headers, lower-case)."""
+        parent: SpanContext | None = None
+        context = self._empty
+        raw = headers.get(b"traceparent")
+        state: str | None = None
+        if raw is not None:
+            carrier = {"traceparent": raw.decode("latin-1")}
+            raw_state = headers.get(b"tracestate")
+            if raw_state is not None:
+                carrier["tracestate"] = state = raw_state.decode("latin-1")
+            context = self._propagator.extract(carrier)
+            found = get_current_span(context).get_span_context()
+            if found.is_valid:
+                parent = found
+            else:
+                state = None
+        trace_id = parent.trace_id if parent is not None else random.getrandbits(128) or 1
+        decision = self._sampler.should_sample(context, trace_id, "request").decision
+        span_id = random.getrandbits(64) or 1
+        if decision is Decision.RECORD_AND_SAMPLE:
+            return Trace(trace_id, span_id, parent, state)
+        out = {"traceparent": f"00-{trace_id:032x}-{span_id:016x}-00"}
+        if state:
+            out["tracestate"] = state
+        return Unsampled(out)
+
+    def end(self, ctx: RequestContext, method: str, path: str) -> None:
+        """The request is over (answer sent or abandoned, finalizers run): queue its spans for export."""
+        trace = ctx.trace
+        if type(trace) is not Trace or self._processor is None:
+            return
+        trace.attempt_end(ctx.error_kind or "abandoned")
+        end = time.time_ns()
+        root = SpanContext(trace.trace_id, trace.span_id, False, _SAMPLED)
+        resource, scope, on_end = self._resource, self._scope, self._processor.on_end
+        for name, sid, _parent, kind, start, stop, attributes, error in trace.spans:
+            on_end(
+                ReadableSpan(
+                    name,
+                    SpanContext(trace.trace_id, sid, False, _SAMPLED),
+                    root,
+                    resource,
+                    attributes,
+                    kind=kind,
+                    status=_ERROR if error is not None else _OK,
+                    start_time=start,
+                    end_time=stop,
+                    instrumentation_scope=scope,
+                )
+            )
+        status = ctx.status
+        on_end(
+            ReadableSpan(
+                f"{method} {path}",
+                root,
+                trace.parent,
+                resource,
+                self._request_attributes(ctx, trace, method, path),
+                kind=SpanKind.SERVER,
+                status=_ERROR if status >= 500 else _OK,
+                start_time=trace.start_ns,
+                end_time=end,
+                instrumentation_scope=scope,
+            )
+        )
+
+    def _request_attributes(
+        self, ctx: RequestContext, trace: Trace, method: str, path: str
+    ) -> dict[str, Any]:
+        body = ctx.body
+        model = ctx.model.name if ctx.model is not None else body.get("model")
+        attributes: dict[str, Any] = {
+            "http.request.method": method,
+            "url.path": path,
+            "http.response.status_code": ctx.status,
+            "gateway.request_id": ctx.request_id,
+            "gateway.api": ctx.api,
+            "gen_ai.operation.name": _OPERATION.get(ctx.endpoint, ctx.endpoint),
+        }
+        if isinstance(model, str):
+            attributes["gen_ai.request.model"] = model
+        for field, name in _REQUEST_PARAMS:
+            value = body.get(field)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                attributes[name] = value
+        pool = ctx.pool
+        if pool is not None:
+            attributes["gen_ai.system"] = pool.dialect.name
+            attributes["gateway.pool"] = pool.name
+            attributes["gateway.route"] = ctx.route_reason
+        if ctx.attempts:
+            attributes["gateway.attempts"] = ctx.attempts
+        if ctx.stream:
+            attributes["gateway.stream"] = True
+        usage = ctx.usage
+        if usage is not None and ctx.status == 200:
+            if isinstance(model, str):
+                attributes["gen_ai.response.model"] = model
+            attributes["gen_ai.usage.input_tokens"] = usage.prompt_tokens
+            attributes["gen_ai.usage.output_tokens"] = usage.completion_tokens
+            if usage.cached_tokens is not None:
+                attributes["gen_ai.usage.cache_read.input_tokens"] = usage.cached_tokens
+        if trace.reasons:
+            attributes["gen_ai.response.finish_reasons"] = trace.reasons
+        if ctx.error_kind is not None:
+            attributes["error.type"] = ctx.error_kind
+        if self._include_prompts:
+            prompt = body.get("messages", body.get("prompt", body.get("input")))
+            if prompt is not None:
+                text = orjson.dumps(prompt).decode()
+                attributes["gen_ai.input.messages"] = text[:_MAX_PROMPT_CHARS]
+        return attributes
