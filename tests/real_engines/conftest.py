@@ -1,5 +1,8 @@
 """Session-scoped real engine servers: `real_vllm`, `real_sglang`, and `real_engine` (both, parametrized);
-`real_vllm_spare`, a second vLLM server for the failover test to kill (started only when it is used).
+`real_vllm_spare`, a second vLLM server for the failover test to kill (started only when it is used);
+`vllm_traces`, the OTLP/HTTP receiver `real_vllm` exports its OpenTelemetry spans to (`--otlp-traces-endpoint`:
+vLLM makes one span per finished request, a child of the `traceparent` it was sent, and exports it every
+0.2 s from a thread of its API server; tests/real_engines/test_tracing.py points a gateway at it too).
 
 Each takes 16-30 s to become healthy and ~3 GB of memory, so they are started in the background as soon
 as collection has finished, and only when a collected test asks for them: their startup overlaps the
@@ -15,6 +18,7 @@ import threading
 
 import pytest
 
+from tests.otlp_receiver import OtlpReceiver
 from tests.real_engines.servers import ENGINES_DIR, EngineServer, SglangServer, VllmServer, build_tiny_model
 
 SERVED_MODEL = "tiny-qwen3"
@@ -24,6 +28,7 @@ _servers: dict[str, EngineServer] = {}
 _errors: dict[str, BaseException] = {}
 _watchers: dict[str, threading.Thread] = {}
 _first_startup: dict[str, float | None] = {}
+_receiver: list[OtlpReceiver] = []  # started with the first vLLM server, stopped after every server
 
 
 def _wanted(items: list[pytest.Item]) -> set[str]:
@@ -49,7 +54,16 @@ def _launch(engines: set[str]) -> None:
         if engine in _servers or engine in _errors:
             continue
         logs = ENGINES_DIR / "logs" / ("spare" if engine.endswith("_spare") else "")
-        server = _KINDS[engine](model, served_model_name=SERVED_MODEL, log_dir=logs)
+        server: EngineServer
+        if engine == "vllm":
+            if not _receiver:
+                _receiver.append(OtlpReceiver().start())
+            traces = _receiver[0].url
+            server = VllmServer(
+                model, served_model_name=SERVED_MODEL, log_dir=logs, otlp_traces_endpoint=traces
+            )
+        else:
+            server = _KINDS[engine](model, served_model_name=SERVED_MODEL, log_dir=logs)
         try:
             server.start(wait=False)
         except Exception as exc:
@@ -106,6 +120,12 @@ def real_sglang() -> SglangServer:
 
 
 @pytest.fixture(scope="session")
+def vllm_traces(real_vllm: VllmServer) -> OtlpReceiver:
+    """The receiver of `real_vllm`'s spans (and of any gateway a test points at its `url`)."""
+    return _receiver[0]
+
+
+@pytest.fixture(scope="session")
 def real_vllm_spare() -> VllmServer:
     """Another vLLM server (~2.7 GB): tests may kill it; it is not restarted."""
     server = _running("vllm_spare")
@@ -137,6 +157,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     for server in _servers.values():
         server.stop()
     _servers.clear()
+    while _receiver:
+        _receiver.pop().stop()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
