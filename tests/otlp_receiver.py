@@ -10,12 +10,16 @@ server export to the same receiver, so a test sees both sides of a trace.
         spans = receiver.wait_for(lambda s: s.name == "gateway.upstream", timeout=10)
 
 `fail_with` makes it answer every export with that status instead (an unhealthy collector); `stop()`
-closes the socket (a collector that is down).
+closes the socket (a collector that is down). `GET /count` answers `{"spans": N, "requests": M}`; as a
+process of its own (`python -m tests.otlp_receiver --port P`, what bench/tracing.py runs, so decoding
+costs the benchmark's client nothing) it keeps only counts.
 """
 
 from __future__ import annotations
 
+import argparse
 import gzip
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -79,7 +83,7 @@ class ReceivedSpan:
 class OtlpReceiver:
     """`POST /v1/traces` on 127.0.0.1 (a free port); thread-safe lists of what arrived."""
 
-    def __init__(self, max_spans: int = 100_000) -> None:
+    def __init__(self, max_spans: int = 100_000, port: int = 0) -> None:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._spans: list[ReceivedSpan] = []
@@ -88,6 +92,8 @@ class OtlpReceiver:
         self.content_types: set[str] = set()
         #: answer every export with this status instead of 200 (None: accept)
         self.fail_with: int | None = None
+        #: every span received, kept or not
+        self.total_spans = 0
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -105,10 +111,20 @@ class OtlpReceiver:
                 self.end_headers()
                 self.wfile.write(payload)
 
+            def do_GET(self) -> None:
+                with receiver._lock:
+                    counts = {"spans": receiver.total_spans, "requests": receiver.requests}
+                payload = json.dumps(counts).encode()
+                self.send_response(200 if self.path == "/count" else 404)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         self._thread: threading.Thread | None = None
@@ -165,6 +181,7 @@ class OtlpReceiver:
             self.content_types.add(content_type)
             if self.fail_with is not None:
                 return self.fail_with
+            self.total_spans += len(spans)
             self._spans.extend(spans)
             del self._spans[: max(0, len(self._spans) - self._max_spans)]
             self._changed.notify_all()
@@ -191,3 +208,16 @@ class OtlpReceiver:
                     raise AssertionError(f"timed out after {timeout}s waiting for {what}; received {names}")
                 self._changed.wait(left)
             return list(self._spans)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.otlp_receiver", description=__doc__)
+    ap.add_argument("--port", type=int, required=True)
+    a = ap.parse_args(argv)
+    receiver = OtlpReceiver(max_spans=0, port=a.port)
+    receiver._server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

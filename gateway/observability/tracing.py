@@ -11,10 +11,11 @@
 `Tracing` is built only when `tracing.enabled` is true; with it off nothing here runs and the request
 path is exactly the untraced one. On, each request gets a trace at arrival (`begin`): the SDK's
 parent-based ratio sampler decides — a client's W3C `traceparent` makes its trace the parent and its
-sampled flag the decision — and `end` turns what was recorded into SDK `ReadableSpan`s for the SDK's
-`BatchSpanProcessor`, whose worker thread encodes and exports them (gateway/observability/otlp.py),
-off the event loop. While the request runs, spans are plain tuples appended to a list: no SDK span
-objects, no context variables, no locks on the event loop. An unsampled request records nothing but
+sampled flag the decision — and `end` hands what was recorded to the SDK's `BatchSpanProcessor` as
+one `RequestSpans` (the request's SDK span, its children riding along as tuples), whose worker thread
+encodes and exports them (gateway/observability/otlp.py), off the event loop. While the request
+runs, spans are plain tuples appended to a list: no SDK span objects, no context variables, no locks
+on the event loop. An unsampled request records nothing but
 still sends the engine a `traceparent` with the sampled flag off, so the engine does not start a
 sampled trace of its own for it.
 
@@ -39,18 +40,17 @@ import orjson
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import Decision, ParentBased, TraceIdRatioBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, get_current_span
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, TraceState, get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.trace.status import Status, StatusCode
 
 from engines.errors import ApiError
 from gateway.core.context import RequestContext
 from gateway.core.responses import Response
-from gateway.observability.otlp import OtlpHttpExporter
+from gateway.observability.otlp import ChildSpan, OtlpHttpExporter, RequestSpans, SdkExporter
 from gateway.observability.settings import TracingSettings
 
 log = logging.getLogger("gateway.tracing")
@@ -65,6 +65,7 @@ _REQUEST_PARAMS = (
 )
 _MAX_PROMPT_CHARS = 32_768
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NO_STATE = TraceState()
 _OK = Status(StatusCode.UNSET)
 _ERROR = Status(StatusCode.ERROR)
 #: the stages that get a span, and the span's name
@@ -78,9 +79,6 @@ _KIND_STATUS = {
     "upstream_broken": 200,  # a stream cut after its first event
     "idle_timeout": 200,
 }
-
-#: (name, span id, parent span id, kind, start ns, end ns, attributes, error kind or None)
-SpanRecord = tuple[str, int, int, SpanKind, int, int, dict[str, Any] | None, str | None]
 
 
 class Stage(Protocol):
@@ -127,12 +125,12 @@ class Trace:
     __slots__ = (
         "_attempt",
         "_prefix",
-        "_state",
         "parent",
         "reasons",
         "span_id",
         "spans",
         "start_ns",
+        "state",
         "trace_id",
     )
     recording = True
@@ -142,10 +140,11 @@ class Trace:
         self.span_id = span_id
         self.parent = parent
         self.start_ns = time.time_ns()
-        self.spans: list[SpanRecord] = []
+        self.spans: list[ChildSpan] = []
         self.reasons: tuple[str, ...] = ()
         self._prefix = f"00-{trace_id:032x}-"
-        self._state = state
+        #: the client's `tracestate`, passed on to the engine unchanged
+        self.state = state
         self._attempt: tuple[int, int, dict[str, Any]] | None = None
 
     def span(
@@ -153,16 +152,16 @@ class Trace:
     ) -> None:
         """A finished child of the request span."""
         sid = random.getrandbits(64) or 1
-        self.spans.append((name, sid, self.span_id, SpanKind.INTERNAL, start_ns, end_ns, attributes, error))
+        self.spans.append((name, sid, SpanKind.INTERNAL, start_ns, end_ns, attributes, error is not None))
 
     def attempt_start(self, pool: str, backend: str, dialect: str) -> Mapping[str, str]:
         self.attempt_end("abandoned")
         sid = random.getrandbits(64) or 1
-        attributes = {"gateway.pool": pool, "gateway.backend": backend, "gen_ai.system": dialect}
+        attributes = {"gateway.pool": pool, "gateway.backend": backend}
         self._attempt = (sid, time.time_ns(), attributes)
         headers = {"traceparent": f"{self._prefix}{sid:016x}-01"}
-        if self._state:
-            headers["tracestate"] = self._state
+        if self.state:
+            headers["tracestate"] = self.state
         return headers
 
     def attempt_end(self, error_kind: str | None) -> None:
@@ -175,17 +174,10 @@ class Trace:
             attributes["http.response.status_code"] = status
         if error_kind is not None:
             attributes["error.type"] = error_kind
-        record = (
-            "gateway.upstream",
-            sid,
-            self.span_id,
-            SpanKind.CLIENT,
-            start,
-            time.time_ns(),
-            attributes,
-            error_kind,
+        end = time.time_ns()
+        self.spans.append(
+            ("gateway.upstream", sid, SpanKind.CLIENT, start, end, attributes, error_kind is not None)
         )
-        self.spans.append(record)
 
     def relay_span(self, start_ns: int, end_ns: int, error_kind: str | None) -> None:
         attributes = {"error.type": error_kind} if error_kind else None
@@ -261,16 +253,15 @@ class Tracing:
         s = self.settings
         if self._exporter is None:
             if s.exporter == "sdk":
-                self._exporter = OTLPSpanExporter(
-                    endpoint=s.endpoint, headers=dict(s.headers), timeout=s.timeout_s
-                )
+                official = OTLPSpanExporter(endpoint=s.endpoint, headers=dict(s.headers), timeout=s.timeout_s)
+                self._exporter = SdkExporter(official)
             else:
                 self._exporter = OtlpHttpExporter(s.endpoint, s.headers, s.timeout_s)
         self._processor = BatchSpanProcessor(
             self._exporter,
-            max_queue_size=s.max_queue_spans,
+            max_queue_size=s.max_queued_requests,
             schedule_delay_millis=s.export_interval_s * 1000,
-            max_export_batch_size=min(512, s.max_queue_spans),
+            max_export_batch_size=min(512, s.max_queued_requests),
         )
         log.info(
             "tracing on: OTLP/HTTP to %s, sampling %g of requests without a sampled parent (pid %d)",
@@ -339,37 +330,19 @@ class Tracing:
         if type(trace) is not Trace or self._processor is None:
             return
         trace.attempt_end(ctx.error_kind or "abandoned")
-        end = time.time_ns()
-        root = SpanContext(trace.trace_id, trace.span_id, False, _SAMPLED)
-        resource, scope, on_end = self._resource, self._scope, self._processor.on_end
-        for name, sid, _parent, kind, start, stop, attributes, error in trace.spans:
-            on_end(
-                ReadableSpan(
-                    name,
-                    SpanContext(trace.trace_id, sid, False, _SAMPLED),
-                    root,
-                    resource,
-                    attributes,
-                    kind=kind,
-                    status=_ERROR if error is not None else _OK,
-                    start_time=start,
-                    end_time=stop,
-                    instrumentation_scope=scope,
-                )
-            )
-        status = ctx.status
-        on_end(
-            ReadableSpan(
+        state = TraceState.from_header([trace.state]) if trace.state else _NO_STATE
+        self._processor.on_end(
+            RequestSpans(
                 f"{method} {path}",
-                root,
+                SpanContext(trace.trace_id, trace.span_id, False, _SAMPLED, state),
                 trace.parent,
-                resource,
+                self._resource,
                 self._request_attributes(ctx, trace, method, path),
-                kind=SpanKind.SERVER,
-                status=_ERROR if status >= 500 else _OK,
+                status=_ERROR if ctx.status >= 500 else _OK,
                 start_time=trace.start_ns,
-                end_time=end,
-                instrumentation_scope=scope,
+                end_time=time.time_ns(),
+                scope=self._scope,
+                children=trace.spans,
             )
         )
 
@@ -383,7 +356,6 @@ class Tracing:
             "url.path": path,
             "http.response.status_code": ctx.status,
             "gateway.request_id": ctx.request_id,
-            "gateway.api": ctx.api,
             "gen_ai.operation.name": _OPERATION.get(ctx.endpoint, ctx.endpoint),
         }
         if isinstance(model, str):
@@ -392,13 +364,9 @@ class Tracing:
             value = body.get(field)
             if isinstance(value, int | float) and not isinstance(value, bool):
                 attributes[name] = value
-        pool = ctx.pool
+        pool = ctx.pool  # its name and the routing reason are on gateway.route, the attempts' on theirs
         if pool is not None:
             attributes["gen_ai.system"] = pool.dialect.name
-            attributes["gateway.pool"] = pool.name
-            attributes["gateway.route"] = ctx.route_reason
-        if ctx.attempts:
-            attributes["gateway.attempts"] = ctx.attempts
         if ctx.stream:
             attributes["gateway.stream"] = True
         usage = ctx.usage

@@ -15,7 +15,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.status import Status, StatusCode
 
-from gateway.observability.otlp import encode_spans
+from gateway.observability.otlp import RequestSpans, encode_spans, expand
 
 RESOURCES = [
     Resource({"service.name": "llm-gateway", "service.version": "0.1.0"}),
@@ -126,3 +126,44 @@ def test_a_batch_with_events_goes_to_the_sdks_encoder() -> None:
     span = ReadableSpan("with-event", ctx, None, RESOURCES[0], events=[Event("e", {"x": 1}, timestamp=5)])
     assert decoded(encode_spans([span])) == sdk_encode_spans([span])
     assert decoded(encode_spans([span])).resource_spans[0].scope_spans[0].spans[0].events[0].name == "e"
+
+
+@st.composite
+def requests(draw: Any) -> RequestSpans:
+    """A request's span as the gateway queues it: its children ride along as tuples."""
+    trace_id = draw(ids128)
+    state = draw(st.sampled_from([TraceState(), TraceState([("vendor", "abc")])]))
+    context = SpanContext(trace_id, draw(ids64), False, TraceFlags(1), state)
+    parent = draw(
+        st.one_of(st.none(), st.builds(lambda sid: SpanContext(trace_id, sid, True, TraceFlags(1)), ids64))
+    )
+    start = draw(times)
+    kinds = st.sampled_from([SpanKind.INTERNAL, SpanKind.CLIENT])
+    child = st.tuples(
+        st.sampled_from(["gateway.auth", "gateway.route", "gateway.upstream", "gateway.relay"]),
+        ids64,
+        kinds,
+        times,
+        times,
+        st.one_of(st.none(), attributes),
+        st.booleans(),
+    )
+    return RequestSpans(
+        "POST /v1/chat/completions",
+        context,
+        parent,
+        RESOURCES[0],
+        draw(attributes),
+        status=draw(st.sampled_from([Status(StatusCode.UNSET), Status(StatusCode.ERROR)])),
+        start_time=start,
+        end_time=draw(st.integers(min_value=start, max_value=2**64 - 1)),
+        scope=SCOPES[0],
+        children=draw(st.lists(child, max_size=6)),
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(requests(), spans()), min_size=1, max_size=5))
+def test_a_requests_children_encode_as_the_sdk_encodes_them_expanded(batch: list[ReadableSpan]) -> None:
+    assert decoded(encode_spans(batch)) == sdk_encode_spans(expand(batch))
+    assert len(expand(batch)) == sum(1 + len(getattr(s, "children", ())) for s in batch)

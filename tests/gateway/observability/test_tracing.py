@@ -121,13 +121,10 @@ def test_a_request_is_one_trace_a_span_per_stage(
     assert a["gen_ai.usage.output_tokens"] == usage["completion_tokens"]
     assert a["gen_ai.response.finish_reasons"] == (r.json()["choices"][0]["finish_reason"],)
     assert a["http.response.status_code"] == 200 and a["http.request.method"] == "POST"
-    assert (
-        a["gateway.pool"] == r.headers["x-gateway-pool"]
-        and a["gateway.route"] == r.headers["x-gateway-route"]
-    )
     assert root.status_code == 0 and root.service == "llm-gateway" and root.scope == "llm-gateway"
     route = spans["gateway.route"].attributes
-    assert route["gateway.pool"] == "vllm" and route["gateway.route"] == r.headers["x-gateway-route"]
+    assert route["gateway.pool"] == r.headers["x-gateway-pool"] == "vllm"
+    assert route["gateway.route"] == r.headers["x-gateway-route"]
     assert route["gateway.affinity"] in ("hit", "miss", "spill", "none")
     upstream = spans["gateway.upstream"]
     assert upstream.attributes["http.response.status_code"] == 200
@@ -230,8 +227,7 @@ def test_failover_is_two_upstream_spans(
     assert first.attributes["http.response.status_code"] == 503
     assert second.status_code == 0 and second.attributes["http.response.status_code"] == 200
     assert first.end_ns <= second.start_ns
-    root = by_name(spans)["POST /v1/chat/completions"]
-    assert root.attributes["gateway.attempts"] == 2
+    assert by_name(spans)["POST /v1/chat/completions"].attributes["http.response.status_code"] == 200
 
 
 def test_include_prompts_puts_the_messages_on_the_request_span(sims: list[SimProcess]) -> None:
