@@ -285,6 +285,10 @@ class MessagesStream:
             self._finish = d.finish_reason
             self._stop_sequence = d.stop_sequence
 
+    @property
+    def finish_reasons(self) -> tuple[str, ...]:
+        return (self._finish,) if self._finish is not None else ()
+
     def finish(self) -> bytes:
         if self._done:
             return b""

@@ -130,6 +130,12 @@ class StreamWriter(Protocol):
     #: the last usage the engine reported (the gateway bills from it)
     usage: Usage | None
 
+    @property
+    def finish_reasons(self) -> tuple[str, ...]:
+        """The engine's finish reason of each choice that has one so far, in choice order (traces'
+        `gen_ai.response.finish_reasons`: the engine's words, `stop`, `length`, `tool_calls`…)."""
+        ...
+
     def encode(self, events: list[StreamEvent]) -> bytes:
         """Zero or more complete SSE events for `events` (an `ApiError` among them ends the stream)."""
         ...

@@ -331,6 +331,10 @@ class ResponsesStream:
         if d.finish_reason is not None:
             self._finish = d.finish_reason
 
+    @property
+    def finish_reasons(self) -> tuple[str, ...]:
+        return (self._finish,) if self._finish is not None else ()
+
     def finish(self) -> bytes:
         if self._done:
             return b""

@@ -35,6 +35,8 @@ class EmbeddingsAnswer:
     """`gateway.core.answer.Answer` for one embeddings request (never streamed)."""
 
     __slots__ = ("_format", "_model")
+    #: an embedding has no finish reason
+    finish_reasons: tuple[str, ...] = ()
 
     def __init__(self, model: str, encoding_format: str) -> None:
         self._model = model

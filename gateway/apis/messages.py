@@ -40,14 +40,16 @@ def _estimate(ctx: RequestContext) -> int:
 class MessagesAnswer:
     """`gateway.core.answer.Answer` for one Messages request."""
 
-    __slots__ = ("_ctx", "_model")
+    __slots__ = ("_ctx", "_model", "finish_reasons")
 
     def __init__(self, ctx: RequestContext, model: str) -> None:
         self._ctx = ctx
         self._model = model
+        self.finish_reasons: tuple[str, ...] = ()
 
     def body(self, dialect: Dialect, data: bytes) -> tuple[bytes, Usage]:
         completion = dialect.decode_response("chat", data)
+        self.finish_reasons = tuple(c.finish_reason for c in completion.choices if c.finish_reason)
         return encode_message(completion, id=new_message_id(), model=self._model), completion.usage
 
     def stream(self) -> StreamWriter:

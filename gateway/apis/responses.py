@@ -52,7 +52,7 @@ def not_found(response_id: str, param: str | None = None) -> ApiError:
 class ResponsesAnswer:
     """`gateway.core.answer.Answer` for one Responses request."""
 
-    __slots__ = ("_max_bytes", "_owner", "_response", "_store", "_t", "_writer")
+    __slots__ = ("_max_bytes", "_owner", "_response", "_store", "_t", "_writer", "finish_reasons")
 
     def __init__(self, t: Translation, store: ResponseStore, owner: str, max_record_bytes: int) -> None:
         self._t = t
@@ -61,9 +61,11 @@ class ResponsesAnswer:
         self._max_bytes = max_record_bytes
         self._response: dict[str, Any] | None = None
         self._writer: ResponsesStream | None = None
+        self.finish_reasons: tuple[str, ...] = ()
 
     def body(self, dialect: Dialect, data: bytes) -> tuple[bytes, Usage]:
         completion = dialect.decode_response("chat", data)
+        self.finish_reasons = tuple(c.finish_reason for c in completion.choices if c.finish_reason)
         self._response = encode_response(completion, self._t.head)
         return orjson.dumps(self._response), completion.usage
 

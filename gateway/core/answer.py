@@ -17,6 +17,10 @@ from engines.base import Dialect, StreamWriter, Usage
 
 
 class Answer(Protocol):
+    #: the engine's finish reasons of the non-streamed answer once `body` has read it (for traces;
+    #: empty before, and for answers without any, e.g. embeddings). Streams: `StreamWriter`'s own.
+    finish_reasons: tuple[str, ...]
+
     def body(self, dialect: Dialect, data: bytes) -> tuple[bytes, Usage]:
         """The client's body for the engine's non-streamed 200 body `data`, and the usage to bill;
         raises `ApiError` for an engine answer it cannot read."""

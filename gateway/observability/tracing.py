@@ -374,7 +374,8 @@ class Tracing:
             if isinstance(model, str):
                 attributes["gen_ai.response.model"] = model
             attributes["gen_ai.usage.input_tokens"] = usage.prompt_tokens
-            attributes["gen_ai.usage.output_tokens"] = usage.completion_tokens
+            if ctx.endpoint != "embeddings":  # an embedding has no output tokens
+                attributes["gen_ai.usage.output_tokens"] = usage.completion_tokens
             if usage.cached_tokens is not None:
                 attributes["gen_ai.usage.cache_read.input_tokens"] = usage.cached_tokens
         if trace.reasons:

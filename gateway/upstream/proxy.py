@@ -187,6 +187,8 @@ class ProxyStage:
         try:
             if answer is not None:
                 out, ctx.usage = answer.body(dialect, data)
+                if ctx.trace is not None:
+                    ctx.trace.finished(answer.finish_reasons)
             else:
                 completion = dialect.decode_response(ctx.endpoint, data)
                 ctx.usage = completion.usage

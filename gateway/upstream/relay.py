@@ -22,7 +22,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from engines.base import StreamDecoder, StreamWriter
 from engines.errors import ApiError
-from engines.openai import StreamEncoder
 from gateway.core.context import RequestContext
 from gateway.core.disconnect import ClientWatch
 from gateway.core.responses import COALESCE, SSE, Headers, Receive, Send
@@ -230,8 +229,7 @@ class StreamRelay:
         trace = self.ctx.trace
         assert trace is not None
         trace.relay_span(started_ns, time.time_ns(), self.ctx.error_kind)
-        if isinstance(self._encoder, StreamEncoder):
-            trace.finished(self._encoder.finish_reasons)
+        trace.finished(self._encoder.finish_reasons)
 
     def _check_idle(self, loop: asyncio.AbstractEventLoop) -> None:
         due = self._last + self._idle_s

@@ -84,7 +84,7 @@ def decoded(data: bytes) -> ExportTraceServiceRequest:
     return ExportTraceServiceRequest.FromString(data)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(spans(), min_size=1, max_size=6))
 def test_the_compact_encoding_decodes_to_the_sdks_message(batch: list[ReadableSpan]) -> None:
     ours = decoded(encode_spans(batch))
@@ -162,7 +162,7 @@ def requests(draw: Any) -> RequestSpans:
     )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.one_of(requests(), spans()), min_size=1, max_size=5))
 def test_a_requests_children_encode_as_the_sdk_encodes_them_expanded(batch: list[ReadableSpan]) -> None:
     assert decoded(encode_spans(batch)) == sdk_encode_spans(expand(batch))

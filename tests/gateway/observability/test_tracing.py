@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -20,6 +22,7 @@ import pytest
 from engines.sim.launcher import SimProcess, free_port
 from gateway.admission.tokens import mint_token
 from tests.conftest import MODEL, fast_sim, single_pool_config
+from tests.gateway.apis.conftest import EMBED_MODEL, EMBED_SERVED, embed_sim
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.support import GatewayProcess, wait_until
 
@@ -60,8 +63,19 @@ def receiver() -> Iterator[OtlpReceiver]:
 
 @pytest.fixture(scope="module")
 def gateway(sims: list[SimProcess], receiver: OtlpReceiver) -> Iterator[GatewayProcess]:
-    with GatewayProcess(traced_config([s.base_url for s in sims], receiver.url)) as gw:
-        yield gw
+    config = traced_config([s.base_url for s in sims], receiver.url)
+    with embed_sim("vllm") as embedder:  # and an embedding pool, for /v1/embeddings
+        config["models"].append({"name": EMBED_MODEL, "task": "embed", "context_length": 512})
+        config["pools"].append(
+            {
+                "name": "vllm-embed",
+                "dialect": "vllm",
+                "models": {EMBED_MODEL: EMBED_SERVED},
+                "backends": [{"name": "vllm-embed-0", "url": embedder.base_url}],
+            }
+        )
+        with GatewayProcess(config) as gw:
+            yield gw
 
 
 def post(gw: GatewayProcess, body: dict[str, Any], **headers: str) -> httpx.Response:
@@ -148,6 +162,52 @@ def test_a_stream_adds_the_relay_span(gateway: GatewayProcess, receiver: OtlpRec
     assert root.attributes["gen_ai.usage.output_tokens"] == 6
 
 
+OTHER_APIS = {
+    "responses": ("/v1/responses", {"model": MODEL, "input": PROMPT, "max_output_tokens": 16}),
+    "messages": (
+        "/v1/messages",
+        {"model": MODEL, "max_tokens": 6, "messages": [{"role": "user", "content": PROMPT}]},
+    ),
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["non-streamed", "streamed"])
+@pytest.mark.parametrize("api", sorted(OTHER_APIS))
+def test_the_responses_and_messages_apis_are_traced_alike(
+    gateway: GatewayProcess, receiver: OtlpReceiver, api: str, stream: bool
+) -> None:
+    path, body = OTHER_APIS[api]
+    r = httpx.post(gateway.base_url + path, json={**body, "stream": stream}, headers=USER, timeout=30)
+    assert r.status_code == 200, r.text
+    spans = by_name(trace_of(receiver, r.headers["x-request-id"], 6 if stream else 5))
+    root = spans.pop(f"POST {path}")
+    assert set(spans) == CHILDREN | ({"gateway.relay"} if stream else set())
+    a = root.attributes
+    assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.request.model"] == MODEL
+    assert (
+        a["gen_ai.usage.input_tokens"] > 0
+        and a["gen_ai.usage.output_tokens"] == a["gen_ai.request.max_tokens"]
+    )
+    # the engine's finish reason (the client saw `incomplete` / `max_tokens`, its API's words for it)
+    assert a["gen_ai.response.finish_reasons"] == ("length",)
+    assert "zq-7781" not in repr([s.attributes for s in (root, *spans.values())])
+
+
+def test_embeddings_are_traced(gateway: GatewayProcess, receiver: OtlpReceiver) -> None:
+    body = {"model": EMBED_MODEL, "input": ["the sea", "zq-7781"]}
+    r = httpx.post(gateway.base_url + "/v1/embeddings", json=body, headers=USER, timeout=30)
+    assert r.status_code == 200, r.text
+    spans = by_name(trace_of(receiver, r.headers["x-request-id"], 5))
+    root = spans.pop("POST /v1/embeddings")
+    assert set(spans) == CHILDREN
+    assert spans["gateway.upstream"].attributes["gateway.backend"] == "vllm-embed-0"
+    a = root.attributes
+    assert a["gen_ai.operation.name"] == "embeddings" and a["gen_ai.request.model"] == EMBED_MODEL
+    assert a["gen_ai.usage.input_tokens"] == r.json()["usage"]["prompt_tokens"]
+    assert "gen_ai.usage.output_tokens" not in a and "gen_ai.response.finish_reasons" not in a
+    assert "zq-7781" not in repr([s.attributes for s in (root, *spans.values())])
+
+
 def test_no_prompt_text_in_any_span(gateway: GatewayProcess, receiver: OtlpReceiver) -> None:
     r = post(gateway, chat(PROMPT + " three"))
     spans = trace_of(receiver, r.headers["x-request-id"], 5)
@@ -230,65 +290,93 @@ def test_failover_is_two_upstream_spans(
     assert by_name(spans)["POST /v1/chat/completions"].attributes["http.response.status_code"] == 200
 
 
-def test_include_prompts_puts_the_messages_on_the_request_span(sims: list[SimProcess]) -> None:
-    with (
-        OtlpReceiver() as rx,
-        GatewayProcess(traced_config([sims[1].base_url], rx.url, include_prompts=True)) as gw,
-    ):
-        r = post(gw, chat(PROMPT))
-        root = by_name(trace_of(rx, r.headers["x-request-id"], 5))["POST /v1/chat/completions"]
-    assert PROMPT in root.attributes["gen_ai.input.messages"]
+@dataclass
+class Variant:
+    """A gateway with other tracing settings in front of `sims[1]`, and its receiver (None: none)."""
+
+    gw: GatewayProcess
+    rx: OtlpReceiver | None
 
 
-def test_sampling_zero_exports_nothing_but_still_propagates(sims: list[SimProcess]) -> None:
-    with OtlpReceiver() as rx:
-        with GatewayProcess(traced_config([sims[1].base_url], rx.url, sample_ratio=0.0)) as gw:
-            for i in range(5):
-                assert post(gw, chat(f"{PROMPT} zero {i}")).status_code == 200
-        # the gateway stopped: its export thread has sent everything it held
-        assert rx.spans() == [] and rx.requests == 0
+@pytest.fixture(scope="module")
+def variants(sims: list[SimProcess]) -> Iterator[dict[str, Variant]]:
+    """The gateways the tests below need, started and stopped side by side (each start costs a
+    second or more of CPU; one after the other they took most of this module's time)."""
+    url = [sims[1].base_url]
+    with contextlib.ExitStack() as stack:
+        rx = {name: stack.enter_context(OtlpReceiver()) for name in ("sdk", "zero", "503")}
+        rx["503"].fail_with = 503
+        down = f"http://127.0.0.1:{free_port()}/v1/traces"
+        configs = {
+            "sdk": traced_config(url, rx["sdk"].url, exporter="sdk", include_prompts=True),
+            "zero": traced_config(url, rx["zero"].url, sample_ratio=0.0),
+            "down": traced_config(url, down, timeout_s=0.5),
+            "503": traced_config(url, rx["503"].url, timeout_s=0.5),
+            "off": single_pool_config("vllm", url),
+        }
+        gateways = {name: GatewayProcess(config) for name, config in configs.items()}
+        pool = stack.enter_context(ThreadPoolExecutor(len(gateways)))
+        stack.callback(lambda: list(pool.map(GatewayProcess.stop, gateways.values())))
+        list(pool.map(GatewayProcess.start, gateways.values()))
+        yield {name: Variant(gw, rx.get(name)) for name, gw in gateways.items()}
+
+
+def test_the_sdk_exporter_sends_the_same_tree_and_include_prompts_the_messages(
+    variants: dict[str, Variant],
+) -> None:
+    v = variants["sdk"]  # tracing.exporter sdk, tracing.include_prompts true
+    assert v.rx is not None
+    r = post(v.gw, chat(PROMPT + " sdk", stream=True))
+    spans = by_name(trace_of(v.rx, r.headers["x-request-id"], 6))
+    assert set(spans) == {*CHILDREN, "gateway.relay", "POST /v1/chat/completions"}
+    assert spans["gateway.upstream"].attributes["gateway.backend"] == "vllm-0"  # the one backend
+    root = spans["POST /v1/chat/completions"].attributes
+    assert root["gen_ai.response.finish_reasons"] == ("length",)
+    assert PROMPT + " sdk" in root["gen_ai.input.messages"]
+    assert all(
+        "gen_ai.input.messages" not in s.attributes for n, s in spans.items() if n.startswith("gateway.")
+    )
+
+
+def test_sampling_zero_exports_nothing_but_still_propagates(
+    variants: dict[str, Variant], sims: list[SimProcess]
+) -> None:
+    v = variants["zero"]
+    assert v.rx is not None
+    for i in range(5):
+        assert post(v.gw, chat(f"{PROMPT} zero {i}")).status_code == 200
+    v.gw.stop()  # the gateway stopped: its export thread has sent everything it held
+    assert v.rx.spans() == [] and v.rx.requests == 0
     sent = engine_headers(sims, "zero 0")["traceparent"]
     assert sent.startswith("00-") and sent.endswith("-00")
 
 
-def test_the_sdk_exporter_sends_the_same_tree(sims: list[SimProcess]) -> None:
-    with (
-        OtlpReceiver() as rx,
-        GatewayProcess(traced_config([sims[1].base_url], rx.url, exporter="sdk")) as gw,
-    ):
-        r = post(gw, chat(PROMPT + " sdk", stream=True))
-        spans = by_name(trace_of(rx, r.headers["x-request-id"], 6))
-    assert set(spans) == {*CHILDREN, "gateway.relay", "POST /v1/chat/completions"}
-    assert spans["gateway.upstream"].attributes["gateway.backend"] == "vllm-0"  # the one backend
-
-
 @pytest.mark.parametrize("failure", ["down", "503"])
 def test_an_exporter_that_is_down_or_failing_never_affects_requests(
-    sims: list[SimProcess], failure: str
+    variants: dict[str, Variant], failure: str
 ) -> None:
-    with OtlpReceiver() as rx:
-        rx.fail_with = 503
-        endpoint = f"http://127.0.0.1:{free_port()}/v1/traces" if failure == "down" else rx.url
-        with GatewayProcess(traced_config([sims[1].base_url], endpoint, timeout_s=0.5)) as gw:
-            started = time.monotonic()
-            for i in range(40):
-                r = post(gw, chat(f"{PROMPT} {failure} {i}", stream=i % 2 == 1))
-                assert r.status_code == 200 and r.content
-            assert time.monotonic() - started < 20
-            wait_until(lambda: "trace export to" in gw.log(), timeout=5, what="the export failure's log line")
-            log = gw.log()
+    v = variants[failure]
+    for i in range(12):
+        r = post(v.gw, chat(f"{PROMPT} {failure} {i}", stream=i % 2 == 1))
+        assert r.status_code == 200 and r.content
+    wait_until(lambda: "trace export to" in v.gw.log(), timeout=5, what="the export failure's log line")
+    for i in range(4):  # after the failure too
+        assert post(v.gw, chat(f"{PROMPT} {failure} after {i}")).status_code == 200
+    time.sleep(0.3)  # a few more export rounds (every 0.1 s), which fail too
+    log = v.gw.log()
     assert log.count("trace export to") == 1, log  # logged once, not per batch
     assert ("ConnectionError" in log) if failure == "down" else ("HTTP 503" in log)
     if failure == "503":
-        assert rx.requests >= 1
+        assert v.rx is not None and v.rx.requests >= 2
 
 
-def test_tracing_off_sends_the_engine_no_traceparent(sims: list[SimProcess]) -> None:
-    config = single_pool_config("vllm", [sims[1].base_url])
-    with GatewayProcess(config) as gw:
-        tp = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
-        r = httpx.post(
-            gw.base_url + "/v1/chat/completions", json=chat(PROMPT + " off"), headers={"traceparent": tp}
-        )
-        assert r.status_code == 200
+def test_tracing_off_sends_the_engine_no_traceparent(
+    variants: dict[str, Variant], sims: list[SimProcess]
+) -> None:
+    gw = variants["off"].gw
+    tp = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
+    r = httpx.post(
+        gw.base_url + "/v1/chat/completions", json=chat(PROMPT + " off"), headers={"traceparent": tp}
+    )
+    assert r.status_code == 200
     assert "traceparent" not in engine_headers(sims, "off")
