@@ -4,13 +4,14 @@
     python -m bench --full          several rounds, longer points, both load levels for every workload
     python -m bench --suite overhead --suite micro     only some suites (the others' last results,
                                                         from bench/results/*.json, stay in the report)
+    python -m bench --micro tracing  one micro-benchmark (the others keep their last figures)
     python -m bench --no-peers      skip LiteLLM and the Rust routers
     python -m bench --gateway-ref HEAD   benchmark a committed gateway (a `git archive` snapshot)
 
 Suites: `overhead` (proxy cost against the peers, bench/overhead.py), `routing` (cache-hit quality and
 TTFT on a simulated fleet, bench/routing.py), `micro` (bench/transports.py — h1 vs aiohttp vs
-httpx —, bench/adapters.py, and bench/apis.py — gateway CPU of /v1/responses and /v1/messages beside
-chat). Progress is printed as it goes; everything started is stopped by PID.
+httpx —, bench/adapters.py, bench/apis.py — gateway CPU of /v1/responses and /v1/messages beside
+chat —, and bench/tracing.py — gateway CPU per request with tracing off, unsampled and sampled). Progress is printed as it goes; everything started is stopped by PID.
 """
 
 from __future__ import annotations
@@ -39,8 +40,23 @@ class Progress:
         print(f"[{int(el // 60):02d}:{el % 60:04.1f}] {msg}", flush=True)
 
 
-def micro(quick: bool, log: Progress) -> dict[str, str]:
-    """Run the micro-benchmarks as subprocesses and keep their printed tables."""
+def _before_tracing() -> str | None:
+    """The commit before gateway/observability/tracing.py was added (bench/tracing.py's baseline)."""
+    p = subprocess.run(
+        ["git", "log", "-1", "--format=%h", "--diff-filter=A", "--", "gateway/observability/tracing.py"],
+        capture_output=True,
+        text=True,
+        cwd=str(ROOT),
+    )
+    added = p.stdout.strip()
+    return f"{added}~1" if p.returncode == 0 and added else None
+
+
+MICRO = ("transports", "adapters", "apis", "tracing")
+
+
+def micro(quick: bool, log: Progress, only: list[str] | None, date: str) -> dict[str, str]:
+    """Run the micro-benchmarks (`only` those, by name) as subprocesses and keep their printed tables."""
     out: dict[str, str] = {}
     runs = {
         "bench/transports.py": [
@@ -53,14 +69,29 @@ def micro(quick: bool, log: Progress) -> dict[str, str]:
         ],
         "bench/adapters.py": ["-m", "bench.adapters"],
         "bench/apis.py": ["-m", "bench.apis", "--requests", "300" if quick else "1000", "--rounds", "3"],
+        "bench/tracing.py": [
+            "-m",
+            "bench.tracing",
+            "--seconds",
+            "3" if quick else "5",
+            "--rounds",
+            "3" if quick else "5",
+            *(["--baseline", before] if (before := _before_tracing()) else []),
+        ],
     }
+    #: seconds a micro-benchmark may take (tracing: 8 points x rounds x (warm-up + load + export))
+    timeouts = {"bench/tracing.py": 900}
     for name, args in runs.items():
-        if not (ROOT / name).exists():
+        if not (ROOT / name).exists() or (only and Path(name).stem not in only):
             continue
         log(f"micro: {name}")
         try:
             p = subprocess.run(
-                [sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=str(ROOT)
+                [sys.executable, *args],
+                capture_output=True,
+                text=True,
+                timeout=timeouts.get(name, 300),
+                cwd=str(ROOT),
             )
             text = (
                 p.stdout
@@ -68,9 +99,9 @@ def micro(quick: bool, log: Progress) -> dict[str, str]:
                 else f"failed (exit {p.returncode}):\n\n```\n{p.stderr[-1500:]}\n```"
             )
         except subprocess.TimeoutExpired:
-            text = "timed out after 300 s"
+            text = f"timed out after {timeouts.get(name, 300)} s"
         cmd = f"`python {' '.join(args)}`"
-        out[name] = f"{cmd}\n\n{text}"
+        out[name] = f"{cmd} — measured {date}\n\n{text}"
     return out
 
 
@@ -83,6 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--quick", action="store_true", help="the default: short points, one round (< 5 min)")
     mode.add_argument("--full", action="store_true", help="several rounds, longer points")
     ap.add_argument("--suite", action="append", choices=SUITES, help="run only these (repeatable)")
+    ap.add_argument(
+        "--micro",
+        action="append",
+        choices=MICRO,
+        help="only these micro-benchmarks (repeatable; implies --suite micro)",
+    )
     ap.add_argument("--no-peers", action="store_true", help="skip LiteLLM and the Rust routers")
     ap.add_argument("--gateway-ref", default=None, help="benchmark a git ref instead of the working tree")
     ap.add_argument("--out", default=str(BENCH / "BENCHMARKS.md"))
@@ -90,14 +127,18 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     quick = not a.full
     # quick mode leaves the micro-benchmarks out (the report keeps their last figures, dated)
-    suites = a.suite or (["overhead", "routing"] if quick else list(SUITES))
+    suites = a.suite or (["micro"] if a.micro else ["overhead", "routing"] if quick else list(SUITES))
     if a.report_only:
         suites = []
     log = Progress()
     RESULTS.mkdir(exist_ok=True)
     run: dict[str, Any] = {"mode": "quick" if quick else "full", "machine": machine.describe(argv)}
     last = RESULTS / "run.json"
-    if a.report_only and last.exists():
+    #: the report's header describes the last run of the overhead or routing suite (micro-benchmarks
+    #: carry their own date and command)
+    main_suites = bool({"overhead", "routing"} & set(suites))
+    measured = run
+    if not main_suites and last.exists():
         run = json.loads(last.read_text())  # the machine, date and command of the run that measured
     log(
         f"bench: {run['mode']} mode, suites {', '.join(suites)}; {run['machine']['nproc']} CPUs, load {run['machine']['loadavg_at_start']}"
@@ -121,18 +162,21 @@ def main(argv: list[str] | None = None) -> int:
             res["mode"] = run["mode"]
             (RESULTS / "routing.json").write_text(json.dumps(res, indent=1))
     if "micro" in suites:
-        figures = micro(quick, log)
-        figures["_date"] = run["machine"]["date"]
-        (RESULTS / "micro.json").write_text(json.dumps(figures, indent=1))
+        kept = RESULTS / "micro.json"
+        figures = json.loads(kept.read_text()) if kept.exists() else {}
+        figures.pop("_date", None)
+        figures.update(micro(quick, log, a.micro, measured["machine"]["date"]))
+        kept.write_text(json.dumps(figures, indent=1))
 
     for name in ("overhead", "routing", "micro"):
         f = RESULTS / f"{name}.json"
         if f.exists():
             run[name] = json.loads(f.read_text())
-    run["peer_versions"] = {p.label: peers.installed_version(p) for p in peers.PEERS}
-    if not a.report_only:
+    if main_suites:
+        run["peer_versions"] = {p.label: peers.installed_version(p) for p in peers.PEERS}
         run["elapsed_s"] = time.monotonic() - log.t0
-        last.write_text(json.dumps({k: run[k] for k in ("mode", "machine", "elapsed_s")}, indent=1))
+        keys = ("mode", "machine", "elapsed_s", "peer_versions")
+        last.write_text(json.dumps({k: run[k] for k in keys}, indent=1))
     analysis = BENCH / "ANALYSIS.md"
     if analysis.exists():
         run["analysis"] = analysis.read_text().strip().splitlines()

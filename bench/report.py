@@ -405,8 +405,9 @@ def write(run: dict[str, Any], path: Path) -> None:
     date = micro.pop("_date", "")
     if micro:
         L += ["## Micro-benchmarks (other files in bench/)", ""]
+        when = f"Measured {date}" if date else "Each with its command and date"
         L += [
-            f"Measured {date or 'in an earlier run'} (`python -m bench --suite micro`; quick mode does not rerun them).",
+            f"{when} (`python -m bench --suite micro`, or `--micro NAME` for one; quick mode does not rerun them).",
             "",
         ]
         for name, text in micro.items():

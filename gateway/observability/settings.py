@@ -49,8 +49,8 @@ class TracingSettings(SettingsModel):
     exporter: Literal["compact", "sdk"] = "compact"
     #: seconds between exports (the SDK's BatchSpanProcessor schedule delay)
     export_interval_s: float = Field(1.0, gt=0, le=60)
-    #: sampled requests whose spans wait for export at most (4-6 spans each); past it a request's
-    #: spans are dropped, never blocking it
+    #: sampled requests whose spans wait for export at most (4-6 spans each); past it the oldest
+    #: waiting are dropped, never blocking a request
     max_queued_requests: int = Field(4096, ge=16, le=1_000_000)
     #: an export request's timeout
     timeout_s: float = Field(5.0, gt=0, le=60)

@@ -1,0 +1,313 @@
+"""Micro-benchmark: what tracing costs the gateway, CPU per request, off and on (issue #21).
+
+    python -m bench.tracing [--seconds 3] [--concurrency 8] [--rounds 3] [--inproc 20000]
+                            [--baseline REF]
+
+Configurations:
+
+    off          tracing.enabled false (the default)
+    ratio 0      tracing on, sample_ratio 0: nothing recorded, `traceparent` still sent to the engine
+    ratio 1      tracing on, every request sampled, exported with the compact encoder (the default)
+    ratio 1 sdk  the same with the OpenTelemetry SDK's own OTLPSpanExporter (`tracing.exporter: sdk`)
+    REF          end to end only, with `--baseline REF`: a gateway built from that git ref (a `git
+                 archive` snapshot) without any `tracing:` section, e.g. the commit before
+                 gateway/observability/tracing.py was added: `off` minus it is what the tracing code
+                 costs when disabled (anything else changed since REF counts too)
+
+**In process** first (low noise: no sockets, no other process on the figure): the tracing work of one
+request — `Tracing.begin`, the three stage wrappers, an upstream attempt, the relay span when
+streamed, `Tracing.end` — on a real `Tracing` whose `BatchSpanProcessor` and exporter post to the
+receiver, `--inproc` requests in a loop, minus the same loop without tracing; process CPU
+(`time.process_time`: every thread, so the export thread's encoding and HTTP posts count), the queue
+flushed before the clock stops.
+
+Then **end to end**: one `--fast` vLLM-dialect simulator (128-token answers, capped at 16 by
+`max_tokens`) and one gateway process per configuration side by side, all with JWT auth and a
+per-user limit (so the authenticate and admit stages run and a sampled request makes all its spans:
+request, auth, admit, route, upstream, and relay when streamed), exporting every 0.2 s. Load: wrk at
+`--concurrency` for `--seconds` a point, after a warm-up; the figure is the gateway's process CPU
+(every thread, from the scheduler's nanosecond counters) read once the receiver holds every span of
+the point's requests. Both parts export to an OTLP/HTTP receiver in a process of its own (`python -m
+tests.otlp_receiver`, counting only). Rounds rotate the order; tables show medians over rounds, the
+spread (lowest–highest round) and differences to `off` in the same mode. On a shared machine the end
+to end figures move by tens of µs between rounds; the in-process ones by a few.
+
+Targets (issue #21): ≤ 15 µs with tracing off or unsampled, ≤ 60 µs with every request sampled. A
+benchmark, not a test: it asserts nothing about time (it fails only if requests fail).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench import machine
+from bench.load import run_wrk, write_wrk_script
+from bench.procs import ROOT, Service, free_port
+from bench.targets import (
+    GENEROUS,
+    JWT_SECRET,
+    MODEL,
+    bench_token,
+    gateway_config,
+    gateway_service,
+    gateway_source,
+)
+from gateway.demo import sim_flags
+
+PROMPT = "Write a short note about the weather in Lisbon today, please."
+MAX_TOKENS = 16
+CONFIGS: dict[str, dict[str, Any]] = {
+    "off": {"enabled": False},
+    "ratio 0": {"enabled": True, "sample_ratio": 0.0},
+    "ratio 1": {"enabled": True, "sample_ratio": 1.0},
+    "ratio 1 sdk": {"enabled": True, "sample_ratio": 1.0, "exporter": "sdk"},
+}
+TARGET_US = {"ratio 0": 15.0, "ratio 1": 60.0, "ratio 1 sdk": 60.0}
+
+
+def spans_per_request(name: str, stream: bool) -> int:
+    return 0 if not name.startswith("ratio 1") else (6 if stream else 5)
+
+
+class _Dialect:
+    name = "vllm"
+
+
+class _Pool:
+    """What `Tracing` reads of a pool."""
+
+    name = "vllm"
+    dialect = _Dialect()
+
+
+async def _stage(ctx: Any) -> None:
+    return None
+
+
+async def _one(ctx: Any, stages: list[Any], stream: bool, tracing: Any) -> None:
+    """The tracing work of one request (with `tracing` None: the checks the untraced path makes)."""
+    if tracing is not None:
+        ctx.trace = tracing.begin(ctx.headers)
+    for stage in stages:
+        await stage(ctx)
+    trace = ctx.trace
+    if trace is not None:
+        trace.attempt_start("vllm", "vllm-0", "vllm")
+        trace.attempt_end(None)
+        if stream:
+            now = time.time_ns()
+            trace.relay_span(now, now, None)
+        trace.finished(("length",))
+    if tracing is not None:
+        tracing.end(ctx, "POST", "/v1/chat/completions")
+
+
+def inproc(name: str, stream: bool, n: int, endpoint: str) -> float:
+    """CPU µs per request of `n` requests' tracing work under configuration `name` (`off`: none)."""
+    import asyncio
+
+    from engines.base import Usage
+    from gateway.core.context import RequestContext
+    from gateway.observability.settings import TracingSettings
+    from gateway.observability.tracing import Tracing
+
+    class Named:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        async def __call__(self, ctx: Any) -> None:
+            return None
+
+    stages: list[Any] = [Named("authenticate"), Named("admit"), Named("route")]
+    tracing = None
+    if name != "off" and name in CONFIGS:
+        # a queue for all `n` (the loop outruns the exporter; a dropped span would cost nothing)
+        settings = TracingSettings(
+            **CONFIGS[name], endpoint=endpoint, export_interval_s=0.2, max_queued_requests=n + 16
+        )
+        tracing = Tracing(settings, "bench")
+        tracing.start()
+        stages = tracing.wrap(stages)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": MAX_TOKENS}
+
+    async def run() -> float:
+        start = time.process_time()
+        for i in range(n):
+            ctx = RequestContext(f"req_{i:032x}", "chat", 0.0, {b"content-type": b"application/json"}, _stage)
+            ctx.body, ctx.stream, ctx.status = body, stream, 200
+            ctx.pool, ctx.route_reason, ctx.affinity = _Pool(), "default+affinity:hit", "hit"  # type: ignore[assignment]
+            ctx.usage = Usage(19, MAX_TOKENS, 0)
+            await _one(ctx, stages, stream, tracing)
+        if tracing is not None:
+            tracing.flush()
+        return time.process_time() - start
+
+    try:
+        used = asyncio.run(run())
+    finally:
+        if tracing is not None:
+            tracing.shutdown()
+    return used / n * 1e6
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds of every live thread of `pid`, from the scheduler's nanosecond counters
+    (`/proc/<pid>/task/*/schedstat`; utime and stime tick in 10 ms, too coarse for µs per request)."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += int(stat.read_text().split()[0])
+    return total / 1e9
+
+
+def received(receiver: Service) -> int:
+    with urllib.request.urlopen(receiver.base_url + "/count", timeout=5) as r:
+        return int(json.loads(r.read())["spans"])
+
+
+def measure(
+    gw: Service, receiver: Service, script: Path, name: str, stream: bool, seconds: float, conc: int
+) -> tuple[float, int]:
+    """(gateway CPU µs per request, spans missing at the receiver) for one point."""
+    run_wrk(gw.base_url + "/v1/chat/completions", script, conc, 1)  # warm-up
+    time.sleep(1.3)  # the warm-up's spans are exported before the measurement starts
+    start_spans = received(receiver)
+    before = cpu_s(gw.pid)
+    r = run_wrk(gw.base_url + "/v1/chat/completions", script, conc, seconds)
+    if r.errors or not r.requests:
+        raise RuntimeError(f"{name} stream={stream}: {r.errors} of {r.requests} requests failed")
+    expected = start_spans + r.requests * spans_per_request(name, stream)
+    deadline = time.monotonic() + 10
+    while received(receiver) < expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    used = cpu_s(gw.pid) - before
+    return used / r.requests * 1e6, max(0, expected - received(receiver))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.tracing", description=__doc__)
+    ap.add_argument("--seconds", type=float, default=3.0, help="wrk's duration per point")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--baseline", default=None, help="also a gateway of this git ref, without tracing")
+    ap.add_argument("--inproc", type=int, default=20_000, help="requests per in-process point (0: none)")
+    a = ap.parse_args(argv)
+    configs = dict(CONFIGS)
+    if a.baseline:
+        configs = {f"{a.baseline} (no tracing code)": {}, **configs}
+    m = machine.describe([])
+    sim_port, rx_port = free_port(), free_port()
+    sim_argv = [
+        sys.executable, "-m", "engines.sim", "--engine", "vllm", "--port", str(sim_port), *sim_flags("vllm"),
+        "--fast", "--min-output-tokens", "128", "--max-output-tokens", "128", "--request-log-size", "1",
+    ]  # fmt: skip
+    rx_argv = [sys.executable, "-m", "tests.otlp_receiver", "--port", str(rx_port)]
+    points = [(name, stream) for stream in (False, True) for name in configs]
+    cpu: dict[tuple[str, bool], list[float]] = {p: [] for p in points}
+    missing: dict[tuple[str, bool], int] = dict.fromkeys(points, 0)
+    headers = {"authorization": f"Bearer {bench_token()}"}
+    scripts = {}
+    for stream in (False, True):
+        body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": MAX_TOKENS}
+        scripts[stream] = write_wrk_script(
+            f"tracing-{stream}", orjson.dumps({**body, "stream": stream}), headers
+        )
+    gateways: dict[str, Service] = {}
+    sim = Service("tracing-sim", sim_argv, sim_port)
+    receiver = Service("tracing-otlp-receiver", rx_argv, rx_port, probe="/count", cwd=ROOT)
+    inproc_us: dict[tuple[str, bool], list[float]] = {(n, s): [] for n in CONFIGS for s in (False, True)}
+    with sim, receiver:
+        if a.inproc:
+            keys = list(inproc_us)
+            for r in range(a.rounds):
+                shift = r % len(keys)
+                for key in keys[shift:] + keys[:shift]:
+                    inproc_us[key].append(inproc(*key, a.inproc, receiver.base_url + "/v1/traces"))
+        try:
+            for name, tracing in configs.items():
+                sections: dict[str, Any] = {
+                    "auth": {"jwt": {"secret": JWT_SECRET}},
+                    "limits": {"tiers": {"default": GENEROUS}},
+                }
+                if name in CONFIGS:
+                    endpoint = receiver.base_url + "/v1/traces"
+                    sections["tracing"] = {**tracing, "endpoint": endpoint, "export_interval_s": 0.2}
+                cfg = gateway_config("vllm", [sim.base_url], **sections)
+                source = gateway_source(a.baseline) if name not in CONFIGS else None
+                label = "baseline" if name not in CONFIGS else name.replace(" ", "-")
+                gateways[name] = gateway_service(f"tracing-{label}", cfg, source).start()
+            for r in range(a.rounds):
+                shift = r % len(points)
+                for point in points[shift:] + points[:shift]:
+                    name, stream = point
+                    gw = gateways[name]
+                    us, lost = measure(gw, receiver, scripts[stream], name, stream, a.seconds, a.concurrency)
+                    cpu[point].append(us)
+                    missing[point] += lost
+        finally:
+            for gw in gateways.values():
+                gw.stop()
+    load1, load5, _ = os.getloadavg()
+    print(
+        f"{m['date']}, commit {m['commit']}, {m['nproc']} CPUs ({m['cpu']}), Python {m['python']}; "
+        f"load average {m['loadavg_at_start']} at start, {load1:.2f} / {load5:.2f} at the end\n"
+    )
+    print(
+        f"wrk {a.seconds:g} s per point at concurrency {a.concurrency}, {a.rounds} rounds (median, "
+        f"lowest–highest round in brackets); JWT auth and a per-user limit on; {MAX_TOKENS} output tokens "
+        f"({MAX_TOKENS} chunks when streamed); gateway process CPU per request, export thread included\n"
+    )
+    if a.inproc:
+        print(
+            f"**In process** — the tracing code of one request, {a.inproc} requests a point, {a.rounds} "
+            "rounds (median, lowest–highest); CPU µs per request, minus the same loop without tracing:\n"
+        )
+        print("| tracing | non-streamed µs | streamed µs | target |")
+        print("|---|---:|---:|---:|")
+        base = {s: statistics.median(inproc_us[("off", s)]) for s in (False, True)}
+        for name in CONFIGS:
+            if name == "off":
+                continue
+            row = [name]
+            for stream in (False, True):
+                runs = [v - base[stream] for v in inproc_us[(name, stream)]]
+                row.append(f"{statistics.median(runs):.1f} ({min(runs):.1f}–{max(runs):.1f})")
+            row.append(f"≤ {TARGET_US[name]:.0f}")
+            print("| " + " | ".join(row) + " |")
+        off = "/".join(f"{base[s]:.2f}" for s in (False, True))
+        print(f"\n(the loop without tracing itself: {off} µs a request, non-streamed/streamed)\n")
+        print("**End to end** — whole gateway processes under wrk:\n")
+    print("| tracing | non-streamed µs | Δ to off | streamed µs | Δ to off | target Δ | spans lost |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    med = {p: statistics.median(v) for p, v in cpu.items()}
+    for name in configs:
+        row = [name]
+        for stream in (False, True):
+            value, runs = med[(name, stream)], cpu[(name, stream)]
+            off = med[("off", stream)]
+            if name == "off":
+                delta = "—"
+            elif name in CONFIGS:
+                delta = f"{value - off:+.0f}"
+            else:  # the baseline: what `off` costs more than the code before tracing
+                delta = f"off {off - value:+.0f}"
+            row += [f"{value:.0f} ({min(runs):.0f}–{max(runs):.0f})", delta]
+        target = f"≤ {TARGET_US.get(name, 15.0):.0f}" if name != "off" else "—"
+        row += [target, str(missing[(name, False)] + missing[(name, True)])]
+        print("| " + " | ".join(row) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
