@@ -290,6 +290,27 @@ def test_failover_is_two_upstream_spans(
     assert by_name(spans)["POST /v1/chat/completions"].attributes["http.response.status_code"] == 200
 
 
+def test_a_5xx_marks_the_request_span_an_error(
+    gateway: GatewayProcess, receiver: OtlpReceiver, sims: list[SimProcess]
+) -> None:
+    """Every backend failing (last of the module gateway's tests: its circuits may open)."""
+    for sim in sims:
+        httpx.post(sim.base_url + "/sim/faults", json={"fault_rate": 1.0, "fault_kind": "503"}, timeout=5)
+    try:
+        r = post(gateway, chat(PROMPT + " all down"))
+    finally:
+        for sim in sims:
+            httpx.post(sim.base_url + "/sim/faults", json={"reset": True}, timeout=5)
+    assert r.status_code >= 500, r.text
+    spans = trace_of(receiver, r.headers["x-request-id"], 6)
+    root = by_name(spans)["POST /v1/chat/completions"]
+    assert root.status_code == 2 and root.attributes["http.response.status_code"] == r.status_code
+    assert root.attributes["error.type"] == "upstream_exhausted"
+    attempts = [s for s in spans if s.name == "gateway.upstream"]
+    assert len(attempts) >= 2 and all(a.status_code == 2 for a in attempts)
+    assert "gen_ai.usage.output_tokens" not in root.attributes
+
+
 @dataclass
 class Variant:
     """A gateway with other tracing settings in front of `sims[1]`, and its receiver (None: none)."""
