@@ -101,6 +101,7 @@ class FirstToken:
     backend: str
     reason: str
     ahead: int  # requests in the engine (running + queued) when this one arrived
+    sent_s: float = 0.0  # when it was sent, seconds into the run
 
 
 @dataclass
@@ -342,7 +343,9 @@ def replay(
         reason, ahead = why[i]
         queued = now - sent[i]
         firsts.append(
-            FirstToken((queued + first) * 1000, queued * 1000, first * 1000, size, cached, b, reason, ahead)
+            FirstToken(
+                (queued + first) * 1000, queued * 1000, first * 1000, size, cached, b, reason, ahead, sent[i]
+            )
         )
         push(now + spec.service_s(size, cached), "done", i)
 
@@ -421,6 +424,7 @@ def replay(
                         b,
                         reason,
                         ahead,
+                        sent[i],
                     )
                 )
         for s in result.finished:
@@ -604,7 +608,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         print(
                             f"    {x.ttft_ms:6.0f} ms = queued {x.queued_ms:6.0f} + prefill {x.prefill_ms:5.0f}"
                             f"  prompt {x.prompt_tokens:5d} cached {x.cached_tokens:5d}"
-                            f"  {x.ahead} ahead on {x.backend} ({x.reason})"
+                            f"  {x.ahead} ahead on {x.backend} ({x.reason}) at {x.sent_s:4.1f} s"
                         )
     if args.table:
         print(markdown(table, names))

@@ -74,6 +74,11 @@ class SharedRouting:
         self._known: OrderedDict[int, str] = OrderedDict()  # group key -> the store's placement
         self._max = max(1, entries)
 
+    def grouped(self, features: RequestFeatures) -> bool:
+        """The request has a prefix group, so `ask` may want its tokens (the engines' events)."""
+        policy = self.router.policy
+        return isinstance(policy, PrefixAffinity) and group_blocks(features, policy.config) > 0
+
     def ask(self, snapshot: FleetSnapshot, features: RequestFeatures) -> Ask | None:
         """The store's part in routing this request, or None when it has none."""
         router = self.router
