@@ -120,6 +120,15 @@ class RouteStage:
     def explain(self, body: dict[str, Any], pin: str | None) -> dict[str, Any]:
         """Where `body` would be routed now, and why (a dry run: no routing state changes)."""
         features = extract_features(body, self.features)
+        held: dict[str, int] | None = None
+        kv = self.router.kv_index
+        if kv is not None and kv.streams and self.tokens is not None:
+            # what the engines' events say each backend holds of this prompt (tokens), as routing sees
+            # it (no conversation: a dry run leaves the tokenizer's reuse cache alone)
+            prompt = self.tokens.blocks(body)
+            if prompt is not None:
+                features = dataclasses.replace(features, prompt=prompt)
+                held = kv.match(prompt, kv.names)
         shared = self.shared.describe() if self.shared is not None else None
         try:
             decision = self.router.decide(
@@ -141,6 +150,8 @@ class RouteStage:
                 "affinity": decision.affinity,
                 "features": _features_dict(features),
             }
+        if held is not None:
+            out["kv_held_tokens"] = held
         if shared is not None:
             out["shared"] = shared
         return out
