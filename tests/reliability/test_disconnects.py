@@ -63,18 +63,19 @@ class Rig:
         a, b = self.stats()
         return int(a["running"]) + int(b["running"])
 
-    def start(self, c: RawClient, body: dict[str, Any]) -> None:
-        """Send `body` on `c` and wait until the engine runs it.
+    def start(self, c: RawClient, body: dict[str, Any], *, arrived: bool = False) -> None:
+        """Send `body` on `c` and wait until the engine runs it (`arrived`: until it reached the engine).
 
         The gateway releases a request's concurrency slot just after its last byte went out, so a
         request sent the moment the previous test's probe was answered can meet the slot still held
         (429; seen once in CI). Such an early answer is read and the request sent again, twice at most.
         """
         for _ in range(3):
+            engine_before = self.engine_requests()
             c.send(http_request("/v1/chat/completions", body, headers=self.auth))
             deadline = time.monotonic() + 3
             while time.monotonic() < deadline:
-                if self.running() == 1:
+                if (self.engine_requests() > engine_before) if arrived else (self.running() == 1):
                     return
                 if select.select([c.sock], [], [], 0.02)[0]:
                     if c.sock.recv(12, socket.MSG_PEEK).startswith(b"HTTP/1.1 200"):
@@ -178,7 +179,9 @@ def test_gone_halfway_through_the_body(rig: Rig) -> None:
 def test_gone_while_waiting_for_the_first_token(rig: Rig) -> None:
     before, cancelled = rig.completed(), rig.cancelled()
     with RawClient(rig.gw.port) as c:
-        rig.start(c, _long(True, SLOW_MODEL))
+        # The simulator's 3 s before the first token come before its scheduler sees the request
+        # (`running` stays 0 meanwhile): wait for the request to reach it.
+        rig.start(c, _long(True, SLOW_MODEL), arrived=True)
         closed = time.monotonic()
     wait_for(lambda: rig.cancelled() > cancelled, timeout=2.5, what="engine request cancelled")
     # The engine's first token is due 3 s after the start: the cancel came well before it.
