@@ -40,7 +40,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import heapq
+import itertools
 import math
 import random
 import statistics
@@ -48,17 +50,31 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import yaml
+
+from bench.replay_share import EventFeed, SharedStore
 from bench.routing import SERIAL, FleetSpec, _pct, make_point, prompt_ids
 from bench.workloads import WORKLOADS
 from engines.sim.prefix_cache import Lease, PrefixCache, usable_hit
-from engines.sim.step_model import Batch, Seq, StepEngine
-from policies.factory import PolicyConfig
+from engines.sim.step_model import (
+    Batch,
+    BlockEvent,
+    ClearedBlocks,
+    RemovedBlocks,
+    Seq,
+    StepEngine,
+    StoredBlocks,
+)
+from policies.factory import PolicyConfig, parse_policy_config
 from policies.features import extract_features
+from policies.kv_blocks import PromptBlocks
+from policies.kv_index import KvIndex
 from policies.least_load import LeastLoadConfig
 from policies.power_of_two import PowerOfTwoConfig
 from policies.prefix_affinity import PrefixAffinityConfig
 from policies.round_robin import RoundRobinConfig
 from policies.router import Router
+from policies.shared_load import SharedRouting
 from policies.types import BackendView, FleetSnapshot, PoolView
 
 MODEL = "bench-model"
@@ -85,6 +101,7 @@ class FirstToken:
     backend: str
     reason: str
     ahead: int  # requests in the engine (running + queued) when this one arrived
+    sent_s: float = 0.0  # when it was sent, seconds into the run
 
 
 @dataclass
@@ -116,8 +133,9 @@ class _BatchEngine:
 
     __slots__ = ("batch", "ends", "model")
 
-    def __init__(self, spec: FleetSpec, dialect: str) -> None:
-        self.model = StepEngine(spec.batch_config(dialect))
+    def __init__(self, spec: FleetSpec, dialect: str, events: bool = False) -> None:
+        cfg = spec.batch_config(dialect)
+        self.model = StepEngine(dataclasses.replace(cfg, record_events=True) if events else cfg)
         self.batch: Batch | None = None  # the step running now
         self.ends = 0.0  # when it ends
 
@@ -145,8 +163,13 @@ def replay(
     seed: int = 0,
     scrape_s: float = 0.5,
     spec: FleetSpec | None = None,
+    kv_events: EventFeed | None = None,
+    shared: bool = False,
 ) -> Result:
-    """One point of the routing bench, replayed offline (see the module docstring)."""
+    """One point of the routing bench, replayed offline (see the module docstring). `events`: the
+    engines publish their KV-cache events to every routing process's index (`kv_events`); `shared`: the processes
+    share their in-flight counts and group placements through a modelled Redis
+    (`bench.replay_share`)."""
     spec = spec or FleetSpec()
     point = make_point(workload, load, seconds, spec, seed)  # the bench's own trace and schedule
     trace, times, oracle_rate, n = point.trace, point.times, point.oracle_rate, len(point.trace)
@@ -155,15 +178,34 @@ def replay(
     every = names["vllm"] + names["sglang"]
     batching = spec.batching
     engines = {b: _Engine(spec) for b in every} if not batching else {}
-    steppers = {b: _BatchEngine(spec, b.split("-")[0]) for b in every} if batching else {}
+    if kv_events is not None and not batching:
+        raise ValueError("KV events need the batching engine")
+    feeds = kv_events is not None
+    steppers = {b: _BatchEngine(spec, b.split("-")[0], feeds) for b in every} if batching else {}
     index = {b: k for k, b in enumerate(every)}
     routers = [] if isinstance(policy, str) else [Router(policy_config=policy) for _ in range(replicas)]
     clairvoyant = not routers  # the yardstick routes by itself
+    indexes: list[KvIndex | None] = [r.kv_index if feeds else None for r in routers]
+    for kv in indexes:
+        if kv is not None:
+            for b in every:
+                kv.attach(b)
+                kv.set_live(b, True)
+    store = SharedStore(replicas) if shared else None
+    shares = [SharedRouting(r) for r in routers] if shared else []
+    others: list[dict[str, int]] = [{} for _ in range(replicas)]  # the others' counts as last read
+    lose = random.Random(4321 + seed)
+    deliveries: dict[int, tuple[int, str, list[BlockEvent] | None]] = {}
+    delivery_ids = itertools.count()
     own = [dict.fromkeys(every, 0) for _ in range(replicas)]  # each replica's in-flight counts
     pick_replica = random.Random(1234 + seed)
     rand = random.Random(seed)
     ids = [prompt_ids(r) for r in trace]
     features = [extract_features(r.body(MODEL)) for r in trace]
+    if feeds:  # the request's tokens, as the gateway's `sim` tokenizer gives them
+        features = [
+            dataclasses.replace(f, prompt=PromptBlocks(x)) for f, x in zip(features, ids, strict=True)
+        ]
     blocks = [PrefixCache.block_keys(x, spec.block_size) if clairvoyant else [] for x in ids]
     cache_tokens = spec.cache_blocks * spec.block_size
 
@@ -227,7 +269,7 @@ def replay(
                     backends=tuple(
                         BackendView(
                             b,
-                            in_flight=own[replica][b],
+                            in_flight=own[replica][b] + others[replica].get(b, 0),
                             running=scraped[b][0],
                             queue_depth=scraped[b][1],
                             kv_usage=scraped[b][2],
@@ -301,7 +343,9 @@ def replay(
         reason, ahead = why[i]
         queued = now - sent[i]
         firsts.append(
-            FirstToken((queued + first) * 1000, queued * 1000, first * 1000, size, cached, b, reason, ahead)
+            FirstToken(
+                (queued + first) * 1000, queued * 1000, first * 1000, size, cached, b, reason, ahead, sent[i]
+            )
         )
         push(now + spec.service_s(size, cached), "done", i)
 
@@ -309,9 +353,39 @@ def replay(
         """Request `i` left its engine: the replica's count drops, the conversation's next turn goes."""
         replica, b = where[i]
         own[replica][b] -= 1
+        if store is not None:  # the finish's call carries this process's counts
+            others[replica] = store.call(replica, own[replica])
         done.add(i)
         for j in blocked.pop(i, []):
             push(now, "send", j)
+
+    def publish(b: str, batch: list[BlockEvent], now: float) -> None:
+        """An engine step's events, on their way to every routing process's index."""
+        assert kv_events is not None
+        for p, kv in enumerate(indexes):
+            if kv is None:
+                continue
+            lost = kv_events.loss > 0 and lose.random() < kv_events.loss
+            k = next(delivery_ids)
+            push(now + kv_events.delay_s, "kv", k)
+            deliveries[k] = (p, b, None if lost else batch)
+
+    def deliver(k: int, now: float) -> None:
+        p, b, batch = deliveries.pop(k)
+        kv = indexes[p]
+        assert kv is not None
+        kv.tick(now)
+        if batch is None:
+            kv.gap(b)
+            return
+        bs = spec.block_size
+        for ev in batch:
+            if isinstance(ev, StoredBlocks):
+                kv.stored(b, ev.keys, ev.parent, ev.token_ids, bs)
+            elif isinstance(ev, RemovedBlocks):
+                kv.removed(b, ev.keys)
+            elif isinstance(ev, ClearedBlocks):
+                kv.cleared(b)
 
     def plan(b: str, now: float) -> None:
         """Batching: schedule the engine's next step (none when it is idle)."""
@@ -332,6 +406,8 @@ def replay(
         e = steppers[b]
         assert e.batch is not None
         result = e.model.complete(e.batch)
+        if feeds and result.events:
+            publish(b, result.events, now)
         for s in result.emitted:
             if s.generated == 1:
                 i = s.id
@@ -348,6 +424,7 @@ def replay(
                         b,
                         reason,
                         ahead,
+                        sent[i],
                     )
                 )
         for s in result.finished:
@@ -369,7 +446,20 @@ def replay(
             if clairvoyant:
                 b = earliest(i, now)
             else:
-                d = routers[replica].decide(snapshot(now, replica), features[i], rand.random())
+                kv = indexes[replica]
+                if kv is not None:
+                    kv.tick(now)
+                f = features[i]
+                if store is not None:
+                    # the admission's call: this process's counts out, the others' in, and the
+                    # placement of the request's group (set to this process's proposal if none)
+                    ask = shares[replica].ask(snapshot(now, replica), f)
+                    others[replica] = store.call(replica, own[replica])
+                    if ask is not None:
+                        placed = store.place(ask.key, ask.proposal)
+                        shares[replica].learn(ask.key, placed)
+                        f = SharedRouting.placed(f, placed)
+                d = routers[replica].decide(snapshot(now, replica), f, rand.random())
                 b, reason = d.backend, d.reason
             reasons[reason] += 1
             served[b] += 1
@@ -391,6 +481,8 @@ def replay(
                 e.queue.append(i)
         elif kind == "step":
             step_done(every[i], now)
+        elif kind == "kv":
+            deliver(i, now)
         else:  # done
             replica, b = where[i]
             e = engines[b]
@@ -398,6 +490,8 @@ def replay(
             e.in_use -= len(ids[i]) + spec.output_tokens
             e.running -= 1
             own[replica][b] -= 1
+            if store is not None:
+                others[replica] = store.call(replica, own[replica])
             done.add(i)
             for j in blocked.pop(i, []):
                 push(now, "send", j)
@@ -425,7 +519,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.replay", description=__doc__.split("\n\n")[0])
     ap.add_argument("workloads", nargs="*", default=list(WORKLOADS), metavar="WORKLOAD")
     ap.add_argument("--policy", choices=list(POLICIES), default="prefix_affinity")
-    ap.add_argument("--baseline", choices=list(POLICIES), default="round_robin", help="compared policy")
+    ap.add_argument(
+        "--baseline",
+        choices=list(POLICIES),
+        action="append",
+        help="compared policy (repeatable; round_robin)",
+    )
     ap.add_argument("--load", type=float, action="append", help="fraction of capacity (repeatable; 0.8)")
     ap.add_argument("--replicas", type=int, action="append", help="gateway replicas (repeatable; 1)")
     ap.add_argument("--seconds", type=float, default=20.0)
@@ -438,30 +537,61 @@ def main(argv: Sequence[str] | None = None) -> None:
         default="batching",
         help="the fleet's engines: batching (the simulators' default) or serial (the fleet before 2026-12)",
     )
+    ap.add_argument(
+        "--events",
+        type=float,
+        metavar="DELAY_MS",
+        help="the engines publish KV-cache events, reaching every routing process DELAY_MS later",
+    )
+    ap.add_argument("--event-loss", type=float, default=0.0, help="chance a process misses an event batch")
+    ap.add_argument(
+        "--shared", action="store_true", help="in-flight counts and group placements shared (modelled Redis)"
+    )
+    ap.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="a prefix affinity config field for --policy (repeatable; YAML values, e.g. load_factor=0.5)",
+    )
+    ap.add_argument(
+        "--table", action="store_true", help="also print a markdown table of every point at the end"
+    )
     args = ap.parse_args(argv)
+    options = {k: yaml.safe_load(v) for k, _, v in (o.partition("=") for o in args.option)}
+    feed = None if args.events is None else EventFeed(args.events / 1000, args.event_loss)
     unknown = [w for w in args.workloads if w not in WORKLOADS]
     if unknown:
         ap.error(f"unknown workload {unknown[0]!r} (choose from {', '.join(WORKLOADS)})")
+    names = (args.policy, *(args.baseline or ["round_robin"]))
+    table: list[tuple[str, float, int, dict[str, tuple[float, float]]]] = []
     for workload in args.workloads:
         for load in args.load or [0.8]:
             for replicas in args.replicas or [1]:
                 cells = []
+                row: dict[str, tuple[float, float]] = {}
                 tails: dict[str, list[FirstToken]] = {}
-                for name in (args.policy, args.baseline):
+                for name in names:
+                    config = POLICIES[name]
+                    if options and name == args.policy and not isinstance(config, str):
+                        config = parse_policy_config({"kind": config.kind, **options})
                     runs = [
                         replay(
                             workload,
-                            POLICIES[name],
+                            config,
                             load=load,
                             seconds=args.seconds,
                             replicas=replicas,
                             seed=s,
                             spec=ENGINES[args.engine],
+                            kv_events=feed,
+                            shared=args.shared,
                         )
                         for s in range(args.seeds)
                     ]
                     vs = statistics.fmean(r.vs_oracle for r in runs)
                     p99 = statistics.fmean(r.ttft_p99_ms for r in runs)
+                    row[name] = (vs, p99)
                     cells.append(f"{name} {vs:4.0%} of oracle, TTFT p99 {p99:6.0f} ms")
                     if args.reasons and name == args.policy:
                         total: collections.Counter[str] = collections.Counter()
@@ -470,6 +600,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         cells.append(str(dict(total.most_common())))
                     if args.tail:
                         tails[name] = [s for r in runs for s in r.slowest]
+                table.append((workload, load, replicas, row))
                 print(f"{workload:<17} {load:4.0%} x{replicas}  " + " | ".join(cells), flush=True)
                 for name, slowest in tails.items():
                     print(f"  slowest first tokens, {name}:")
@@ -477,8 +608,27 @@ def main(argv: Sequence[str] | None = None) -> None:
                         print(
                             f"    {x.ttft_ms:6.0f} ms = queued {x.queued_ms:6.0f} + prefill {x.prefill_ms:5.0f}"
                             f"  prompt {x.prompt_tokens:5d} cached {x.cached_tokens:5d}"
-                            f"  {x.ahead} ahead on {x.backend} ({x.reason})"
+                            f"  {x.ahead} ahead on {x.backend} ({x.reason}) at {x.sent_s:4.1f} s"
                         )
+    if args.table:
+        print(markdown(table, names))
+
+
+def markdown(
+    table: Sequence[tuple[str, float, int, dict[str, tuple[float, float]]]], names: Sequence[str]
+) -> str:
+    """The points as a markdown table: per policy its hit rate ÷ the oracle's and TTFT p99 (means
+    over the seeds), and the first policy's p99 ÷ each other's."""
+    first, others = names[0], names[1:]
+    head = ["workload", "load", "processes"] + [f"{n} (hit ÷ oracle, p99 ms)" for n in names]
+    head += [f"p99 ÷ {n}" for n in others]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for workload, load, replicas, row in table:
+        cells = [f"`{workload}`", f"{load:.0%}", str(replicas)]
+        cells += [f"{row[n][0]:.0%}, {row[n][1]:,.0f}" for n in names]
+        cells += [f"{row[first][1] / row[n][1]:.2f}×" if row[n][1] else "—" for n in others]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ from gateway.observability.tracing import Tracing
 from gateway.pipeline import Pipeline, Stage, run_finalizers
 from gateway.routing.factory import build_router
 from gateway.routing.kv_events import KvEventSync, build_kv_sync
+from gateway.routing.shared_load import SharedLoad
 from gateway.routing.stage import RouteStage
 from gateway.routing.tokens import build_prompt_tokens
 from gateway.settings import PoolSettings, Settings, load_settings
@@ -134,8 +135,10 @@ class Gateway:
         router, features = build_router(s.routing)
         tokens = build_prompt_tokens(s.models)
         route = self.route = RouteStage(self.fleet, router, features, self._on_decision, tokens)
+        if self._shares_routing():
+            route.shared = SharedLoad(self.fleet, router, route.prepare, s.routing.shared)
         auth = self.admission.authenticate_stages()
-        admit = self.admission.admit_stages()
+        admit = self.admission.admit_stages(route.shared)
         sanitise = self.admission.sanitise_stage(features)
         validate = ValidateStage()
         proxy = ProxyStage(transport, s.upstream, route.reroute, self._on_upstream_error)
@@ -171,6 +174,18 @@ class Gateway:
         if tracing is not None:  # spans around the stages a trace shows (auth, admit, route)
             return {api: Pipeline(tracing.wrap(stages)) for api, stages in pipelines.items()}
         return {api: Pipeline(stages) for api, stages in pipelines.items()}
+
+    def _shares_routing(self) -> bool:
+        """Routing processes share in-flight counts and placements through Redis (docs/routing.md,
+        *Shared load*): with Redis outside Cluster mode (its keys have a hash tag of their own, which a
+        user's limit keys do not share), for the policies that weigh load."""
+        s = self.settings
+        return (
+            s.routing.shared.enabled
+            and s.redis.configured
+            and s.redis.mode != "cluster"
+            and s.routing.policy != "round_robin"
+        )
 
     async def _get_json(self, url: str) -> Any:
         """A backend's JSON answer to a GET (KV event discovery), None when not 200."""

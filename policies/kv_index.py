@@ -104,6 +104,8 @@ class KvIndex:
     def __init__(self, config: KvIndexConfig | None = None) -> None:
         self.config = config or KvIndexConfig()
         self.now = 0.0
+        #: changes whenever what `match` may answer changes (events, liveness, routing notes)
+        self.version = 0
         self._streams: dict[str, _Stream] = {}
         self._names: dict[int, str] = {}  # bit -> backend
         self._holders: dict[int, int] = {}  # key -> bitmask of backends holding it
@@ -111,6 +113,7 @@ class KvIndex:
     # -- streams ----------------------------------------------------------------------------------
     def attach(self, backend: str) -> None:
         """Expect events for `backend` (its stream is configured); not live until `set_live`."""
+        self.version += 1
         if backend in self._streams:
             return
         used = 0
@@ -124,6 +127,7 @@ class KvIndex:
 
     def detach(self, backend: str) -> None:
         """Forget `backend` and its blocks (it left the fleet, or its stream is no longer configured)."""
+        self.version += 1
         st = self._streams.get(backend)
         if st is None:
             return
@@ -136,11 +140,17 @@ class KvIndex:
         """Backends whose events are expected."""
         return len(self._streams)
 
+    @property
+    def names(self) -> list[str]:
+        """The backends whose events are expected."""
+        return list(self._streams)
+
     def attached(self, backend: str) -> bool:
         return backend in self._streams
 
     def set_live(self, backend: str, live: bool) -> None:
         """The subscriber's view of the stream: connected and in sequence (`live`) or not."""
+        self.version += 1
         st = self._streams.get(backend)
         if st is not None:
             st.live = live
@@ -163,6 +173,7 @@ class KvIndex:
 
     def note_routed(self, backend: str) -> None:
         """A request was sent to `backend` (its engine should soon speak)."""
+        self.version += 1
         st = self._streams.get(backend)
         if st is not None:
             if st.unanswered == 0:
@@ -174,6 +185,7 @@ class KvIndex:
 
     def gap(self, backend: str) -> None:
         """Events were lost and not replayed: forget the backend's blocks, distrust it for a while."""
+        self.version += 1
         st = self._streams.get(backend)
         if st is None:
             return
@@ -192,6 +204,7 @@ class KvIndex:
         lora: str | None = None,
     ) -> int:
         """`BlockStored`: returns the number of blocks indexed (0: skipped, see the docstring)."""
+        self.version += 1
         st = self._streams.get(backend)
         if st is None:
             return 0
@@ -248,6 +261,7 @@ class KvIndex:
 
     def removed(self, backend: str, block_hashes: Iterable[Any]) -> None:
         """`BlockRemoved`."""
+        self.version += 1
         st = self._streams.get(backend)
         if st is None:
             return
@@ -260,6 +274,7 @@ class KvIndex:
 
     def cleared(self, backend: str) -> None:
         """`AllBlocksCleared`, or the engine restarted: it holds nothing."""
+        self.version += 1
         st = self._streams.get(backend)
         if st is None:
             return

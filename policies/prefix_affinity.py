@@ -183,6 +183,8 @@ class PrefixAffinity(BackendPolicy):
         self._kv = KvIndex(config.kv)
         # routing key -> (backend, when): decisions whose blocks the engine may not have announced
         self._pending: OrderedDict[int, tuple[str, float]] = OrderedDict()
+        # the last `holders` answer: (prompt, index version, clock, answer)
+        self._held: tuple[object, int, float, dict[str, float] | None] = (None, -1, 0.0, None)
 
     @property
     def config(self) -> PrefixAffinityConfig:
@@ -274,8 +276,11 @@ class PrefixAffinity(BackendPolicy):
                 # groups of the lightest of them. Not simply the lightest: working sets are this
                 # replica's own, and near-ties sent one group to different backends from different
                 # replicas. Opening groups take the lightest (see the module docstring, 3).
-                slack = 0.0 if opening_group(features, config) else config.placement_slack * preamble
-                placed = first_within(sizes[: config.group_choices], slack)
+                # The fleet's shared store names the backend another process placed it on.
+                placed = _position(ranked, features.placed_on)
+                if placed < 0:
+                    slack = 0.0 if opening_group(features, config) else config.placement_slack * preamble
+                    placed = first_within(sizes[: config.group_choices], slack)
                 warm[placed] = max(features.history_blocks, preamble)
             else:
                 # A hot group is kept warm on `span` backends (`policies.group_demand`): while fewer
@@ -348,17 +353,42 @@ class PrefixAffinity(BackendPolicy):
             if len(pending) > self._config.demand_entries:
                 pending.popitem(last=False)
 
-    def _exact(self, ranked: list[BackendView], features: RequestFeatures) -> dict[str, float] | None:
-        """Warm blocks (in the estimate's units) per backend whose events are usable, or None."""
+    def holders(self, features: RequestFeatures) -> dict[str, float] | None:
+        """Warm blocks (in the estimate's units) per backend of the fleet whose events are usable, or
+        None (no tokens, no streams). One scan of the index for every backend at once, remembered
+        until the index or the clock changes: the pool choice and the backend choice both ask."""
         prompt = features.prompt
-        if prompt is None or not self._kv.streams or not prompt.tokens:
+        kv = self._kv
+        if prompt is None or not kv.streams or not prompt.tokens:
             return None
-        held = self._kv.match(prompt, [b.name for b in ranked])
+        memo = self._held
+        if memo[0] is prompt and memo[1] == kv.version and memo[2] == kv.now:
+            return memo[3]
+        held = kv.match(prompt, kv.names)
+        out: dict[str, float] | None = None
+        if held:
+            # real tokens -> estimated blocks: the request's estimated tokens per real token
+            scale = features.prompt_tokens / (prompt.length * self._config.block_tokens)
+            out = {name: tokens * scale for name, tokens in held.items()}
+        self._held = (prompt, kv.version, kv.now, out)
+        return out
+
+    def _exact(self, ranked: list[BackendView], features: RequestFeatures) -> dict[str, float] | None:
+        """Warm blocks (in the estimate's units) per backend of `ranked` whose events are usable, or None."""
+        held = self.holders(features)
         if not held:
             return None
-        # real tokens -> estimated blocks: the request's estimated tokens per real token
-        scale = features.prompt_tokens / (prompt.length * self._config.block_tokens)
-        return {name: tokens * scale for name, tokens in held.items()}
+        out = {b.name: held[b.name] for b in ranked if b.name in held}
+        return out or None
+
+
+def _position(ranked: list[BackendView], name: str | None) -> int:
+    """The index of backend `name` in `ranked`, -1 when absent (or `name` is None)."""
+    if name is not None:
+        for i, b in enumerate(ranked):
+            if b.name == name:
+                return i
+    return -1
 
 
 def _first_two(entry: tuple[int, str, BackendView]) -> tuple[int, str]:

@@ -96,7 +96,7 @@ class Router:
             key = routing_key(features, self._key_config)
             sticky_key = mix64(key ^ _POOL_SALT)
             if pin is None and prefer is None and group_blocks(features, self._key_config):
-                place = functools.partial(self._groups.place, features=features, key=key)
+                place = functools.partial(self._place, features=features, key=key)
         pool_choice = choose_pool(
             snapshot,
             features,
@@ -121,6 +121,33 @@ class Router:
             reason=f"{pool_choice.reason}+{choice.reason}",
             affinity=choice.affinity,
         )
+
+    def _place(self, order: Sequence[PoolView], features: RequestFeatures, key: int) -> str:
+        """The pool a prefix group goes to among `order` (its candidate pools in rendezvous order):
+        the pool of the backend whose engine holds most of the group (its KV events), else the pool
+        of the backend the fleet's shared store placed it on, else this process's own placement
+        (`policies.pool_placement`). Engines' events and the shared store are what every routing
+        process sees alike; without them each process places a group by what it sent itself, and
+        two processes put one group in two pools."""
+        policy = self.policy
+        if isinstance(policy, PrefixAffinity):
+            held = policy.holders(features)
+            if held:
+                need = group_blocks(features, self._key_config) / 2
+                best, most = None, 0.0
+                for pool in order:
+                    for b in pool.backends:
+                        got = held.get(b.name, 0.0)
+                        if got > most and b.routable:
+                            best, most = pool.name, got
+                if best is not None and most >= need:
+                    return best
+        placed = features.placed_on
+        if placed is not None:
+            for pool in order:
+                if any(b.name == placed and b.routable for b in pool.backends):
+                    return pool.name
+        return self._groups.place(order, features, key)
 
 
 def _without(snapshot: FleetSnapshot, exclude: Collection[str]) -> FleetSnapshot:

@@ -43,6 +43,8 @@ class RequestFeatures:
     `prompt` is the request's token ids as the engine will see them (the model's chat template and
     tokenizer), with their block keys, when the gateway tokenizes for KV-event routing; None
     otherwise (the estimated blocks above are used alone).
+    `placed_on` is the backend the fleet's shared store names for the request's prefix group (the
+    first routing process to place the group set it; `policies.shared_load`), None without one.
     """
 
     model: str
@@ -58,6 +60,7 @@ class RequestFeatures:
     history_blocks: int = 0
     anchor_blocks: int = 0
     prompt: PromptBlocks | None = field(default=None, compare=False, repr=False)
+    placed_on: str | None = None
 
     @property
     def needs_tool_parser(self) -> bool:

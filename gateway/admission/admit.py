@@ -13,7 +13,8 @@ slot. Rejected: 429 in OpenAI's shape — `rate_limit_exceeded` with a true `ret
 under `fail_closed`: 503 (an outage is not the client's rate limit).
 
 Scopes with every limit at 0 are skipped; a principal with no limit and no budget at all costs no
-limiter call.
+limiter call - unless routing processes share their state (`share`, gateway/core/shared_load.py):
+that rides in the same call, and in the finalizer's, so it is made for every request then.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from gateway.admission.spend import PeriodClock, SpendBook
 from gateway.core.context import Principal, RequestContext
 from gateway.core.responses import Response
 from gateway.core.settings import ModelSettings
+from gateway.core.shared_load import LoadShare, ShareAsk
 from policies.admission import (
     Outcome,
     ScopeLimits,
@@ -81,8 +83,11 @@ class AdmitStage:
         on_budget: BudgetHook | None = None,
         book: SpendBook | None = None,
         clock: PeriodClock | None = None,
+        share: LoadShare | None = None,
     ) -> None:
         self._limiter = limiter
+        #: the routing state this process shares, carried by the limiter's calls (None: not shared)
+        self._share = share
         self._settings = settings
         self._on_reject = on_reject
         self._on_budget = on_budget
@@ -145,8 +150,9 @@ class AdmitStage:
         scopes = self.scopes(principal)
         # the spend of a principal whose requests are reconciled anyway (a tokens/min or concurrency
         # limit: the finalizer calls the limiter) is recorded in that same call: no extra round trip
+        share = self._share
         plan = self.book.plan(principal, self._reconciled(scopes))
-        if not scopes and plan is None:
+        if not scopes and plan is None and share is None:
             return None
         model = ctx.model
         assert model is not None, "the parse stage resolves the model"
@@ -164,7 +170,12 @@ class AdmitStage:
             price = self._price(model)
             now, day, month = self._clock.now()
             spend = plan.spend(day, month, model.name, reserve(price, prompt, completion))
-        ticket = await self._acquire(ctx, id, scopes, cost, spend, now)
+        ask = share.ask(ctx) if share is not None else None
+        try:
+            ticket = await self._acquire(ctx, id, scopes, cost, spend, now, ask)
+        finally:
+            if share is not None and ask is not None:
+                share.told(ctx, ask)
         ctx.extras["limit_ticket"] = ticket
 
         async def release(ctx: RequestContext) -> None:
@@ -177,7 +188,7 @@ class AdmitStage:
                 if usage is not None:
                     counts = (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens or 0)
                 final = settle(spend.reserved, price, counts, reached)
-            await self._limiter.finish(ticket, kept, final)
+            await self._limiter.finish(ticket, kept, final, share is not None)
 
         ctx.finalizers.append(release)
         return None
@@ -190,11 +201,12 @@ class AdmitStage:
         cost: int,
         spend: Spend | None,
         now: float,
+        ask: ShareAsk | None = None,
     ) -> Ticket:
         model = ctx.model
         assert model is not None
         try:
-            verdict, holder = await self._limiter.acquire(id, scopes, cost, spend)
+            verdict, holder = await self._limiter.acquire(id, scopes, cost, spend, ask)
         except LimiterUnavailable:
             self._reject("unavailable", ctx)
             raise ApiError(

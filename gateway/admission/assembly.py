@@ -38,6 +38,7 @@ from gateway.admission.spend import PeriodClock, SpendBook, SpendReport
 from gateway.core.context import ANONYMOUS, Principal, RequestContext
 from gateway.core.redis_wire import RespClient
 from gateway.core.settings import RedisSettings
+from gateway.core.shared_load import LoadShare
 from policies.budgets import Budget, Period
 from policies.features import FeatureConfig
 
@@ -131,11 +132,20 @@ class Admission:
         """After ValidateStage; `features` must be the routing's config (its estimate is reused)."""
         return SanitiseStage(self._sanitise, features, self.count_rejection)
 
-    def admit_stages(self) -> list[AdmitStage]:
+    def admit_stages(self, share: LoadShare | None = None) -> list[AdmitStage]:
         """After SanitiseStage; none when no limit or budget is configured and no API key can carry a
-        budget of its own (API keys off)."""
+        budget of its own (API keys off), unless routing state is shared (`share`: it rides in the
+        limiter's calls, so they are made for every request; only with Redis bound, see `start`)."""
         limits = self._limits
-        if limits.unlimited and not (self.authenticator is not None and self._auth.api_keys.enabled):
+        if self._redis_limiter is None:
+            share = None
+        elif share is not None:
+            self._redis_limiter.bind_share(share)
+        if (
+            limits.unlimited
+            and share is None
+            and not (self.authenticator is not None and self._auth.api_keys.enabled)
+        ):
             return []
         stage = AdmitStage(
             self.limiter,
@@ -143,6 +153,7 @@ class Admission:
             self.count_rejection,
             on_budget=self._observer.budget_rejection,
             book=self.spend_book,
+            share=share,
         )
         return [stage]
 

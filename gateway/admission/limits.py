@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from gateway.core.shared_load import ShareAsk
 from policies.admission import ScopeLimits, Verdict
 from policies.budgets import Budget, Charge
 
@@ -90,16 +91,26 @@ class Limiter(Protocol):
     name: str
 
     async def acquire(
-        self, id: str, scopes: Sequence[ScopeLimits], cost: int, spend: Spend | None = None
+        self,
+        id: str,
+        scopes: Sequence[ScopeLimits],
+        cost: int,
+        spend: Spend | None = None,
+        share: ShareAsk | None = None,
     ) -> Verdict:
         """Admit (and count) one request of `cost` tokens in every scope and, with `spend`, of
         `spend.reserved` in every budget and ledger — or reject it without counting anything (limits
-        are checked before budgets). Raises `StoreDown` when the backing store is unreachable."""
+        are checked before budgets). A shared limiter also carries `share` (the routing state,
+        gateway/core/shared_load.py) and sets its reply. Raises `StoreDown` when the backing store
+        is unreachable."""
         ...
 
-    async def finish(self, ticket: Ticket, kept_tokens: int, kept: Charge | None = None) -> None:
+    async def finish(
+        self, ticket: Ticket, kept_tokens: int, kept: Charge | None = None, share: bool = False
+    ) -> None:
         """Replace the ticket's reservation by `kept_tokens` (and its spend's by `kept`, recorded per
-        model in its ledgers) and free its concurrency slots."""
+        model in its ledgers) and free its concurrency slots; with `share`, a shared limiter also
+        carries this process's routing counts."""
         ...
 
     async def read_spend(self, ledgers: Sequence[str], logs: Sequence[tuple[str, int]]) -> SpendFigures:
@@ -154,15 +165,21 @@ class FailoverLimiter:
         return self._down
 
     async def acquire(
-        self, id: str, scopes: Sequence[ScopeLimits], cost: int, spend: Spend | None = None
+        self,
+        id: str,
+        scopes: Sequence[ScopeLimits],
+        cost: int,
+        spend: Spend | None = None,
+        share: ShareAsk | None = None,
     ) -> tuple[Verdict, str]:
-        """The verdict and the name of the limiter that gave it."""
+        """The verdict and the name of the limiter that gave it (`share` rides with Redis only: its
+        reply stays None when this process decided alone)."""
         primary = self._primary
         if primary is None:
             return await self._local.acquire(id, scopes, cost, spend), self._local.name
         if not self._down:
             try:
-                return await primary.acquire(id, scopes, cost, spend), primary.name
+                return await primary.acquire(id, scopes, cost, spend, share), primary.name
             except StoreDown:
                 self._mark_down()
         if self._mode == "fail_closed":
@@ -170,12 +187,14 @@ class FailoverLimiter:
         self._emit("fallback")
         return await self._local.acquire(id, scopes, cost, spend), self._local.name
 
-    async def finish(self, ticket: Ticket, kept_tokens: int, kept: Charge | None = None) -> None:
+    async def finish(
+        self, ticket: Ticket, kept_tokens: int, kept: Charge | None = None, share: bool = False
+    ) -> None:
         if ticket.holder == self._local.name or self._primary is None:
             await self._local.finish(ticket, kept_tokens, kept)
             return
         try:
-            await self._primary.finish(ticket, kept_tokens, kept)
+            await self._primary.finish(ticket, kept_tokens, kept, share)
         except StoreDown:
             # The slot's lease expires on its own; the reservation stays counted (conservative).
             self._mark_down()

@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from gateway.admission.limits import Ledger, Spend, SpendFigures, Ticket
+from gateway.core.shared_load import ShareAsk
 from policies.admission import Outcome, ScopeLimits, Verdict
 from policies.budgets import Charge
 
@@ -139,8 +140,14 @@ class LocalLimiter:
         return names
 
     async def acquire(
-        self, id: str, scopes: Sequence[ScopeLimits], cost: int, spend: Spend | None = None
+        self,
+        id: str,
+        scopes: Sequence[ScopeLimits],
+        cost: int,
+        spend: Spend | None = None,
+        share: ShareAsk | None = None,
     ) -> Verdict:
+        """`share` is not carried: this limiter is this process's alone (no reply is set)."""
         return self.acquire_now(id, scopes, cost, spend)
 
     def acquire_now(
@@ -263,7 +270,9 @@ class LocalLimiter:
                 )
         return None
 
-    async def finish(self, ticket: Ticket, kept_tokens: int, kept: Charge | None = None) -> None:
+    async def finish(
+        self, ticket: Ticket, kept_tokens: int, kept: Charge | None = None, share: bool = False
+    ) -> None:
         for lim in ticket.scopes:
             st = self._scopes.get(lim.key)
             if st is None:

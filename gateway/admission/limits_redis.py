@@ -23,6 +23,18 @@ a TTL of one window (one lease for `:con`), so idle users cost nothing.
 
 Concurrency slots are leases: this replica renews the slots it holds every `lease / 3`; a replica
 that dies stops renewing and its slots vanish after at most one lease.
+
+Shared routing state rides in the same two scripts (gateway/core/shared_load.py; docs/routing.md,
+*Shared load*), under its own hash tag (so not on Redis Cluster, where the root leaves it off):
+
+    gw:rt:{rt}:load        hash    field = routing process, value = "<lease expiry ms>|" + msgpack
+                                   map backend -> its in-flight requests (as of its last call)
+    gw:rt:{rt}:g:<key>     string  the backend a prefix group was first placed on (SET NX, PX ttl)
+
+Every call of a process (a request's admission, its finish, the renewer while it has requests in
+flight and nothing else to say) rewrites its field and reads the others' live fields, summed per
+backend; a field past its expiry (a process that died) is deleted by whoever reads it next. So a
+process's counts are as fresh as its last call, and a dead one's vanish after one lease.
 """
 
 from __future__ import annotations
@@ -31,15 +43,17 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import msgpack
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.admission.limits import Spend, SpendFigures, StoreDown, Ticket
 from gateway.core.redis_wire import ReplyError, RespClient, WireDown
+from gateway.core.shared_load import LoadShare, ShareAsk, ShareReply
 from gateway.core.tasks import cancel_and_wait, stop_requested
 from policies.admission import Outcome, ScopeLimits, Verdict
 from policies.budgets import Charge
@@ -50,6 +64,56 @@ _OUTAGE = (RedisConnectionError, RedisTimeoutError, OSError, WireDown)
 #: error replies that mean "Redis cannot serve right now" (restarting, failing over), not a bug
 _TRANSIENT = ("LOADING", "BUSY", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERDOWN")
 
+# The shared routing state (see the module docstring), one Lua function both scripts include: `q` is
+# the index before its ARGV (process, lease_ms, msgpack counts, proposal or '', placement ttl_ms),
+# `load` and `group` its keys (group nil: no placement asked), `placing` whether a proposal may be
+# set. Returns the other live processes' counts as a flat name/count list, and the placement (false
+# when none).
+SHARE_LUA = """
+local function share(load, group, q, placing)
+  local proc, lease, counts = ARGV[q + 1], tonumber(ARGV[q + 2]), ARGV[q + 3]
+  if counts == '' then
+    redis.call('HDEL', load, proc)
+  else
+    redis.call('HSET', load, proc, (now + lease) .. '|' .. counts)
+  end
+  redis.call('PEXPIRE', load, lease * 2)
+  local sums, names = {}, {}
+  local all = redis.call('HGETALL', load)
+  for j = 1, #all, 2 do
+    if all[j] ~= proc then
+      local v = all[j + 1]
+      local bar = string.find(v, '|', 1, true)
+      if bar == nil or tonumber(string.sub(v, 1, bar - 1)) < now then
+        redis.call('HDEL', load, all[j])
+      else
+        for name, n in pairs(cmsgpack.unpack(string.sub(v, bar + 1))) do
+          if sums[name] == nil then
+            sums[name] = n
+            names[#names + 1] = name
+          else
+            sums[name] = sums[name] + n
+          end
+        end
+      end
+    end
+  end
+  local flat = {}
+  for _, name in ipairs(names) do
+    flat[#flat + 1] = name
+    flat[#flat + 1] = sums[name]
+  end
+  local placed = false
+  if group then
+    local ttl = ARGV[q + 5]
+    if placing and ARGV[q + 4] ~= '' then redis.call('SET', group, ARGV[q + 4], 'NX', 'PX', ttl) end
+    placed = redis.call('GET', group)
+    if placed then redis.call('PEXPIRE', group, ttl) end
+  end
+  return flat, placed
+end
+"""
+
 # KEYS: 4 per scope (req, tok, sum, con), then one per ledger, then two per rolling budget (log,
 # sum). ARGV: window_ms, id, cost, lease_ms, n, then per scope requests, tokens, concurrent (0 =
 # unlimited); then (optional, budgets and ledgers) L ledgers, C calendar budgets, R rolling budgets,
@@ -57,11 +121,18 @@ _TRANSIENT = ("LOADING", "BUSY", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERD
 # (its ledger's index from 1, unit 0 tokens / 1 money, limit), per rolling budget (unit, limit,
 # window_ms). Returns {outcome, scope, retry_ms, limit_req, remaining_req, reset_req_ms, limit_tok,
 # remaining_tok, reset_tok_ms, used, requested}; for a budget, scope is its index among the budgets
-# (calendar ones first) and retry_ms is set for rolling ones only.
-ACQUIRE = """
+# (calendar ones first) and retry_ms is set for rolling ones only. With shared routing state (the
+# budget part then present, zeros when there are no budgets): after the rolling budgets' keys the
+# load hash and optionally the group key, after their ARGV the share's (SHARE_LUA); the reply then
+# also holds the other processes' counts and the group's placement.
+ACQUIRE = (
+    """
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+    + SHARE_LUA
+    + """
 local window = tonumber(ARGV[1])
 local id = ARGV[2]
 local cost = tonumber(ARGV[3])
@@ -227,15 +298,31 @@ if add == 1 then
     redis.call('PEXPIRE', sum, span)
   end
 end
+local q = ra + nr * 3
+if ARGV[q + 1] then
+  local flat, placed = share(KEYS[rk + nr * 2 + 1], KEYS[rk + nr * 2 + 2], q, add == 1)
+  return {fail, fail_scope, retry, lr, rr, sr, lt, rt, st, used, requested, flat, placed}
+end
 return {fail, fail_scope, retry, lr, rr, sr, lt, rt, st, used, requested}
 """
+)
 
 # KEYS: 4 per scope, then one per ledger, then two per rolling budget (log, sum). ARGV: id,
 # reserved, kept, n, then per scope has_tokens, has_concurrency; then (optional) L ledgers, R
 # rolling budgets, the ledgers' token and money deltas (kept minus reserved), the kept
 # tokens and nano-dollars, the reserved tokens and nano-dollars, the model, L ledger expiries (Unix
-# ms), per rolling budget its unit (0 tokens, 1 money). Amounts travel as decimal strings.
-FINISH = """
+# ms), per rolling budget its unit (0 tokens, 1 money). Amounts travel as decimal strings. With
+# shared routing state: L and R are present (0 0 and nothing else when there is no spend), then the
+# load hash's key after the others and the share's ARGV (SHARE_LUA) last; returns the other
+# processes' counts (a flat name/count list), else 1.
+FINISH = (
+    """
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+    + SHARE_LUA
+    + """
 local id, reserved, kept, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 for i = 1, n do
   local k = (i - 1) * 4
@@ -252,36 +339,58 @@ for i = 1, n do
 end
 local b = 4 + n * 2
 local nl, nr = tonumber(ARGV[b + 1] or '0'), tonumber(ARGV[b + 2] or '0')
-if nl + nr == 0 then return 1 end
-local dt, du, kt, ku, rt, ru, model = ARGV[b + 3], ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], ARGV[b + 7], ARGV[b + 8], ARGV[b + 9]
 local lk = n * 4
-for j = 1, nl do
-  local key = KEYS[lk + j]
-  if dt ~= '0' then redis.call('HINCRBY', key, 'tok', dt) end
-  if du ~= '0' then redis.call('HINCRBY', key, 'usd', du) end
-  redis.call('HINCRBY', key, 'req', 1)
-  redis.call('HINCRBY', key, 'm:' .. model .. ':tok', kt)
-  if ku ~= '0' then redis.call('HINCRBY', key, 'm:' .. model .. ':usd', ku) end
-  redis.call('HINCRBY', key, 'm:' .. model .. ':req', 1)
-  redis.call('PEXPIREAT', key, ARGV[b + 9 + j])
-end
-local ra = b + 9 + nl
-for j = 1, nr do
-  local was, now_ = rt, kt
-  if ARGV[ra + j] == '1' then was, now_ = ru, ku end
-  if was ~= now_ then
-    local key, sum = KEYS[lk + nl + j * 2 - 1], KEYS[lk + nl + j * 2]
-    local old = id .. ':' .. was
-    local score = redis.call('ZSCORE', key, old)
-    if score then
-      redis.call('ZREM', key, old)
-      if now_ ~= '0' then redis.call('ZADD', key, score, id .. ':' .. now_) end
-      redis.call('INCRBY', sum, tonumber(now_) - tonumber(was))
+local q = b + 2
+if nl + nr > 0 then
+  local dt, du, kt, ku, rt, ru, model = ARGV[b + 3], ARGV[b + 4], ARGV[b + 5], ARGV[b + 6], ARGV[b + 7], ARGV[b + 8], ARGV[b + 9]
+  for j = 1, nl do
+    local key = KEYS[lk + j]
+    if dt ~= '0' then redis.call('HINCRBY', key, 'tok', dt) end
+    if du ~= '0' then redis.call('HINCRBY', key, 'usd', du) end
+    redis.call('HINCRBY', key, 'req', 1)
+    redis.call('HINCRBY', key, 'm:' .. model .. ':tok', kt)
+    if ku ~= '0' then redis.call('HINCRBY', key, 'm:' .. model .. ':usd', ku) end
+    redis.call('HINCRBY', key, 'm:' .. model .. ':req', 1)
+    redis.call('PEXPIREAT', key, ARGV[b + 9 + j])
+  end
+  local ra = b + 9 + nl
+  for j = 1, nr do
+    local was, now_ = rt, kt
+    if ARGV[ra + j] == '1' then was, now_ = ru, ku end
+    if was ~= now_ then
+      local key, sum = KEYS[lk + nl + j * 2 - 1], KEYS[lk + nl + j * 2]
+      local old = id .. ':' .. was
+      local score = redis.call('ZSCORE', key, old)
+      if score then
+        redis.call('ZREM', key, old)
+        if now_ ~= '0' then redis.call('ZADD', key, score, id .. ':' .. now_) end
+        redis.call('INCRBY', sum, tonumber(now_) - tonumber(was))
+      end
     end
   end
+  q = ra + nr
+end
+if ARGV[q + 1] then
+  local flat = share(KEYS[lk + nl + nr * 2 + 1], nil, q, false)
+  return flat
 end
 return 1
 """
+)
+
+# KEYS[1]: the load hash. ARGV: the share's (SHARE_LUA). The renewer's report of a process with
+# requests in flight that made no other call for a while; returns the other processes' counts.
+REPORT = (
+    """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+    + SHARE_LUA
+    + """
+local flat = share(KEYS[1], nil, 0, false)
+return flat
+"""
+)
 
 # KEYS: ledgers, then rolling logs. ARGV: L, then per log its window (ms). Returns each ledger's
 # fields (flat name/value lists) and each log's sum over its window, by Redis's own clock.
@@ -381,6 +490,29 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+LOAD_KEY = "gw:rt:{rt}:load"
+GROUP_KEY = "gw:rt:{rt}:g:"
+
+
+def _share_args(share: LoadShare, counts: Mapping[str, int], proposal: str | None, args: list[Any]) -> None:
+    """SHARE_LUA's ARGV (see the script): process, lease, packed counts, proposal, placement ttl."""
+    live = {name: n for name, n in counts.items() if n > 0}
+    args += (
+        share.process,
+        max(1, int(share.lease_s * 1000)),
+        msgpack.packb(live) if live else b"",
+        proposal or "",
+        max(1, int(share.placement_ttl_s * 1000)),
+    )
+
+
+def _others(flat: Any) -> dict[str, int]:
+    """SHARE_LUA's flat name/count list as a mapping."""
+    if not isinstance(flat, list):
+        return {}
+    return {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
+
+
 class RedisLimiter:
     """The shared limiter. Contract: `acquire` is one EVALSHA round trip; any connection failure or
     timeout is raised as `StoreDown` (the caller decides what an outage means).
@@ -413,12 +545,26 @@ class RedisLimiter:
             self._acquire = WireScript(wire, ACQUIRE)
             self._finish = WireScript(wire, FINISH)
         self._renew = redis.register_script(RENEW)
+        self._report: Callable[..., Any] = redis.register_script(REPORT)
         #: concurrency slots this replica holds: id → the `:con` keys
         self._held: dict[str, list[str]] = {}
         self._renewer: asyncio.Task[None] | None = None
+        #: the routing state this process shares (None: not shared), and when it last called
+        self._share: LoadShare | None = None
+        self._shared_at = 0.0
+        self._reporter: asyncio.Task[None] | None = None
+
+    def bind_share(self, share: LoadShare) -> None:
+        """Carry `share`'s routing state in this limiter's calls (gateway/core/shared_load.py)."""
+        self._share = share
 
     async def acquire(
-        self, id: str, scopes: Sequence[ScopeLimits], cost: int, spend: Spend | None = None
+        self,
+        id: str,
+        scopes: Sequence[ScopeLimits],
+        cost: int,
+        spend: Spend | None = None,
+        share: ShareAsk | None = None,
     ) -> Verdict:
         keys: list[str] = []
         args: list[Any] = [self._window_ms, id, cost, self._lease_ms, len(scopes)]
@@ -431,6 +577,14 @@ class RedisLimiter:
                 con.append(ks[3])
         if spend is not None:
             _budget_args(spend, keys, args)
+        bound = self._share
+        if share is not None and bound is not None:
+            if spend is None:
+                args += (0, 0, 0, 0, 0)  # no budgets: the part the share's arguments follow
+            keys.append(LOAD_KEY)
+            if share.group is not None:
+                keys.append(GROUP_KEY + share.group)
+            _share_args(bound, share.counts, share.proposal, args)
         observe = self._observe
         t0 = time.perf_counter()
         try:
@@ -445,14 +599,23 @@ class RedisLimiter:
             raise
         if observe is not None:
             observe("limit", time.perf_counter() - t0)
-        verdict = Verdict(Outcome(int(r[0])), *(int(x) for x in r[1:]))
+        verdict = Verdict(Outcome(int(r[0])), *(int(x) for x in r[1:11]))
+        if share is not None and bound is not None and len(r) > 11:
+            self._shared_at = time.monotonic()
+            placed = r[12] if len(r) > 12 else None
+            share.reply = ShareReply(_others(r[11]), _text(placed) if placed else None)
+            self._start_reporter()
         if con and verdict.outcome is Outcome.ADMITTED:
             self._held[id] = con
             if self._renewer is None:
                 self._renewer = asyncio.get_running_loop().create_task(self._renew_forever())
         return verdict
 
-    async def finish(self, ticket: Ticket, kept_tokens: int, kept: Charge | None = None) -> None:
+    async def finish(
+        self, ticket: Ticket, kept_tokens: int, kept: Charge | None = None, share: bool = False
+    ) -> None:
+        """With `share`, the call also carries this process's routing counts (and brings back the
+        others')."""
         self._held.pop(ticket.id, None)
         keys: list[str] = []
         args: list[Any] = [ticket.id, ticket.reserved, kept_tokens, len(ticket.scopes)]
@@ -463,19 +626,66 @@ class RedisLimiter:
             args += ("1" if has_tok else "0", "1" if s.concurrent else "0")
             needed = needed or has_tok or s.concurrent > 0
         spend = ticket.spend
-        if spend is not None and (spend.meters or spend.ledgers):
+        settled = spend is not None and bool(spend.meters or spend.ledgers)
+        if spend is not None and settled:
             _settle_args(spend, kept or spend.reserved, keys, args)
+            needed = True
+        bound = self._share if share else None
+        if bound is not None:
+            if not settled:
+                args += (0, 0)  # no spend: the part the share's arguments follow
+            keys.append(LOAD_KEY)
+            _share_args(bound, bound.counts(), None, args)
             needed = True
         if not needed:
             return
         try:
-            await self._finish(keys=keys, args=args)
+            r = await self._finish(keys=keys, args=args)
         except _OUTAGE as exc:
             raise StoreDown(str(exc)) from exc
         except ReplyError as exc:
             if str(exc).startswith(_TRANSIENT):
                 raise StoreDown(str(exc)) from exc
             raise
+        if bound is not None:
+            self._shared_at = time.monotonic()
+            bound.heard(_others(r))
+
+    def _start_reporter(self) -> None:
+        if self._reporter is None:
+            self._reporter = asyncio.get_running_loop().create_task(self._report_forever())
+
+    async def _report_forever(self) -> None:
+        """Keep this process's counts alive in the store while it has requests in flight and made
+        no other call for a third of the lease (long streams at low traffic); one small script, off
+        the request path."""
+        share = self._share
+        assert share is not None
+        period = share.lease_s / 3
+        while not stop_requested():
+            await asyncio.sleep(period / 2)
+            if time.monotonic() - self._shared_at < period or not any(share.counts().values()):
+                continue
+            try:
+                await self.report()
+            except Exception as exc:  # the next period tries again
+                if stop_requested():
+                    return
+                log.warning("reporting the routing counts failed: %s", exc)
+
+    async def report(self) -> None:
+        """Rewrite this process's counts in the store and read the others' (the renewer's call)."""
+        share = self._share
+        if share is None:
+            return
+        args: list[Any] = []
+        _share_args(share, share.counts(), None, args)
+        try:
+            r = await self._report(keys=[LOAD_KEY], args=args)
+        except _OUTAGE as exc:
+            raise StoreDown(str(exc)) from exc
+        self._shared_at = time.monotonic()
+        share.heard(_others(r))
 
     async def read_spend(self, ledgers: Sequence[str], logs: Sequence[tuple[str, int]]) -> SpendFigures:
         """One read-only script (Redis's clock for the rolling windows); StoreDown when unreachable."""
@@ -516,3 +726,5 @@ class RedisLimiter:
     async def aclose(self) -> None:
         if self._renewer is not None:
             await cancel_and_wait([self._renewer], within_s=2.0, what="the lease renewer")
+        if self._reporter is not None:
+            await cancel_and_wait([self._reporter], within_s=2.0, what="the routing counts reporter")

@@ -21,6 +21,20 @@ class RuleSettings(SettingsModel):
     strict: bool = False
 
 
+class SharedSettings(SettingsModel):
+    """Routing state shared between routing processes through Redis (docs/routing.md, *Shared load*):
+    in-flight counts per backend and new prefix groups' placements, in the admission's round trip."""
+
+    #: share when Redis is configured (standalone or sentinel; not on Redis Cluster)
+    enabled: bool = True
+    #: a process's counts count this long after its last call (a crashed process's vanish then)
+    lease_s: float = Field(10.0, gt=0)
+    #: a group's placement lives this long after it was last read or set
+    placement_ttl_s: float = Field(600.0, gt=0)
+    #: groups whose placement this process remembers (it proposes one only for a group it does not know)
+    placements: int = Field(4096, ge=1)
+
+
 class RoutingSettings(SettingsModel):
     #: backend choice inside a pool (docs/routing.md)
     policy: Literal["prefix_affinity", "least_load", "power_of_two", "round_robin"] = "prefix_affinity"
@@ -33,3 +47,5 @@ class RoutingSettings(SettingsModel):
     scrape_interval_s: float = Field(2.0, ge=0)
     #: scraped figures older than this are ignored
     scrape_stale_s: float = Field(10.0, gt=0)
+    #: in-flight counts and group placements shared between routing processes (with Redis)
+    shared: SharedSettings = Field(default_factory=SharedSettings)

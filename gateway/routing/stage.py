@@ -18,6 +18,7 @@ from engines.errors import ApiError, model_not_found, overloaded
 from gateway.core.context import RequestContext
 from gateway.core.fleet import Fleet
 from gateway.core.responses import Response, safe_header_value
+from gateway.routing.shared_load import SharedLoad
 from gateway.routing.tokens import PromptTokens
 from policies.features import FeatureConfig, extract_features
 from policies.router import Router
@@ -48,27 +49,52 @@ class RouteStage:
         self._random = random.Random()
         self._on_decision = on_decision
         self._header_values: dict[str, bytes] = {}
+        #: the state shared with the other routing processes (set by the root with Redis), or None
+        self.shared: SharedLoad | None = None
 
-    async def __call__(self, ctx: RequestContext) -> Response | None:
+    def prepare(self, ctx: RequestContext) -> RequestFeatures:
+        """The request's features, with its token blocks when the engines' events are consumed
+        (computed once per request: the shared state may ask before admission)."""
+        extras = ctx.extras
         # the sanitise stage computed them already (same config, same session key): reuse
-        features = ctx.extras.get("features") or extract_features(
+        features: RequestFeatures = extras.get("features") or extract_features(
             ctx.body, self.features, session_key=ctx.principal.user
         )
-        now = time.monotonic()
         kv = self.router.kv_index
-        if kv is not None and kv.streams and self.tokens is not None and features.prompt is None:
-            kv.tick(now)
+        if (
+            kv is not None
+            and kv.streams
+            and self.tokens is not None
+            and features.prompt is None
+            and "tokenized" not in extras
+        ):
+            extras["tokenized"] = True
+            kv.tick(time.monotonic())
             prompt = self.tokens.blocks(ctx.body, features.anchor_hash)
             if prompt is not None:
                 features = dataclasses.replace(features, prompt=prompt)
-        ctx.extras["features"] = features
+        extras["features"] = features
+        return features
+
+    def snapshot(self, now: float) -> FleetSnapshot:
+        """The fleet as routing sees it: with the other processes' in-flight counts when shared."""
+        shared = self.shared
+        return shared.snapshot(now) if shared is not None else self._fleet.snapshot(now)
+
+    async def __call__(self, ctx: RequestContext) -> Response | None:
+        features = self.prepare(ctx)
+        now = time.monotonic()
+        kv = self.router.kv_index
+        if kv is not None and kv.streams:
+            kv.tick(now)
+        if self.shared is not None:
+            ctx.extras["features"] = self.shared.features(ctx, features)
         pin: str | None = None
         if ctx.principal.is_admin:
             raw = ctx.headers.get(PIN_HEADER)
             if raw:
                 pin = ctx.extras["pin"] = raw.decode("latin-1")
-        snapshot = self._fleet.snapshot(now)
-        self._apply(ctx, self.decide(snapshot, ctx, pin))
+        self._apply(ctx, self.decide(self.snapshot(now), ctx, pin))
         return None
 
     def decide(
@@ -94,25 +120,41 @@ class RouteStage:
     def explain(self, body: dict[str, Any], pin: str | None) -> dict[str, Any]:
         """Where `body` would be routed now, and why (a dry run: no routing state changes)."""
         features = extract_features(body, self.features)
+        held: dict[str, int] | None = None
+        kv = self.router.kv_index
+        if kv is not None and kv.streams and self.tokens is not None:
+            # what the engines' events say each backend holds of this prompt (tokens), as routing sees
+            # it (no conversation: a dry run leaves the tokenizer's reuse cache alone)
+            prompt = self.tokens.blocks(body)
+            if prompt is not None:
+                features = dataclasses.replace(features, prompt=prompt)
+                held = kv.match(prompt, kv.names)
+        shared = self.shared.describe() if self.shared is not None else None
         try:
             decision = self.router.decide(
-                self._fleet.snapshot(time.monotonic()), features, 0.5, pin=pin, dry_run=True
+                self.snapshot(time.monotonic()), features, 0.5, pin=pin, dry_run=True
             )
         except RoutingError as exc:
-            return {
+            out: dict[str, Any] = {
                 "routable": False,
                 "error": exc.kind,
                 "reason": exc.reason,
                 "features": _features_dict(features),
             }
-        return {
-            "routable": True,
-            "pool": decision.pool,
-            "backend": decision.backend,
-            "reason": decision.reason,
-            "affinity": decision.affinity,
-            "features": _features_dict(features),
-        }
+        else:
+            out = {
+                "routable": True,
+                "pool": decision.pool,
+                "backend": decision.backend,
+                "reason": decision.reason,
+                "affinity": decision.affinity,
+                "features": _features_dict(features),
+            }
+        if held is not None:
+            out["kv_held_tokens"] = held
+        if shared is not None:
+            out["shared"] = shared
+        return out
 
     def reroute(self, ctx: RequestContext, exclude: set[str]) -> None:
         """Choose another backend for a retry, never one already tried: in the same pool while it has
@@ -121,7 +163,7 @@ class RouteStage:
         when none is left. Reasons: `retry+<backend policy>` in the pool, `failover+<pool choice>` to
         another pool."""
         assert ctx.pool is not None
-        snapshot = self._fleet.snapshot(time.monotonic())
+        snapshot = self.snapshot(time.monotonic())
         came_from = ctx.pool.name
         decision = self.decide(snapshot, ctx, ctx.extras.get("pin"), exclude, prefer=came_from)
         if decision.pool == came_from:

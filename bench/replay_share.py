@@ -1,0 +1,61 @@
+"""What the replay's routing processes learn from outside themselves: the engines' KV-cache events and
+the shared store (Redis), modelled in virtual time for `bench/replay.py`.
+
+**Events** (`EventFeed`). The batching engines record their `BlockStored` / `BlockRemoved` /
+`AllBlocksCleared` as each step completes (`engines.sim.step_model`, as the simulators publish them);
+every routing process's own `KvIndex` receives every batch `delay_s` later, as the gateway's ZMQ
+subscriber feeds it. With `loss`, each process independently misses a batch with that probability and,
+as the gateway does for a sequence gap it cannot replay, forgets that backend's blocks and distrusts
+its stream for `KvIndexConfig.relearn_s` (`KvIndex.gap`).
+
+**Shared store** (`SharedStore`): what the admission's one EVALSHA carries in the gateway
+(gateway/admission/limits_redis.py, gateway/routing/shared_load.py). Each process reports its own
+in-flight counts when it calls the store - on every request's admission (before that request is routed,
+so the request itself is not in it) and on every request's finish - and reads the other processes'
+counts as they last reported them: the staleness the gateway has. A new prefix group's placement is
+`SET NX` at admission (the first process's proposal wins) and read by every later request of the group.
+The store answers instantly (no round-trip time is modelled: on a LAN it is ~0.1-0.3 ms, against steps
+of 40 ms and more).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EventFeed:
+    """How the engines' events reach the routing processes."""
+
+    delay_s: float = 0.002  # from the end of the engine's step to every process's index
+    loss: float = 0.0  # probability that one process misses one batch (a gap, not replayed)
+
+
+class SharedStore:
+    """The shared routing state of the replay's processes (see the module docstring)."""
+
+    __slots__ = ("_reported", "calls", "placements")
+
+    def __init__(self, processes: int) -> None:
+        self._reported: list[dict[str, int]] = [{} for _ in range(processes)]
+        self.placements: dict[int, str] = {}
+        self.calls = 0
+
+    def call(self, process: int, own: Mapping[str, int]) -> dict[str, int]:
+        """`process` reports its in-flight counts and reads the others' (as last reported)."""
+        self.calls += 1
+        self._reported[process] = {b: n for b, n in own.items() if n}
+        others: dict[str, int] = {}
+        for q, counts in enumerate(self._reported):
+            if q == process:
+                continue
+            for b, n in counts.items():
+                others[b] = others.get(b, 0) + n
+        return others
+
+    def place(self, key: int, proposal: str | None) -> str | None:
+        """SET NX of a group's placement (when a proposal is given), then its value."""
+        if proposal is not None:
+            self.placements.setdefault(key, proposal)
+        return self.placements.get(key)

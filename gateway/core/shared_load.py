@@ -1,0 +1,78 @@
+"""Routing state shared between routing processes, carried by the admission's one round trip to Redis.
+
+Two wings meet here: routing knows what to share (`gateway/routing/shared_load.py`, over the pure
+`policies.shared_load`), admission owns the round trip that carries it (the limiter's `EVALSHA`,
+`gateway/admission/limits_redis.py`). Neither imports the other: the root hands admission a
+`LoadShare`, and the values travel in the types below.
+
+Per request: before the admission's call, `LoadShare.ask(ctx)` gives a `ShareAsk` (this process's
+in-flight counts, and the request's prefix group with this process's proposed placement); the limiter
+sends it with the limits, and fills `ShareAsk.reply` when Redis answered (the other processes' counts
+and the group's placement). After the call `LoadShare.told(ctx, ask)` takes the answer (or its
+absence: Redis down, or the limiter of this process alone decided). When the request has ended, the
+finish call carries the counts again (`LoadShare.counts()`) and brings back the others' counts
+(`LoadShare.heard`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from gateway.core.context import RequestContext
+
+
+@dataclass(frozen=True, slots=True)
+class ShareReply:
+    """What the store answered: the other live processes' in-flight counts per backend (summed),
+    and the placement of the request's group (None: no group asked, or none set)."""
+
+    others: Mapping[str, int]
+    placed: str | None = None
+
+
+class ShareAsk:
+    """What one call carries to the store (see the module docstring); `reply` is set by the limiter
+    when the store answered."""
+
+    __slots__ = ("counts", "group", "proposal", "reply")
+
+    def __init__(
+        self, counts: Mapping[str, int], group: str | None = None, proposal: str | None = None
+    ) -> None:
+        self.counts = counts
+        self.group = group
+        self.proposal = proposal
+        self.reply: ShareReply | None = None
+
+
+class LoadShare(Protocol):
+    """The routing side of the shared state, as admission sees it."""
+
+    #: this process's name in the store (unique per process)
+    process: str
+    #: a process's counts count for this long after its last call (a crashed process's expire)
+    lease_s: float
+    #: a group's placement lives this long after it was last read or set
+    placement_ttl_s: float
+
+    def ask(self, ctx: RequestContext) -> ShareAsk:
+        """What the admission's call carries for this request."""
+        ...
+
+    def told(self, ctx: RequestContext, ask: ShareAsk) -> None:
+        """The call is over; `ask.reply` is None when the store did not answer."""
+        ...
+
+    def counts(self) -> Mapping[str, int]:
+        """This process's in-flight counts now (finish calls and lease renewals carry them)."""
+        ...
+
+    def heard(self, others: Mapping[str, int]) -> None:
+        """The other processes' counts, from a call that was not a request's admission."""
+        ...
+
+
+__all__ = ["LoadShare", "ShareAsk", "ShareReply"]

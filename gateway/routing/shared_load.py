@@ -1,0 +1,122 @@
+"""This routing process's side of the state routing processes share through Redis: its in-flight
+counts and the placement of new prefix groups (docs/routing.md, *Shared load*).
+
+`SharedLoad` is the `gateway.core.shared_load.LoadShare` the root hands to admission, whose one
+round trip per request carries it (gateway/admission/limits_redis.py). What to ask and what an answer
+means is pure (`policies.shared_load`); here are the process's name, its counts (the fleet's
+`in_flight`, which the proxy keeps), the last view of the other processes' counts with its age, and
+the request's placement handed to the route stage through the context.
+
+Without an answer - no Redis, an outage, the local limiter deciding - nothing is shared: the view of
+the others ages out after one lease and the route stage routes on this process's own counts, as a
+single process does. Nothing here can fail a request.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+
+from gateway.core.context import RequestContext
+from gateway.core.fleet import Fleet
+from gateway.core.shared_load import ShareAsk
+from gateway.routing.settings import SharedSettings
+from policies.router import Router
+from policies.shared_load import Ask, SharedRouting, key_text, with_others
+from policies.types import FleetSnapshot, RequestFeatures
+
+#: the request's features with its tokens (the route stage's `prepare`)
+Prepare = Callable[[RequestContext], RequestFeatures]
+
+
+def process_name() -> str:
+    """A name no other routing process has: host, pid and a random part (pids repeat in containers)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+
+
+class SharedLoad:
+    """See the module docstring. Event loop only."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        router: Router,
+        prepare: Prepare,
+        settings: SharedSettings,
+        *,
+        process: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.process = process or process_name()
+        self.lease_s = settings.lease_s
+        self.placement_ttl_s = settings.placement_ttl_s
+        self._fleet = fleet
+        self._prepare = prepare
+        self._routing = SharedRouting(router, settings.placements)
+        self._clock = clock
+        self._others: Mapping[str, int] = {}
+        self._at = -float("inf")
+        #: answers received, and requests whose group placement came from the store (for operators)
+        self.replies = 0
+        self.placements = 0
+
+    # -- LoadShare --------------------------------------------------------------------------------
+    def ask(self, ctx: RequestContext) -> ShareAsk:
+        counts = self.counts()
+        features = ctx.extras.get("features")
+        if features is None or not self._routing.grouped(features):
+            return ShareAsk(counts)
+        features = self._prepare(ctx)  # the engines' events need the request's tokens
+        ask = self._routing.ask(self.snapshot(), features)
+        if ask is None:
+            return ShareAsk(counts)
+        ctx.extras["share_ask"] = ask
+        return ShareAsk(counts, key_text(ask.key), ask.proposal)
+
+    def told(self, ctx: RequestContext, ask: ShareAsk) -> None:
+        reply = ask.reply
+        if reply is None:
+            return
+        self.heard(reply.others)
+        mine: Ask | None = ctx.extras.get("share_ask")
+        if mine is not None:
+            self._routing.learn(mine.key, reply.placed)
+            if reply.placed is not None:
+                ctx.extras["placed_on"] = reply.placed
+                self.placements += 1
+
+    def counts(self) -> dict[str, int]:
+        return {name: b.in_flight for name, b in self._fleet.backends.items() if b.in_flight > 0}
+
+    def heard(self, others: Mapping[str, int]) -> None:
+        self._others = others
+        self._at = self._clock()
+        self.replies += 1
+
+    # -- the route stage's view ---------------------------------------------------------------------
+    def others(self) -> Mapping[str, int]:
+        """The other processes' in-flight counts as last heard, empty once older than a lease."""
+        if self._clock() - self._at > self.lease_s:
+            return {}
+        return self._others
+
+    def snapshot(self, now: float | None = None) -> FleetSnapshot:
+        """The fleet with the other processes' counts added to this process's own."""
+        return with_others(self._fleet.snapshot(self._clock() if now is None else now), self.others())
+
+    def features(self, ctx: RequestContext, features: RequestFeatures) -> RequestFeatures:
+        """`features` with the store's placement of the request's group, if it named one."""
+        return SharedRouting.placed(features, ctx.extras.get("placed_on"))
+
+    def describe(self) -> dict[str, object]:
+        """For the explain endpoint: the view of the others and its age."""
+        age = self._clock() - self._at
+        return {
+            "process": self.process,
+            "others_in_flight": dict(self.others()),
+            "age_s": round(age, 3) if age != float("inf") else None,
+            "replies": self.replies,
+            "placements_read": self.placements,
+        }

@@ -1,0 +1,122 @@
+"""What routing processes share through a store (Redis in the gateway): in-flight counts and the
+placement of new prefix groups. Pure: the caller carries the values to and from the store.
+
+Why. Every routing process (replicas × workers) hears the engines' KV-cache events, so they agree
+on what each engine *holds*; two things remain that only the process that did them knows:
+- **its in-flight requests**: each process counts its own, so with N processes each judges the
+  shortest queue on about 1/N of the load. Each process reports its own counts whenever it talks to
+  the store and reads the sum of the others' (`with_others`): the fleet's counts, each process's
+  part as fresh as its last call;
+- **where it just placed a new prefix group**: the engine announces the group's blocks only once it
+  has computed them (after its queue and its prefill, seconds at load), and meanwhile another process
+  that gets the group places it by its own working sets, elsewhere, and the group is cached twice. The
+  first process to place a group sets its placement (`SET NX` semantics), every later request of the
+  group reads it (`placed_on` of `RequestFeatures`), and prefix affinity places the group there
+  instead of by this process's own working sets, and the pool choice takes that backend's pool.
+
+`SharedRouting.ask` says what a request needs from the store: its group's key (None for requests
+without a group, or whose group the engines' events already show held) and a proposal - where this
+process would place the group (a dry run of its own decision) - when it does not know a placement
+for it yet, so the dry run costs a decision once per group and process. `learn` records the store's
+answer. Without a store, nothing here is used and every process routes on its own (today's
+behaviour).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from policies.prefix_affinity import PrefixAffinity, group_blocks
+from policies.router import Router
+from policies.types import FleetSnapshot, PoolView, RequestFeatures
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """What one request asks of the store: the placement of group `key`, set to `proposal` when
+    there is none yet (None: only read it)."""
+
+    key: int
+    proposal: str | None
+
+
+def with_others(snapshot: FleetSnapshot, others: Mapping[str, int]) -> FleetSnapshot:
+    """The snapshot with the other processes' in-flight counts added to this process's own."""
+    if not others:
+        return snapshot
+    pools: list[PoolView] = []
+    for pool in snapshot.pools:
+        if any(others.get(b.name) for b in pool.backends):
+            backends = tuple(
+                replace(b, in_flight=b.in_flight + n) if (n := others.get(b.name, 0)) > 0 else b
+                for b in pool.backends
+            )
+            pool = replace(pool, backends=backends)
+        pools.append(pool)
+    return FleetSnapshot(tuple(pools))
+
+
+def key_text(key: int) -> str:
+    """A group key as the store names it (16 hex digits)."""
+    return f"{key & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+class SharedRouting:
+    """One routing process's side of the shared placements (see the module docstring). Not
+    thread-safe (the process's event loop only)."""
+
+    __slots__ = ("_known", "_max", "router")
+
+    def __init__(self, router: Router, entries: int = 4096) -> None:
+        self.router = router
+        self._known: OrderedDict[int, str] = OrderedDict()  # group key -> the store's placement
+        self._max = max(1, entries)
+
+    def grouped(self, features: RequestFeatures) -> bool:
+        """The request has a prefix group, so `ask` may want its tokens (the engines' events)."""
+        policy = self.router.policy
+        return isinstance(policy, PrefixAffinity) and group_blocks(features, policy.config) > 0
+
+    def ask(self, snapshot: FleetSnapshot, features: RequestFeatures) -> Ask | None:
+        """The store's part in routing this request, or None when it has none."""
+        router = self.router
+        policy = router.policy
+        if not isinstance(policy, PrefixAffinity):
+            return None
+        config = policy.config
+        g = group_blocks(features, config)
+        if not g:
+            return None
+        held = policy.holders(features)
+        if held and max(held.values()) >= g / 2:
+            return None  # the engines say where the group is: every process knows it already
+        key = policy.key(features)
+        if key in self._known:
+            self._known.move_to_end(key)
+            return Ask(key, None)
+        try:
+            proposal = router.decide(snapshot, features, 0.5, dry_run=True).backend
+        except Exception:  # no eligible backend: the decision proper reports it
+            return Ask(key, None)
+        return Ask(key, proposal)
+
+    def learn(self, key: int, placed: str | None) -> None:
+        """The store's placement for group `key` (None: it has none)."""
+        known = self._known
+        if placed is None:
+            known.pop(key, None)
+            return
+        known[key] = placed
+        known.move_to_end(key)
+        if len(known) > self._max:
+            known.popitem(last=False)
+
+    @staticmethod
+    def placed(features: RequestFeatures, placed: str | None) -> RequestFeatures:
+        """`features` with the store's placement of its group."""
+        return features if placed == features.placed_on else replace(features, placed_on=placed)
+
+
+__all__ = ["Ask", "SharedRouting", "key_text", "with_others"]

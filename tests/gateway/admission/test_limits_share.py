@@ -1,0 +1,199 @@
+"""The routing state the limiter's scripts carry (gateway/core/shared_load.py), against a real
+redis-server: several routing processes' in-flight counts, group placements (SET NX), leases of dead
+processes, and that the limits and budgets decide exactly as without it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+
+import pytest
+from redis.asyncio import Redis
+
+from gateway.admission.limits import Ticket
+from gateway.admission.limits_redis import LOAD_KEY, RedisLimiter
+from gateway.core.context import RequestContext
+from gateway.core.redis_client import open_redis
+from gateway.core.redis_wire import RespClient
+from gateway.core.shared_load import ShareAsk
+from policies.admission import Outcome, ScopeLimits
+from policies.budgets import Budget, Charge
+from tests.gateway.admission.test_budgets import calendar_meter, spend
+from tests.support import RedisServer
+
+
+class Share:
+    """A routing process's side as the limiter sees it (`LoadShare`), with counts set by the test."""
+
+    def __init__(self, process: str, lease_s: float = 10.0) -> None:
+        self.process = process
+        self.lease_s = lease_s
+        self.placement_ttl_s = 60.0
+        self.in_flight: dict[str, int] = {}
+        self.others: Mapping[str, int] | None = None
+
+    def ask(self, ctx: RequestContext) -> ShareAsk:
+        return ShareAsk(dict(self.in_flight))
+
+    def told(self, ctx: RequestContext, ask: ShareAsk) -> None:
+        pass
+
+    def counts(self) -> Mapping[str, int]:
+        return dict(self.in_flight)
+
+    def heard(self, others: Mapping[str, int]) -> None:
+        self.others = others
+
+
+@pytest.fixture
+async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
+    client = open_redis(redis_server.url)
+    await client.flushdb()
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture(params=["redis-py", "wire"])
+async def processes(
+    request: pytest.FixtureRequest, redis: Redis, redis_server: RedisServer
+) -> AsyncIterator[list[tuple[RedisLimiter, Share]]]:
+    """Three routing processes, each with its own limiter bound to its own share."""
+    wires: list[RespClient] = []
+    out: list[tuple[RedisLimiter, Share]] = []
+    for name in ("a", "b", "c"):
+        wire = RespClient(redis_server.url) if request.param == "wire" else None
+        if wire is not None:
+            wires.append(wire)
+        limiter = RedisLimiter(redis, window_s=60.0, lease_s=30.0, wire=wire)
+        share = Share(name, lease_s=0.6)
+        limiter.bind_share(share)
+        out.append((limiter, share))
+    yield out
+    for limiter, _ in out:
+        await limiter.aclose()
+    for wire in wires:
+        await wire.aclose()
+
+
+async def admit(limiter: RedisLimiter, share: Share, group: str | None = None, proposal: str | None = None,
+                scopes: tuple[ScopeLimits, ...] = (), id: str = "r") -> tuple[Outcome, ShareAsk]:  # fmt: skip
+    ask = ShareAsk(share.counts(), group, proposal)
+    verdict = await limiter.acquire(id, scopes, 10, None, ask)
+    return verdict.outcome, ask
+
+
+async def test_each_process_reads_the_sum_of_the_others_counts_not_its_own(
+    processes: list[tuple[RedisLimiter, Share]],
+) -> None:
+    (la, a), (lb, b), (lc, c) = processes
+    a.in_flight = {"vllm-0": 3, "vllm-1": 1}
+    b.in_flight = {"vllm-0": 2}
+    _, ask = await admit(la, a)
+    assert ask.reply is not None and dict(ask.reply.others) == {}  # nobody else has spoken yet
+    _, ask = await admit(lb, b)
+    assert ask.reply is not None and dict(ask.reply.others) == {"vllm-0": 3, "vllm-1": 1}
+    _, ask = await admit(lc, c)
+    assert ask.reply is not None and dict(ask.reply.others) == {"vllm-0": 5, "vllm-1": 1}
+    a.in_flight = {}  # a's requests ended: its next call says so
+    _, ask = await admit(la, a)
+    assert ask.reply is not None and dict(ask.reply.others) == {"vllm-0": 2}
+    _, ask = await admit(lc, c)
+    assert ask.reply is not None and dict(ask.reply.others) == {"vllm-0": 2}
+
+
+async def test_a_groups_first_proposal_wins_and_every_process_reads_it(
+    processes: list[tuple[RedisLimiter, Share]], redis: Redis
+) -> None:
+    (la, a), (lb, b), (lc, c) = processes
+    _, ask = await admit(la, a, "00000000000000aa", "sglang-2")
+    assert ask.reply is not None and ask.reply.placed == "sglang-2"
+    _, ask = await admit(lb, b, "00000000000000aa", "vllm-1")  # too late: a placed it
+    assert ask.reply is not None and ask.reply.placed == "sglang-2"
+    _, ask = await admit(lc, c, "00000000000000aa", None)  # only reading
+    assert ask.reply is not None and ask.reply.placed == "sglang-2"
+    _, ask = await admit(lc, c, "00000000000000bb", None)  # nobody placed this one
+    assert ask.reply is not None and ask.reply.placed is None
+    ttl = await redis.pttl("gw:rt:{rt}:g:00000000000000aa")
+    assert 50_000 < ttl <= 60_000
+
+
+async def test_a_rejected_request_reads_but_never_places(processes: list[tuple[RedisLimiter, Share]]) -> None:
+    (la, a), (lb, b), _ = processes
+    tight = (ScopeLimits("gw:rl:{u:bob}:u", "user bob", 1, 0, 0),)
+    outcome, ask = await admit(la, a, "00000000000000cc", "vllm-0", tight, id="r1")
+    assert outcome is Outcome.ADMITTED and ask.reply is not None and ask.reply.placed == "vllm-0"
+    outcome, ask = await admit(lb, b, "00000000000000dd", "vllm-1", tight, id="r2")
+    assert outcome is Outcome.REQUESTS
+    assert ask.reply is not None and ask.reply.placed is None  # not routed: not placed
+    a.in_flight = {"vllm-0": 1}
+    outcome, ask = await admit(la, a, None, None, tight, id="r3")
+    assert outcome is Outcome.REQUESTS and ask.reply is not None  # counts still travel
+
+
+async def test_a_dead_process_counts_expire_after_one_lease(
+    processes: list[tuple[RedisLimiter, Share]], redis: Redis
+) -> None:
+    (la, a), (lb, b), _ = processes
+    a.in_flight = {"vllm-0": 7}
+    await admit(la, a)  # a reports, then dies: no call, no renewal ever again
+    await la.aclose()
+    _, ask = await admit(lb, b)
+    assert ask.reply is not None and dict(ask.reply.others) == {"vllm-0": 7}
+    await asyncio.sleep(0.75)  # lease 0.6 s
+    _, ask = await admit(lb, b)
+    assert ask.reply is not None and dict(ask.reply.others) == {}
+    assert await redis.hexists(LOAD_KEY, "a") == 0  # deleted by the reader
+
+
+async def test_the_finish_carries_the_counts_and_brings_the_others_back(
+    processes: list[tuple[RedisLimiter, Share]],
+) -> None:
+    (la, a), (lb, b), _ = processes
+    a.in_flight = {"vllm-0": 1}
+    await admit(la, a)
+    b.in_flight = {"vllm-1": 4}
+    await admit(lb, b)
+    a.in_flight = {}  # a's request ended
+    await la.finish(Ticket("r", (), 10), 10, None, share=True)
+    assert a.others is not None and dict(a.others) == {"vllm-1": 4}
+    _, ask = await admit(lb, b)
+    assert ask.reply is not None and dict(ask.reply.others) == {}
+
+
+async def test_the_renewer_keeps_a_quiet_process_with_requests_in_flight_alive(
+    processes: list[tuple[RedisLimiter, Share]],
+) -> None:
+    (la, a), (lb, b), _ = processes
+    a.in_flight = {"vllm-0": 2}  # one long stream, no other traffic on a
+    await admit(la, a)
+    await asyncio.sleep(1.5)  # 2.5 leases: only the renewer's reports keep a's counts
+    _, ask = await admit(lb, b)
+    assert ask.reply is not None and dict(ask.reply.others) == {"vllm-0": 2}
+    a.in_flight = {}
+    await asyncio.sleep(0.8)  # nothing in flight: the renewer stays quiet and the lease lapses
+    _, ask = await admit(lb, b)
+    assert ask.reply is not None and dict(ask.reply.others) == {}
+
+
+async def test_limits_and_budgets_decide_alike_with_the_share_riding_along(redis: Redis) -> None:
+    """The share's arguments come after the budgets': both must still be read right."""
+    plain = RedisLimiter(redis, window_s=60.0, lease_s=30.0)
+    shared = RedisLimiter(redis, window_s=60.0, lease_s=30.0)
+    share = Share("p")
+    share.in_flight = {"x": 1}
+    shared.bind_share(share)
+    scope = ScopeLimits("gw:rl:{u:carol}:u", "user carol", 0, 100, 0)
+    month = calendar_meter(Budget("month", "usd", 10))
+    outcomes = []
+    for limiter, tag in ((plain, "a"), (shared, "b")):
+        await redis.flushdb()
+        got = []
+        for i in range(3):
+            ask = ShareAsk(share.counts(), "00000000000000ee", "x") if limiter is shared else None
+            verdict = await limiter.acquire(f"{tag}{i}", (scope,), 40, spend(Charge(40, 4), month), ask)
+            got.append((verdict.outcome, verdict.remaining_tokens))
+            if ask is not None:
+                assert ask.reply is not None and ask.reply.placed == "x"
+        outcomes.append(got)
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][-1][0] is not Outcome.ADMITTED

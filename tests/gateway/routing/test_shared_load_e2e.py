@@ -1,0 +1,264 @@
+"""Routing processes sharing their state through a real redis-server (docs/routing.md, *Shared load*):
+gateways (`gateway serve`, separate processes, some with several workers) in front of simulators that
+publish their own KV-cache events (`--kv-events-config`).
+
+- four routing processes send every question about a document to the backend whose engine holds it;
+- a new group placed by one process is followed by another before the engine has announced a block
+  of it (the placement in Redis), and without the shared state it is not;
+- one process's in-flight requests steer another's choice, and a killed process's counts expire after
+  one lease;
+- a Redis outage: every request still answered, routed per process, and sharing resumes after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis as redis_client
+
+from engines.sim.launcher import SimProcess, free_port
+from gateway.demo import SERVED
+from policies.features import FeatureConfig, extract_features
+from policies.prefix_affinity import PrefixAffinity
+from policies.types import BackendView, PoolView
+from tests.conftest import MODEL, fast_sim, single_pool_config
+from tests.support import GatewayProcess, RedisServer, wait_until
+
+NAMES = ["vllm-0", "vllm-1"]
+
+
+def document(seed: int, words: int = 1200) -> str:
+    rng = random.Random(seed)
+    return " ".join(f"w{rng.randrange(5000)}" for _ in range(words))
+
+
+def body(content: str, max_tokens: int = 4, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        **extra,
+    }
+
+
+def home_of(b: dict[str, Any]) -> str:
+    """The backend prefix affinity ranks first for `b` with nothing known (the pure policy)."""
+    pool = PoolView("vllm", "vllm", 1.0, frozenset({MODEL}), True, True, tuple(BackendView(n) for n in NAMES))
+    return PrefixAffinity().rank(pool, extract_features(b, FeatureConfig()))[0].name
+
+
+def with_home(home: str, make: Any, start: int = 0) -> Iterator[Any]:
+    """Values `make(seed)` whose request body's home is `home`, seed by seed."""
+    seed = start
+    while True:
+        value = make(seed)
+        if home_of(value if isinstance(value, dict) else body(value)) == home:
+            yield value
+        seed += 1
+
+
+def publishing_sim(*extra: str) -> SimProcess:
+    """A vLLM simulator that publishes its KV-cache events (with a replay socket: a routing process
+    that subscribes after the first batches still learns them)."""
+    port, replay = free_port(), free_port()
+    config = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{port}",  # binds (an address without * connects, as vLLM does)
+        "replay_endpoint": f"tcp://*:{replay}",
+        "topic": "kv",
+    }
+    return fast_sim("vllm", "--kv-events-config", json.dumps(config), *extra)
+
+
+def gateway_config(sims: list[SimProcess], redis: RedisServer | None, *, workers: int = 1,
+                   shared: bool = True, **routing: Any) -> dict[str, Any]:  # fmt: skip
+    config = single_pool_config("vllm", [s.base_url for s in sims])
+    config["models"][0]["tokenizer"] = "sim"
+    config["server"]["workers"] = workers
+    config["pools"][0]["kv_event_discovery"] = True  # the sims serve GET /kv_event_sources
+    config["routing"] = {"scrape_interval_s": 0, "shared": {"enabled": shared, **routing}}
+    config["access_log"] = {"enabled": False}
+    if redis is not None:
+        config["redis"] = {"url": redis.url}
+    return config
+
+
+def served_by(sims: list[SimProcess]) -> list[int]:
+    return [int(httpx.get(s.base_url + "/sim/stats").json()["requests_total"]) for s in sims]
+
+
+def post(url: str, b: dict[str, Any]) -> httpx.Response:
+    # a new connection each time: the kernel hands it to any worker of that gateway
+    with httpx.Client(timeout=30, limits=httpx.Limits(max_keepalive_connections=0)) as http:
+        return http.post(url + "/v1/chat/completions", json=b)
+
+
+def where(sims: list[SimProcess], url: str, b: dict[str, Any]) -> tuple[str, str]:
+    """Send `b` (alone: nothing else in flight) and return the backend that served it and the reason."""
+    before = served_by(sims)
+    r = post(url, b)
+    assert r.status_code == 200, r.text
+    after = served_by(sims)
+    (k,) = [i for i in range(len(sims)) if after[i] > before[i]]
+    return NAMES[k], r.headers["x-gateway-route"]
+
+
+@pytest.fixture
+def redis() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+def test_four_routing_processes_send_every_question_where_the_engine_holds_the_document(
+    redis: RedisServer,
+) -> None:
+    """Two gateways × two workers (sharing through Redis). The document is first sent straight to the
+    backend that is not its home, as a routing process outside these would: none of the four knows
+    of it but by that engine's own events, and all 24 questions about it go there, whichever process
+    routes them."""
+    with publishing_sim() as s0, publishing_sim() as s1:
+        sims = [s0, s1]
+        with contextlib.ExitStack() as stack:
+            gws = [
+                stack.enter_context(GatewayProcess(gateway_config(sims, redis, workers=2))) for _ in range(2)
+            ]
+            time.sleep(1.5)  # every worker discovers the streams and subscribes (replay covers the rest)
+            doc = document(11)
+            holder = 1 - NAMES.index(home_of(body(f"{doc}\n\nQuestion 0?")))
+            direct = dict(body(f"{doc}\n\nQuestion 0?"), model=SERVED["vllm"])
+            r = httpx.post(sims[holder].base_url + "/v1/chat/completions", json=direct, timeout=30)
+            assert r.status_code == 200, r.text
+            time.sleep(0.5)  # the engine's events reach every process (loopback: well under a ms)
+            routes = [where(sims, gws[i % 2].base_url, body(f"{doc}\n\nQuestion {i}?")) for i in range(1, 25)]
+    wrong = [(i, r) for i, r in enumerate(routes, 1) if r != (NAMES[holder], "default+affinity:index")]
+    assert not wrong, f"the engine holding the document is {NAMES[holder]}; requests not sent there: {wrong}"
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "not-shared"])
+def test_a_new_group_follows_the_first_process_placement_before_any_event(
+    redis: RedisServer, shared: bool
+) -> None:
+    """Gateway B has sent another document to the document's home, so by its own working sets it
+    would place a new document on the other backend; gateway A (fresh) places it at home. The engine takes
+    ~2.5 s to prefill it (no event before that): B's request, sent meanwhile, follows A's placement
+    through Redis - and without the shared state it does not (the test's control)."""
+    slow = ("--prefill-us-per-token", "2000")
+    with publishing_sim(*slow) as s0, publishing_sim(*slow) as s1:
+        sims = [s0, s1]
+        doc_body = next(with_home("vllm-0", lambda k: body(f"{document(100 + k)}\n\nQuestion?")))
+        others = with_home("vllm-0", lambda k: body(document(500 + k, 1100)))
+        with (
+            GatewayProcess(gateway_config(sims, redis, shared=shared)) as a,
+            GatewayProcess(gateway_config(sims, redis, shared=shared)) as b,
+        ):
+            time.sleep(1.5)
+            # B's working set at vllm-0 grows by one document (opening groups go to the lightest)
+            assert where(sims, b.base_url, next(others))[0] == "vllm-0"
+            results: dict[str, httpx.Response] = {}
+            first = threading.Thread(target=lambda: results.setdefault("a", post(a.base_url, doc_body)))
+            before = served_by(sims)
+            first.start()
+            wait_until(lambda: served_by(sims) != before, 5, what="A's request reaching an engine")
+            now = served_by(sims)
+            a_went = NAMES[next(i for i in range(len(sims)) if now[i] > before[i])]
+            b_went, b_reason = where(sims, b.base_url, dict(doc_body, max_tokens=5))
+            first.join(30)
+    assert results["a"].status_code == 200
+    assert a_went == "vllm-0"
+    if shared:
+        assert b_went == a_went, f"B routed the group to {b_went} ({b_reason}), A had placed it on {a_went}"
+    else:
+        assert b_went == "vllm-1", f"B, alone, placed the group on {b_went} ({b_reason})"
+
+
+def test_another_process_streams_steer_the_choice_and_a_killed_process_counts_expire(
+    redis: RedisServer,
+) -> None:
+    """A holds six long streams about one document on its home, vllm-0; B, which has none in flight,
+    routes new conversations whose home is vllm-0 to vllm-1 (the fleet's counts, not its own). A is
+    killed (SIGKILL: nothing said goodbye): its counts still count until its lease (1.5 s) has
+    passed, then B sends the conversations home again."""
+    slow = ("--itl-ms", "200", "--min-output-tokens", "200", "--max-output-tokens", "200")
+    with publishing_sim(*slow) as s0, publishing_sim(*slow) as s1:
+        sims = [s0, s1]
+        doc = next(with_home("vllm-0", lambda k: f"{document(900 + k)}\n\nQuestion?"))
+        conversations = with_home("vllm-0", lambda k: body(f"conversation {k}: " + document(k, 40), 1))
+        with GatewayProcess(gateway_config(sims, redis, lease_s=1.5)) as b:
+            a = GatewayProcess(gateway_config(sims, redis, lease_s=1.5)).start()
+            try:
+                time.sleep(1.5)  # the event streams
+                for i in range(6):
+                    req = body(f"{doc} {i}", 200, stream=True)
+                    threading.Thread(target=_stream, args=(a.base_url, req), daemon=True).start()
+                    wait_until(lambda i=i: served_by(sims)[0] > i, 10, what=f"A's stream {i} on vllm-0")
+                time.sleep(0.8)  # A's renewer (every lease / 3) has reported all six
+                steered = [where(sims, b.base_url, next(conversations)) for _ in range(3)]
+                assert a.proc is not None
+                a.proc.kill()
+                a.proc.wait()
+                lingering = where(sims, b.base_url, next(conversations))
+                time.sleep(2.0)  # past A's lease
+                home = [where(sims, b.base_url, next(conversations)) for _ in range(3)]
+            finally:
+                a.stop()
+    assert [w for w, _ in steered] == ["vllm-1"] * 3, steered
+    assert lingering[0] == "vllm-1", lingering
+    assert [w for w, _ in home] == ["vllm-0"] * 3, home
+
+
+def _stream(url: str, b: dict[str, Any]) -> None:
+    with (
+        contextlib.suppress(httpx.HTTPError),
+        httpx.Client(timeout=120) as http,
+        http.stream("POST", url + "/v1/chat/completions", json=b) as r,
+    ):
+        for _ in r.iter_bytes():
+            pass
+
+
+def test_a_redis_outage_fails_no_request_and_sharing_resumes_after_it() -> None:
+    """Two gateways × two workers, Redis stopped mid-run and started again on the same port: every one
+    of 90 requests is answered (routing falls back to each process's own counts and placements), and
+    the processes share again afterwards (a document placed by one is followed by the others)."""
+    server = RedisServer().start()
+    port = server.port
+    try:
+        with publishing_sim() as s0, publishing_sim() as s1:
+            sims = [s0, s1]
+            with contextlib.ExitStack() as stack:
+                gws = [
+                    stack.enter_context(GatewayProcess(gateway_config(sims, server, workers=2)))
+                    for _ in range(2)
+                ]
+                statuses: list[int] = []
+                reasons: list[str] = []
+
+                def burst(n: int, seed: int) -> None:
+                    for i in range(n):
+                        b = body(f"{document(seed + i % 5, 1000)}\n\nQuestion {seed + i}?")
+                        r = post(gws[i % 2].base_url, b)
+                        statuses.append(r.status_code)
+                        reasons.append(r.headers.get("x-gateway-route", ""))
+
+                burst(30, 0)
+                server.stop()  # the outage
+                burst(30, 1000)
+                server = RedisServer(port).start()
+                time.sleep(1.0)  # the limiters' probes see Redis again
+                burst(30, 2000)
+                # the restarted (empty) Redis holds the placements the processes set after it came back
+                placed = redis_client.Redis.from_url(server.url).keys("gw:rt:{rt}:g:*")
+    finally:
+        server.stop()
+    assert statuses == [200] * 90, [s for s in statuses if s != 200]
+    assert all("affinity:" in r for r in reasons), set(reasons)
+    assert placed, "no shared placement after Redis came back"
