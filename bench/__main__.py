@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     if not main_suites and last.exists():
         run = json.loads(last.read_text())  # the machine, date and command of the run that measured
     log(
-        f"bench: {run['mode']} mode, suites {', '.join(suites)}; {run['machine']['nproc']} CPUs, load {run['machine']['loadavg_at_start']}"
+        f"bench: {measured['mode']} mode, suites {', '.join(suites)}; {measured['machine']['nproc']} CPUs, load {measured['machine']['loadavg_at_start']}"
     )
 
     if "overhead" in suites:
