@@ -52,13 +52,13 @@ def test_serial_engine_reproduces_the_replay_of_before() -> None:
 
 @pytest.mark.parametrize("spec", [SERIAL, FleetSpec()], ids=["serial", "batching"])
 def test_replicas_are_independent_routers_and_seeds_change_the_schedule(spec: FleetSpec) -> None:
-    one = replay("long_document_qa", POLICIES["prefix_affinity"], load=0.5, seconds=3.0, spec=spec)
-    again = replay("long_document_qa", POLICIES["prefix_affinity"], load=0.5, seconds=3.0, spec=spec)
+    one = replay("long_document_qa", POLICIES["prefix_affinity"], load=0.5, seconds=1.5, spec=spec)
+    again = replay("long_document_qa", POLICIES["prefix_affinity"], load=0.5, seconds=1.5, spec=spec)
     assert (one.hit_rate, one.ttft_p99_ms) == (again.hit_rate, again.ttft_p99_ms)  # deterministic
-    other = replay("long_document_qa", POLICIES["prefix_affinity"], load=0.5, seconds=3.0, seed=1, spec=spec)
+    other = replay("long_document_qa", POLICIES["prefix_affinity"], load=0.5, seconds=1.5, seed=1, spec=spec)
     assert other.ttft_p99_ms != one.ttft_p99_ms
     four = replay(
-        "long_document_qa", POLICIES["prefix_affinity"], load=0.5, seconds=3.0, replicas=4, spec=spec
+        "long_document_qa", POLICIES["prefix_affinity"], load=0.5, seconds=1.5, replicas=4, spec=spec
     )
     assert four.requests == one.requests
 

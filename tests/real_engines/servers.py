@@ -9,8 +9,7 @@ Each server runs from its own cached environment in `.engines/<engine>/` (made b
 how to make it, never a skip. `start()` launches the server in its own process group with its output in
 a log file; `wait_healthy()` polls `/health` until 200 within a bounded time (the log's tail is in the
 error if it does not come up or exits); `stop()` sends SIGTERM to the process group, then SIGKILL after
-`stop_timeout`; `kill()` SIGKILLs it at once (a crashed backend); `restart()` starts it again on the
-same ports. Startup is 16-30 s on 2 cores, so `start(wait=False)` lets several start at once.
+`stop_timeout`; `kill()` SIGKILLs it at once (a crashed backend). Startup is 16-30 s on 2 cores, so `start(wait=False)` lets several start at once.
 """
 
 from __future__ import annotations
@@ -230,7 +229,7 @@ class EngineServer:
         self._finish()
 
     def kill(self) -> None:
-        """SIGKILL the whole process group now, as a crash would; restart() brings it back."""
+        """SIGKILL the whole process group now, as a crash would."""
         proc = self._proc
         if proc is None:
             return
@@ -248,11 +247,6 @@ class EngineServer:
                     f"processes of group {pgid} still alive after SIGKILL: {group_members(pgid)}"
                 )
             time.sleep(0.05)
-
-    def restart(self, wait: bool = True) -> EngineServer:
-        """Stop (if running) and start again on the same port(s)."""
-        self.stop()
-        return self.start(wait=wait)
 
     def _finish(self) -> None:
         if self._log is not None:

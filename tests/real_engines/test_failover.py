@@ -21,6 +21,7 @@ import httpx
 import orjson
 import pytest
 
+from engines.sim.launcher import port_open
 from tests.real_engines.rig import chat, metric, real_pool_config
 from tests.real_engines.servers import EngineServer, VllmServer, group_members
 from tests.support import GatewayProcess, free_port, wait_until
@@ -118,9 +119,12 @@ def test_killed_engine_fails_over(real_vllm: VllmServer, real_vllm_spare: VllmSe
         upstream=SLOW_PROBES,
     )
     with GatewayProcess(config) as gateway:
-        pgid = real_vllm_spare.pid
+        pgid, port = real_vllm_spare.pid, real_vllm_spare.port
+        assert len(group_members(pgid)) >= 2  # the API server and its engine-core worker
         real_vllm_spare.kill()  # SIGKILL to its process group: the API server and the engine core
-        assert group_members(pgid) == []
+        assert not real_vllm_spare.alive()
+        assert group_members(pgid) == []  # no worker outlived the leader
+        assert not port_open("127.0.0.1", port)
         _send_all(gateway)
         text = _gateway_metrics(gateway)
     assert metric(text, "gateway_upstream_errors_total", 'pool="vllm"') >= 1, "no attempt met the dead engine"

@@ -71,6 +71,13 @@ def gateway(urls: dict[str, list[str]]) -> Iterator[GatewayProcess]:
         yield gw
 
 
+@pytest.fixture(scope="module")
+def refusing_gateway(urls: dict[str, list[str]]) -> Iterator[GatewayProcess]:
+    """One gateway for the access checks: a refused request changes nothing, so they can share it."""
+    with GatewayProcess(fleet_config(urls), env=ENV) as gw:
+        yield gw
+
+
 def _chat(text: str, **extra: Any) -> dict[str, Any]:
     return {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 4, **extra}
 
@@ -114,9 +121,9 @@ async def _send_many(
     ],
 )
 def test_admin_endpoints_need_the_admin_role(
-    gateway: GatewayProcess, method: str, path: str, body: Any
+    refusing_gateway: GatewayProcess, method: str, path: str, body: Any
 ) -> None:
-    with httpx.Client(base_url=gateway.base_url, timeout=10) as http:
+    with httpx.Client(base_url=refusing_gateway.base_url, timeout=10) as http:
         assert http.request(method, path, json=body).status_code == 401
         assert http.request(method, path, json=body, headers=EXPIRED).status_code == 401
         denied = http.request(method, path, json=body, headers=USER)

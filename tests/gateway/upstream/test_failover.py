@@ -152,7 +152,11 @@ def test_example_topology_fails_over_when_a_pool_dies() -> None:
         late = [r for r in after if r.t > killed_at + 1.0]
         assert late and all(r.status == 200 and r.pool == "vllm" for r in late)
         assert {r.kind for r in late} == {"tools", "long", "plain"}
-        assert any(r.route.startswith("failover+") for r in after), {r.route for r in after}
+        # Whether a new request still chose the dead pool and failed over ("failover+" in its route)
+        # or found it already out of routing (the streams the kill cut mark it down at once) depends
+        # on timing — under load the second happened (seen 2026-12-01). Either way nothing failed;
+        # failover itself is pinned down by test_a_misconfigured_pool_fails_over_to_one_that_serves.
+        failed_over = sum(r.route.startswith("failover+") for r in after)
         # passive health took the dead backends out (each of the two workers on its own)
         pools = httpx.get(gw.base_url + "/admin/pools", headers=ADMIN, timeout=10).json()["pools"]
         by_name = {b["name"]: b for p in pools for b in p["backends"]}
@@ -160,7 +164,7 @@ def test_example_topology_fails_over_when_a_pool_dies() -> None:
         assert by_name["vllm-0"]["healthy"] is True
         print(
             f"\nexample topology: {len(before)} requests before the kill, {len(after)} after; "
-            f"{len(broken)} streams cut mid-way (started); 0 unstarted failures"
+            f"{len(broken)} streams cut mid-way (started), {failed_over} failed over; 0 unstarted failures"
         )
 
 
@@ -272,10 +276,14 @@ def test_a_misconfigured_pool_fails_over_to_one_that_serves(two_sims: tuple[SimP
     )
     config["routing"]["rules"] = [{"name": "prefer-vllm", "pools": ["vllm"]}]  # a preference, not strict
     with GatewayProcess(config) as gw, httpx.Client(base_url=gw.base_url, timeout=10) as http:
+        routes: list[str] = []
         for i in range(6):
             body = {"model": MODEL, "messages": [{"role": "user", "content": f"q{i}"}], "max_tokens": 2}
             r = http.post("/v1/chat/completions", json=body)
             assert r.status_code == 200 and r.headers["x-gateway-pool"] == "sglang", r.text
+            routes.append(r.headers["x-gateway-route"])
+        # the first went to the preferred pool, met its 404 and failed over to the other pool
+        assert routes[0].startswith("failover+"), routes
         assert "gateway_upstream_misconfigured_total" in http.get("/metrics").text
     strict = {
         **config,
