@@ -46,6 +46,7 @@ function route() {
   for (const a of document.querySelectorAll("#tabs a")) {
     a.classList.toggle("active", a.dataset.tab === name);
   }
+  if (current !== name) status("");
   current = name;
   SCREENS[name].show(status);
 }

@@ -44,7 +44,7 @@ export function table(columns, rows, attrs = {}) {
   return el(
     "table",
     attrs,
-    el("thead", {}, el("tr", {}, columns.map((c) => el("th", { scope: "col" }, c)))),
+    columns.length ? el("thead", {}, el("tr", {}, columns.map((c) => el("th", { scope: "col" }, c)))) : null,
     el("tbody", {}, rows.map((r) => (r instanceof Node ? r : el("tr", {}, r.map((c) => el("td", {}, c)))))),
   );
 }

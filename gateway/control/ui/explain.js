@@ -44,11 +44,15 @@ async function explain(ev) {
       ["reason", json(ans.reason)],
       ["affinity", json(ans.affinity)],
     ];
+    // whatever else the gateway explains (e.g. what the engines' KV events say a backend holds)
+    for (const [k, v] of Object.entries(ans)) {
+      if (!["routable", "pool", "backend", "reason", "affinity", "features"].includes(k)) rows.push([k, json(v)]);
+    }
     const features = Object.entries(ans.features || {}).map(([k, v]) => [k, json(v)]);
     fill(
       out,
       el("h3", {}, "Decision"),
-      table(["", ""], rows.map(([k, v]) => el("tr", {}, el("th", { scope: "row" }, k), el("td", { "data-explain": k }, v))), { class: "kv" }),
+      table([], rows.map(([k, v]) => el("tr", {}, el("th", { scope: "row" }, k), el("td", { "data-explain": k }, v))), { class: "kv" }),
       el("h3", {}, "Request features"),
       table(["feature", "value"], features, { class: "kv" }),
     );

@@ -345,6 +345,10 @@ def test_route_explain_shows_pool_backend_and_reason(browser: WebDriver, gateway
     wait(browser, lambda: "not valid JSON" in css(browser, "#explain-result").text, "the 400")
 
 
+#: an operator's label that would run script if the page ever parsed data as HTML
+LABEL = 'from the console <img src=x onerror="window.pwned=1">'
+
+
 def test_a_key_created_in_the_console_is_shown_once_works_and_is_revoked_there(
     browser: WebDriver, gateway: GatewayProcess
 ) -> None:
@@ -353,7 +357,7 @@ def test_a_key_created_in_the_console_is_shown_once_works_and_is_revoked_there(
     for field, value in (
         ("#key-user", "console-user"),
         ("#key-tenant", "acme"),
-        ("#key-name", "from the console"),
+        ("#key-name", LABEL),
     ):
         css(browser, field).send_keys(value)
     css(browser, "#key-allow").send_keys(MODEL)
@@ -368,11 +372,17 @@ def test_a_key_created_in_the_console_is_shown_once_works_and_is_revoked_there(
     record = next(
         k
         for k in httpx.get(gateway.base_url + "/admin/api-keys", headers=ADMIN).json()["keys"]
-        if k["name"] == "from the console"
+        if k["name"] == LABEL
     )
     assert (record["user"], record["tenant"], record["allow_models"]) == ("console-user", "acme", [MODEL])
     assert record["budgets"] == [{"period": "day", "usd": 5.0}]
     wait(browser, lambda: css(browser, f"tr[data-key={record['id']}]").is_displayed(), "the key's row")
+    # data is text, never markup: the label shows as typed and makes no element
+    assert LABEL in css(browser, f"tr[data-key={record['id']}]").text
+    assert browser.execute_script("return [document.querySelectorAll('main img').length, window.pwned]") == [
+        0,
+        None,
+    ]
     # the page keeps the secret nowhere but that one field
     stored = browser.execute_script(
         "return JSON.stringify(sessionStorage) + JSON.stringify(localStorage) + document.cookie"
@@ -432,6 +442,8 @@ def test_the_audit_log_shows_the_consoles_changes(browser: WebDriver, gateway: G
     assert actions[0] == "revoke_api_key"
     first = css(browser, "tr[data-action]").text
     assert "ops" in first
+    assert LABEL.replace('"', '\\"') in css(browser, "tr[data-action=create_api_key]").text  # as JSON text
+    assert browser.execute_script("return document.querySelectorAll('main img').length") == 0
     shoot(browser, "08-audit")
 
 
