@@ -140,6 +140,7 @@ each dialect) behind one gateway
   model        {MODEL}   embeddings: {EMBED_MODEL}
   user token   {user_token}
   admin token  {admin_token}
+  console      {base}/admin/ui   (the admin console: sign in with the admin token)
 {limits}
 curl:
   curl -s {base}/v1/chat/completions {auth}-H "Content-Type: application/json" \\

@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engines.errors import ApiError, invalid_request
 from gateway.admission import ApiKeyRecord, ApiKeys, ApiKeySpec, BudgetSettings, SpendQuery
+from gateway.control.console import Console
 from gateway.control.openapi import document_public_api
 from gateway.control.verbs import FleetControl
 from gateway.core.context import Principal
@@ -85,8 +86,14 @@ class OkResponse(BaseModel):
     shared: bool = Field(description="true when the change is persisted in Redis and shared by every replica")
 
 
+#: admin answers are never stored by a browser or a proxy (a new API key's plaintext is in one)
+_NO_STORE = {"cache-control": "no-store"}
+
+
 def _json(status: int, payload: Any) -> FastAPIResponse:
-    return FastAPIResponse(orjson.dumps(payload), status_code=status, media_type="application/json")
+    return FastAPIResponse(
+        orjson.dumps(payload), status_code=status, media_type="application/json", headers=_NO_STORE
+    )
 
 
 def _enabled(keys: ApiKeys | None) -> ApiKeys:
@@ -151,7 +158,10 @@ def build_admin_app(
     app = FastAPI(
         title="LLM gateway admin API",
         version="1",
-        description="Pools, weights, backends, drain, route explain, audit. Every endpoint needs the admin role.",
+        description=(
+            "Pools, weights, backends, drain, route explain, audit. Every endpoint needs the admin "
+            "role. The browser console at /admin/ui uses these endpoints with the operator's token."
+        ),
         openapi_url="/openapi.json",
         docs_url="/docs",
         redoc_url=None,
@@ -410,5 +420,7 @@ def build_admin_app(
     async def audit(who: Admin, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> FastAPIResponse:
         return _json(200, {"entries": await control.store.audit(limit)})
 
+    # the browser console (/admin/ui): static files that call the endpoints above with the operator's token
+    Console.from_package().install(app)
     document_public_api(app, list(models))
     return app

@@ -97,6 +97,9 @@ def test_the_banner_tokens_answer_on_both_pools(demo: Demo) -> None:
     user = OpenAI(base_url=base.group(1), api_key=demo.token("user token"), max_retries=0)
     admin = OpenAI(base_url=base.group(1), api_key=demo.token("admin token"), max_retries=0)
     wait_until(lambda: _ready(demo.port), 30, what="a healthy backend")
+    console = re.search(r"^\s*console\s+(\S+)", demo.text(), re.M)
+    assert console and console.group(1) == f"http://127.0.0.1:{demo.port}/admin/ui"
+    assert httpx.get(console.group(1), timeout=5).headers["content-type"].startswith("text/html")
     reply = user.chat.completions.create(model=model.group(1), messages=[{"role": "user", "content": "Hi"}])
     assert reply.choices[0].message.content
     for pool in ("vllm", "sglang"):
