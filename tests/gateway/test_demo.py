@@ -74,9 +74,18 @@ class Demo:
         return match.group(1)
 
     def stop(self) -> None:
+        """Ctrl-C, as a user stops it; SIGKILL (the demo and its simulators) if that does not do."""
+        sims = _children(self.proc.pid)
         if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        for pid in sims:  # a SIGKILLed demo leaves its simulators behind (their parent is gone)
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
         self._out.close()
 
 
