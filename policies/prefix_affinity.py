@@ -237,7 +237,9 @@ class PrefixAffinity(BackendPolicy):
             pend = self._pending.get(self.key(features))
             if pend is not None and self._kv.now - pend[1] < config.pending_s:
                 fresh = pend[0]
-        if indexed and features.block_hashes:
+        # this replica's memory is read only when some backend lacks events (or has a fresh decision)
+        recall = not exact or fresh is not None or any(b.name not in exact for b in ranked)
+        if indexed and features.block_hashes and recall:
             depths = self._index.depths(
                 features.block_hashes, {b.name: None for b in ranked}, above=max(0, preamble - 1)
             )
