@@ -347,6 +347,31 @@ def routing_md(r: dict[str, Any]) -> list[str]:
     return L
 
 
+def kv_md(kv: dict[str, str]) -> list[str]:
+    """The `kv` suite: bench/kv_micro.py's and bench/replay.py's output as they printed it (the replay's
+    lines above its markdown table are the same points, one a line)."""
+    date, commit = kv.pop("_date", ""), kv.pop("_commit", "")
+    L = ["## KV events and routing processes (`python -m bench --suite kv`)", ""]
+    L += [
+        f"Measured {date or 'in an earlier run'} on commit {commit or '?'}, in-process (no servers): CPU times are "
+        "the thread's own (`time.thread_time_ns`), the replay runs in virtual time (deterministic for a seed; "
+        "figures are means over its seeds). Replay cells: hit rate ÷ the oracle's, and TTFT p99 in ms.",
+        "",
+    ]
+    for name, text in kv.items():
+        head, _, body = text.partition("\n\n")
+        L += [f"### {name}", "", head, ""]
+        lines = body.rstrip().splitlines()
+        table = [x for x in lines if x.startswith("|")]
+        rest = [x for x in lines if not x.startswith("|")]
+        if table:
+            L += [*table, ""]
+            L += ["<details><summary>as printed</summary>", "", "```", *rest, "```", "", "</details>", ""]
+        else:
+            L += ["```", *rest, "```", ""]
+    return L
+
+
 def write(run: dict[str, Any], path: Path) -> None:
     m = run["machine"]
     o, r = run.get("overhead"), run.get("routing")
@@ -411,6 +436,9 @@ def write(run: dict[str, Any], path: Path) -> None:
         ]
         for name, text in micro.items():
             L += [f"### `{name}`", "", text.strip(), ""]
+    kv = dict(run.get("kv") or {})
+    if kv:
+        L += kv_md(kv)
     sim_md = BENCH / "SIMULATOR.md"
     if sim_md.exists():
         L += ["## Simulator throughput (from bench/SIMULATOR.md)", "", sim_md.read_text().strip(), ""]
