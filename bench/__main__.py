@@ -11,7 +11,12 @@
 Suites: `overhead` (proxy cost against the peers, bench/overhead.py), `routing` (cache-hit quality and
 TTFT on a simulated fleet, bench/routing.py), `micro` (bench/transports.py — h1 vs aiohttp vs
 httpx —, bench/adapters.py, bench/apis.py — gateway CPU of /v1/responses and /v1/messages beside
-chat —, and bench/tracing.py — gateway CPU per request with tracing off, unsampled and sampled). Progress is printed as it goes; everything started is stopped by PID.
+chat —, and bench/tracing.py — gateway CPU per request with tracing off, unsampled and sampled), `kv`
+(in-process, no servers: bench/kv_micro.py — tokenization, the routing decision's CPU with the engines'
+KV events, the index's memory at 8 backends x 1M events — and bench/replay.py's table of every workload
+at 50 / 80 % load with 1, 2, 4 and 8 routing processes, events and shared load on, against round robin
+and, on uniform traffic, least load). Progress is printed as it goes; everything started is stopped by
+PID.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from bench import machine, overhead, peers, report
 from bench.procs import BENCH, ROOT
 
 RESULTS = BENCH / "results"
-SUITES = ("overhead", "routing", "micro")
+SUITES = ("overhead", "routing", "micro", "kv")
 
 
 class Progress:
@@ -105,6 +110,47 @@ def micro(quick: bool, log: Progress, only: list[str] | None, date: str) -> dict
     return out
 
 
+# bench.replay's points for the report: (label, arguments); 2 seeds each (the replay is deterministic,
+# one seed is one schedule's sample)
+REPLAYS = (
+    (
+        "prefix-heavy workloads, ours vs round robin",
+        ["shared_prefix", "long_document_qa", "multi_turn_chat", "agent_tool_loop"],
+    ),
+    ("uniform traffic, ours vs least load", ["uniform", "--baseline", "least_load"]),
+)
+REPLAY_POINTS = ["--load", "0.5", "--load", "0.8", *(a for r in (1, 2, 4, 8) for a in ("--replicas", str(r)))]
+
+
+def kv(quick: bool, log: Progress) -> dict[str, str]:
+    """KV-event routing's own figures: bench.kv_micro and bench.replay's tables, as printed."""
+    out: dict[str, str] = {}
+    micro = ["-m", "bench.kv_micro", *(["--quick"] if quick else [])]
+    runs: dict[str, list[str]] = {"bench/kv_micro.py": micro}
+    for label, args in REPLAYS:
+        seeds = "1" if quick else "2"
+        runs[f"bench/replay.py: {label}"] = [
+            "-m", "bench.replay", *args, *REPLAY_POINTS, "--seeds", seeds, "--events", "5", "--shared", "--table",
+        ]  # fmt: skip
+    for name, args in runs.items():
+        log(f"kv: {name}")
+        t0 = time.monotonic()
+        try:
+            p = subprocess.run(
+                [sys.executable, *args], capture_output=True, text=True, timeout=3600, cwd=str(ROOT)
+            )
+            text = (
+                p.stdout
+                if p.returncode == 0
+                else f"failed (exit {p.returncode}):\n\n```\n{p.stderr[-1500:]}\n```"
+            )
+        except subprocess.TimeoutExpired:
+            text = "timed out after 3600 s"
+        cmd = f"`python {' '.join(args)}` ({time.monotonic() - t0:.0f} s)"
+        out[name] = f"{cmd}\n\n{text}"
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(
@@ -167,8 +213,13 @@ def main(argv: list[str] | None = None) -> int:
         figures.pop("_date", None)
         figures.update(micro(quick, log, a.micro, measured["machine"]["date"]))
         kept.write_text(json.dumps(figures, indent=1))
+    if "kv" in suites:
+        figures = kv(quick, log)
+        figures["_date"] = measured["machine"]["date"]
+        figures["_commit"] = measured["machine"]["commit"]
+        (RESULTS / "kv.json").write_text(json.dumps(figures, indent=1))
 
-    for name in ("overhead", "routing", "micro"):
+    for name in ("overhead", "routing", "micro", "kv"):
         f = RESULTS / f"{name}.json"
         if f.exists():
             run[name] = json.loads(f.read_text())

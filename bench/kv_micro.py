@@ -44,6 +44,9 @@ from policies.router import Router
 from policies.types import BackendView, FleetSnapshot, PoolView, RequestFeatures
 
 MODEL = "m"
+# the index's key group for engines with 16-token blocks (policies.kv_index, *Granularity*): the
+# keys a decision reads, computed once a request (the gateway: in its first match)
+GROUP = 16 * max(1, -(-KvIndexConfig().min_block_tokens // 16))
 TEMPLATE = (
     "{%- if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n"
     "{% endif %}# Tools\n\nYou may call one or more functions.\n<tools>{% for tool in tools %}\n"
@@ -132,7 +135,7 @@ def summary(samples: list[int]) -> str:
 
 # -- 1. tokenization ------------------------------------------------------------------------------
 def bench_tokenization(tok: HfTokenizer, reps: int) -> None:
-    print("\n1. Tokenization per request (render + tokens + block keys of 16), CPU")
+    print(f"\n1. Tokenization per request (render + tokens + block keys of {GROUP} tokens), CPU")
     rng = random.Random(1)
     system = prose(rng, 220)
     first_turn: list[int] = []
@@ -145,7 +148,7 @@ def bench_tokenization(tok: HfTokenizer, reps: int) -> None:
         messages = conversation(random.Random(100 + r), system, 13)
         body = {"model": MODEL, "messages": messages, "tools": TOOLS}
         cold = PromptTokens({MODEL: tok})
-        first_turn.append(cpu_ns(lambda c=cold, b=body: c.blocks(b, 1).keys(16)))  # type: ignore[union-attr]
+        first_turn.append(cpu_ns(lambda c=cold, b=body: c.blocks(b, 1).keys(GROUP)))  # type: ignore[union-attr]
         if r == 0:
             p = cold.blocks(body)
             tokens_seen = p.tokens if p is not None else 0
@@ -153,13 +156,13 @@ def bench_tokenization(tok: HfTokenizer, reps: int) -> None:
         warm.blocks(
             {"model": MODEL, "messages": [messages[0], {"role": "user", "content": "hi"}], "tools": TOOLS}
         )
-        first_shared.append(cpu_ns(lambda w=warm, b=body: w.blocks(b, 2).keys(16)))  # type: ignore[union-attr]
+        first_shared.append(cpu_ns(lambda w=warm, b=body: w.blocks(b, 2).keys(GROUP)))  # type: ignore[union-attr]
         grown = {**body, "messages": [*messages, {"role": "assistant", "content": prose(rng, 60)},
                                       {"role": "user", "content": prose(rng, 40)}]}  # fmt: skip
-        later.append(cpu_ns(lambda w=warm, g=grown: w.blocks(g, 2).keys(16)))  # type: ignore[union-attr]
+        later.append(cpu_ns(lambda w=warm, g=grown: w.blocks(g, 2).keys(GROUP)))  # type: ignore[union-attr]
         render.append(cpu_ns(lambda g=grown: tok.render(g)))
         sim = PromptTokens({MODEL: SimTokenizer()})
-        sim_first.append(cpu_ns(lambda t=sim, b=body: t.blocks(b, 3).keys(16)))  # type: ignore[union-attr]
+        sim_first.append(cpu_ns(lambda t=sim, b=body: t.blocks(b, 3).keys(GROUP)))  # type: ignore[union-attr]
     print(f"   chat of {tokens_seen} tokens (system prompt, 3 tools, 13 messages):")
     print(f"     first turn, nothing cached          {summary(first_turn)}")
     print(f"     first turn, system + tools cached   {summary(first_shared)}")
@@ -173,11 +176,11 @@ def bench_tokenization(tok: HfTokenizer, reps: int) -> None:
         doc = prose(random.Random(500 + r), 12000)
         tokens = PromptTokens({MODEL: tok})
         ask = {"model": MODEL, "messages": [{"role": "user", "content": doc + "\n\nWhat is it about?"}]}
-        doc_first.append(cpu_ns(lambda t=tokens, a=ask: t.blocks(a, 9).keys(16)))  # type: ignore[union-attr]
+        doc_first.append(cpu_ns(lambda t=tokens, a=ask: t.blocks(a, 9).keys(GROUP)))  # type: ignore[union-attr]
         p = tokens.blocks(ask)
         doc_tokens = p.tokens if p is not None else 0
         again = {"model": MODEL, "messages": [{"role": "user", "content": doc + "\n\nWho wrote it?"}]}
-        doc_again.append(cpu_ns(lambda t=tokens, a=again: t.blocks(a, 10).keys(16)))  # type: ignore[union-attr]
+        doc_again.append(cpu_ns(lambda t=tokens, a=again: t.blocks(a, 10).keys(GROUP)))  # type: ignore[union-attr]
     print(f"   document of {doc_tokens} tokens (tokenized up to max_chars, keyed up to max_tokens):")
     print(f"     first question                      {summary(doc_first)}")
     print(f"     another question (pieces cached)    {summary(doc_again)}")
@@ -210,7 +213,7 @@ def bench_decision(tok: HfTokenizer, decisions: int, backends: int, match_tokens
         features = extract_features(body, FeatureConfig())
         prompt = tokens.blocks(body, features.anchor_hash)
         assert prompt is not None
-        prompt.keys(16)  # tokenization's share, done before the clock (table 1)
+        prompt.keys(GROUP)  # tokenization's share, done before the clock (table 1)
         for b in rng.sample(names, holders):
             store(b, prompt.token_ids())
         requests.append((kind, _with_prompt(features, prompt)))

@@ -79,6 +79,8 @@ from policies.types import BackendView, FleetSnapshot, PoolView
 
 MODEL = "bench-model"
 CLAIRVOYANT: Literal["clairvoyant"] = "clairvoyant"
+#: prefix affinity's exchange rate on the serial fleet, as it ran there (docs/routing.md)
+SERIAL_BLOCKS_PER_REQUEST = 8.0
 Policy = PolicyConfig | Literal["clairvoyant"]
 POLICIES: dict[str, Policy] = {
     "prefix_affinity": PrefixAffinityConfig(),
@@ -575,6 +577,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                     config = POLICIES[name]
                     if options and name == args.policy and not isinstance(config, str):
                         config = parse_policy_config({"kind": config.kind, **options})
+                    serial = args.engine == "serial" and isinstance(config, PrefixAffinityConfig)
+                    if serial and "blocks_per_request" not in options:
+                        config = dataclasses.replace(config, blocks_per_request=SERIAL_BLOCKS_PER_REQUEST)
                     runs = [
                         replay(
                             workload,

@@ -15,8 +15,13 @@ lost before it) cannot be keyed and is skipped: the index under-reports, it neve
 
 Granularity. A backend's blocks are keyed in groups of `group` tokens: its block size, or for engines
 with small pages (SGLang's default page size is 1 token) the first multiple of it of at least
-`min_block_tokens`, so that a request is matched with few keys. Pages inside a group are kept as
-pending token bytes under the group's parent key until the group is full.
+`min_block_tokens` (64: vLLM's 16-token blocks are keyed four at a time), so that a request is
+matched with few keys: the scan's dict lookups are the decision's largest cost with events
+(bench/kv_micro.py: 8,192 tokens were 512 lookups a backend group at 16, 128 at 64), and a
+64-token granularity is far finer than the cost rule weighs a cache (a request's prefill is worth
+`blocks_per_request` x 32 tokens). Pages inside a group are kept as pending token bytes under the
+group's parent key until the group is full; a page removed inside a group ends the held prefix only
+when the group's last page goes (its key), so holes are seen at the group's granularity.
 
 Matching is exact prefix semantics: a backend holds a prompt's first `d` blocks when every one of
 them is held (an engine cannot use a block whose parent it evicted), scanned from the first block with
@@ -37,7 +42,9 @@ its blocks are forgotten and its stream stays unusable for `relearn_s` while new
 
 Memory (CPython 3.11, measured by tests/policies/test_kv_index.py and docs/routing.md): one engine
 block costs an `OrderedDict` slot with its hash and key (~150 bytes) and, per distinct key, a slot in
-the shared key -> holders map (~100 bytes, shared by every backend holding the block).
+the shared key -> holders map (~100 bytes, shared by every backend holding the block); a page
+inside a group not yet full keeps its pending token bytes (so ~370 bytes a block with 64-token
+groups of 16-token blocks, against ~290 with one key a block).
 """
 
 from __future__ import annotations
@@ -59,7 +66,7 @@ class KvIndexConfig:
     """Bounds and liveness rules of the KV-event index (docs/routing.md, *KV events*)."""
 
     max_blocks: int = 32768
-    min_block_tokens: int = 16
+    min_block_tokens: int = 64
     silent_requests: int = 16
     silent_s: float = 10.0
     relearn_s: float = 30.0

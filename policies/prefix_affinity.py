@@ -33,7 +33,8 @@ trades a warm cache against a queue, refined by a bounded local prefix index.
    others within the bound counts as warm for the preamble, one block short of the holders, so it
    takes a request when the holders are busier by more than `tolerance` and never on a tie.
 4. Choice. `cost = in_flight - warm blocks / blocks_per_request` (a cached block saves prefill; a
-   queued request costs a service time; `in_flight` is this replica's own fresh count - the engine's
+   queued request costs a service time - on a batching engine only its share of the steps, hence
+   the default of 2 blocks, docs/routing.md; `in_flight` is this replica's own fresh count - the engine's
    scraped figures are global but up to a scrape old, and at low load they still count requests
    that have finished, so they only enter through the bound). Among backends that *fit* - not saturated and
    `score + 1 <= ceil((1 + load_factor) * (total + 1) / n) + load_slack` (consistent hashing with
@@ -92,7 +93,7 @@ class PrefixAffinityConfig:
     group_min_blocks: int = 32
     group_choices: int = 3
     placement_slack: float = 2.0
-    blocks_per_request: float = 8.0
+    blocks_per_request: float = 2.0
     tolerance: float = 0.5
     load_factor: float = 0.25
     load_slack: float = 3.0
@@ -237,7 +238,9 @@ class PrefixAffinity(BackendPolicy):
             pend = self._pending.get(self.key(features))
             if pend is not None and self._kv.now - pend[1] < config.pending_s:
                 fresh = pend[0]
-        if indexed and features.block_hashes:
+        # this replica's memory is read only when some backend lacks events (or has a fresh decision)
+        recall = not exact or fresh is not None or any(b.name not in exact for b in ranked)
+        if indexed and features.block_hashes and recall:
             depths = self._index.depths(
                 features.block_hashes, {b.name: None for b in ranked}, above=max(0, preamble - 1)
             )

@@ -4,9 +4,11 @@ batching fleet (its default) and on the serial fleet of before, whose figures it
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from bench.replay import POLICIES, main, replay
+from bench.replay import POLICIES, SERIAL_BLOCKS_PER_REQUEST, main, replay
 from bench.routing import SERIAL, FleetSpec, capacity, make_point
 
 
@@ -33,15 +35,17 @@ def test_batching_fleet_tells_the_same_policies_apart() -> None:
 
 def test_serial_engine_reproduces_the_replay_of_before() -> None:
     """`--engine serial` is the replay of before the batching engine: these figures are what the code
-    of 48f9ff8 computed for the same calls (run from that commit)."""
-    r = replay("shared_prefix", POLICIES["prefix_affinity"], load=0.5, seconds=4.0, spec=SERIAL)
+    of 48f9ff8 computed for the same calls (run from that commit), with prefix affinity's exchange
+    rate of then (`--engine serial` keeps it)."""
+    then = dataclasses.replace(POLICIES["prefix_affinity"], blocks_per_request=SERIAL_BLOCKS_PER_REQUEST)
+    r = replay("shared_prefix", then, load=0.5, seconds=4.0, spec=SERIAL)
     assert (r.requests, r.hit_rate, r.ttft_p50_ms, r.ttft_p99_ms) == (
         77,
         0.5626649015019438,
         298.6,
         606.535235222891,
     )
-    r = replay("multi_turn_chat", POLICIES["prefix_affinity"], load=0.5, seconds=4.0, spec=SERIAL)
+    r = replay("multi_turn_chat", then, load=0.5, seconds=4.0, spec=SERIAL)
     assert (r.requests, r.hit_rate, r.ttft_p50_ms, r.ttft_p99_ms) == (
         74,
         0.6260970479437151,

@@ -43,6 +43,9 @@ class Engine:
 
 
 def live_index(*names: str, **config: object) -> KvIndex:
+    """An index whose streams are live; keyed per 16-token block unless told (the tests' engines
+    store 16-token blocks: the block semantics, not the default grouping, are under test)."""
+    config.setdefault("min_block_tokens", 16)
     index = KvIndex(KvIndexConfig(**config))  # type: ignore[arg-type]
     for name in names:
         index.attach(name)

@@ -30,7 +30,7 @@ async def until(check: Callable[[], bool], within: float = 5.0) -> None:
 
 @pytest.fixture
 async def subscriber() -> AsyncIterator[KvEventSubscriber]:
-    sub = KvEventSubscriber(KvIndex(KvIndexConfig(relearn_s=30.0)), heartbeat_s=0.2)
+    sub = KvEventSubscriber(KvIndex(KvIndexConfig(relearn_s=30.0, min_block_tokens=16)), heartbeat_s=0.2)
     yield sub
     await sub.stop()
 
