@@ -18,9 +18,10 @@ demo: $(STAMP)
 	$(VENV)/bin/gateway demo
 
 # Installs the servers the tests need (redis-server, prometheus) when missing, and the real engines
-# (vLLM, SGLang: one cached environment each in .engines/), then runs the suite.
+# (vLLM, SGLang: one cached environment each in .engines/), then runs the suite: tests/real_engines/
+# and the rest side by side (scripts/test.sh; PYTEST_ARGS go to both).
 test: $(STAMP) services engines
-	$(VENV)/bin/pytest
+	VENV=$(VENV) scripts/test.sh $(PYTEST_ARGS)
 
 services:
 	scripts/ensure-services.sh

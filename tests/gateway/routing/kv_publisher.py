@@ -77,6 +77,9 @@ class Publisher:
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.XPUB_VERBOSER, 1)  # every (un)subscription, one per SUB socket
         self.subscribers = 0
+        #: subscriptions received in all (a new connection's shows here even while the publisher has
+        #: not yet seen the old one's end, which keeps `subscribers` unchanged)
+        self.subscriptions_total = 0
         if port is None:
             port = self.pub.bind_to_random_port("tcp://127.0.0.1")
         else:  # the same address again: an engine restarted in place
@@ -112,6 +115,7 @@ class Publisher:
             msg = self.pub.recv()
             if msg[:1] == b"\x01":
                 self.subscribers += 1
+                self.subscriptions_total += 1
             elif msg[:1] == b"\x00":
                 self.subscribers -= 1
         return self.subscribers
