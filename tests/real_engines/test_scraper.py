@@ -40,6 +40,10 @@ LONG = 3800
 @pytest.fixture(scope="module")
 def gateway(real_engine: EngineServer) -> Iterator[GatewayProcess]:
     config = real_pool_config(real_engine.engine, [real_engine.base_url], real_engine.served_model_name)
+    # vLLM answers /metrics seconds late while it decodes for 8 requests on 2 cores shared with the
+    # rest of the suite: once the engine's log said 8 running and 2 waiting while the gateway saw 0
+    # all along — its scrapes (3 s at most by default) most likely timed out. Here they may take 15 s.
+    config["upstream"]["health"].update(timeout_s=15.0, failure_threshold=50)
     with GatewayProcess(config, env={"GATEWAY_JWT_SECRET": SECRET}) as gw:
         yield gw
 
