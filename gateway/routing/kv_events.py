@@ -39,7 +39,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from engines.kv_events import END_SEQ, Cleared, DecodeError, Removed, Stored, decode_batch, sequence
+from engines.kv_events import END_SEQ, DecodeError, KvEvent, Removed, Stored, decode_batch, sequence
 from gateway.core.fleet import Fleet
 from gateway.core.settings import PoolSettings
 from policies.kv_index import KvIndex
@@ -280,21 +280,7 @@ class _Stream:
             return
         backend = self.backend
         try:
-            for event in batch.events:
-                if isinstance(event, Stored):
-                    index.stored(
-                        backend,
-                        event.block_hashes,
-                        event.parent,
-                        event.token_ids,
-                        event.block_size,
-                        event.extra_keys,
-                        event.lora,
-                    )
-                elif isinstance(event, Removed):
-                    index.removed(backend, event.block_hashes)
-                elif isinstance(event, Cleared):
-                    index.cleared(backend)
+            apply_events(index, backend, batch.events)
         except Exception as exc:  # a defect, not the engine's: the batch is half applied
             self._error("batch not applied", exc)
             index.gap(backend)
@@ -353,6 +339,25 @@ class _Stream:
         if now - self._logged_at >= 10.0:
             self._logged_at = now
             log.warning("KV events of %s: %s%s", self.backend, what, f": {exc}" if exc else "")
+
+
+def apply_events(index: KvIndex, backend: str, events: Sequence[KvEvent]) -> None:
+    """One decoded batch of `backend`'s events into the index, in order."""
+    for event in events:
+        if isinstance(event, Stored):
+            index.stored(
+                backend,
+                event.block_hashes,
+                event.parent,
+                event.token_ids,
+                event.block_size,
+                event.extra_keys,
+                event.lora,
+            )
+        elif isinstance(event, Removed):
+            index.removed(backend, event.block_hashes)
+        else:
+            index.cleared(backend)
 
 
 #: `GET url` -> the decoded JSON answer, or None (handed in by the root: it owns the transport)

@@ -28,6 +28,7 @@ from engines.kv_events import (
     encode_batch,
     sequence,
 )
+from gateway.routing.kv_events import apply_events
 from policies.kv_blocks import PromptBlocks
 from policies.kv_index import KvIndex
 
@@ -324,21 +325,7 @@ def test_any_msgpack_batch_decodes_or_raises_decode_error(ts: Any, events: list[
     batch = decode_batch(payload)
     index = KvIndex()
     index.attach("b")
-    for event in batch.events:
-        if isinstance(event, Stored):
-            index.stored(
-                "b",
-                event.block_hashes,
-                event.parent,
-                event.token_ids,
-                event.block_size,
-                event.extra_keys,
-                event.lora,
-            )
-        elif isinstance(event, Removed):
-            index.removed("b", event.block_hashes)
-        else:
-            index.cleared("b")
+    apply_events(index, "b", batch.events)  # what the gateway's subscriber does with a batch
     assert len(batch.events) + batch.skipped == len(events)
 
 
