@@ -495,12 +495,12 @@ GROUP_KEY = "gw:rt:{rt}:g:"
 
 
 def _share_args(share: LoadShare, counts: Mapping[str, int], proposal: str | None, args: list[Any]) -> None:
-    """SHARE_LUA's ARGV (see the script): process, lease, packed counts, proposal, placement ttl."""
-    live = {name: n for name, n in counts.items() if n > 0}
+    """SHARE_LUA's ARGV (see the script): process, lease, packed counts (`LoadShare.counts()`: only
+    backends with requests in flight), proposal, placement ttl."""
     args += (
         share.process,
         max(1, int(share.lease_s * 1000)),
-        msgpack.packb(live) if live else b"",
+        msgpack.packb(counts) if counts else b"",
         proposal or "",
         max(1, int(share.placement_ttl_s * 1000)),
     )
@@ -664,7 +664,7 @@ class RedisLimiter:
         period = share.lease_s / 3
         while not stop_requested():
             await asyncio.sleep(period / 2)
-            if time.monotonic() - self._shared_at < period or not any(share.counts().values()):
+            if time.monotonic() - self._shared_at < period or not share.counts():
                 continue
             try:
                 await self.report()

@@ -67,7 +67,8 @@ class LoadShare(Protocol):
         ...
 
     def counts(self) -> Mapping[str, int]:
-        """This process's in-flight counts now (finish calls and lease renewals carry them)."""
+        """This process's in-flight counts now, backends with none left out (finish calls and lease
+        renewals carry them as they are)."""
         ...
 
     def heard(self, others: Mapping[str, int]) -> None:
