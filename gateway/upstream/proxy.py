@@ -37,7 +37,7 @@ from gateway.core.responses import BytesResponse, Response, error_response
 from gateway.upstream.relay import SSESplitter, StreamRelay
 from gateway.upstream.retry import RetryBudget
 from gateway.upstream.settings import UpstreamSettings
-from gateway.upstream.transport import Transport, UpstreamError, UpstreamResponse
+from gateway.upstream.transport import JSON_HEADERS, Transport, UpstreamError, UpstreamResponse
 
 log = logging.getLogger("gateway.upstream")
 
@@ -48,8 +48,6 @@ _GONE = frozenset({"connect", "error"})
 _MISCONFIGURED_LOG_S = 30.0
 _BACKEND_FAULTS_MID_STREAM = frozenset({"upstream_broken", "idle_timeout"})
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
-#: the transport's default request headers, spelled out when a traced attempt adds `traceparent`
-_JSON = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
 UpstreamHeaders = dict[str, str]
 
 #: picks another backend for a retry, never one in `exclude`; raises ApiError when none is left
@@ -132,7 +130,10 @@ class ProxyStage:
             backend.requests_total += 1
             headers = None
             if ctx.trace is not None:  # tracing on: this attempt's span, its traceparent to the engine
-                headers = {**_JSON, **ctx.trace.attempt_start(pool.name, backend.name, pool.dialect.name)}
+                headers = {
+                    **JSON_HEADERS,
+                    **ctx.trace.attempt_start(pool.name, backend.name, pool.dialect.name),
+                }
             try:
                 if ctx.stream:
                     return await self._stream(ctx, backend, backend.url + path, upstream_body, headers)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping
-from typing import Protocol
+from typing import Final, Protocol
 
 import aiohttp
 
@@ -104,7 +104,9 @@ class _AiohttpResponse:
             self._resp.close()
 
 
-_JSON_HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+#: what a request to an engine carries when the caller gives no headers (h1.py writes the same bytes);
+#: a caller that adds one (the proxy's `traceparent`) starts from these
+JSON_HEADERS: Final = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
 
 
 class AiohttpTransport:
@@ -135,7 +137,7 @@ class AiohttpTransport:
     ) -> UpstreamResponse:
         try:
             resp = await self._session.request(
-                method, url, data=body, headers=headers or _JSON_HEADERS, allow_redirects=False
+                method, url, data=body, headers=headers or JSON_HEADERS, allow_redirects=False
             )
         except (TimeoutError, aiohttp.ServerTimeoutError):
             raise UpstreamTimeout("connect") from None
