@@ -14,20 +14,24 @@ Configurations:
                  gateway/observability/tracing.py was added: `off` minus it is what the tracing code
                  costs when disabled (anything else changed since REF counts too)
 
-**In process** first (low noise: no sockets, no other process on the figure): the tracing work of one
-request — `Tracing.begin`, the three stage wrappers, an upstream attempt, the relay span when
-streamed, `Tracing.end` — on a real `Tracing` whose `BatchSpanProcessor` and exporter post to the
-receiver, `--inproc` requests in a loop, minus the same loop without tracing; process CPU
-(`time.process_time`: every thread, so the export thread's encoding and HTTP posts count), the queue
-flushed before the clock stops.
+**In process** first (low noise: no other process on the figure): the tracing work of one request —
+`Tracing.begin`, the three stage wrappers, an upstream attempt, the relay span when streamed,
+`Tracing.end` — on a real `Tracing` exporting to the receiver (the default: encoded at the end and
+POSTed in batches from a task on the event loop; `sdk`: the SDK's `BatchSpanProcessor` thread and
+exporter), `--inproc` requests in a loop that yields to the export task every 64, minus the same loop
+without tracing; process CPU (`time.process_time`: every thread, so an export thread counts), the
+queue flushed before the clock stops.
 
 Then **end to end**: one `--fast` vLLM-dialect simulator (128-token answers, capped at 16 by
-`max_tokens`) and one gateway process per configuration side by side, all with JWT auth and a
+`max_tokens`) and a gateway process per configuration, one at a time, all with JWT auth and a
 per-user limit (so the authenticate and admit stages run and a sampled request makes all its spans:
 request, auth, admit, route, upstream, and relay when streamed), exporting every 0.2 s. Load: wrk at
 `--concurrency` for `--seconds` a point, after a warm-up; the figure is the gateway's process CPU
 (every thread, from the scheduler's nanosecond counters) read once the receiver holds every span of
-the point's requests. Both parts export to an OTLP/HTTP receiver in a process of its own (`python -m
+the point's requests, and of it the event loop's thread alone. Every round starts a fresh gateway
+process for each configuration, so that one process's own quirks (its memory layout, its hash seed)
+are not counted as its configuration's.
+Both parts export to an OTLP/HTTP receiver in a process of its own (`python -m
 tests.otlp_receiver`, counting only). Rounds rotate the order; tables show medians over rounds, the
 spread (lowest–highest round) and differences to `off` in the same mode. On a shared machine the end
 to end figures move by tens of µs between rounds; the in-process ones by a few.
@@ -130,45 +134,54 @@ def inproc(name: str, stream: bool, n: int, endpoint: str) -> float:
             return None
 
     stages: list[Any] = [Named("authenticate"), Named("admit"), Named("route")]
-    tracing = None
-    if name != "off" and name in CONFIGS:
-        # a queue for all `n` (the loop outruns the exporter; a dropped span would cost nothing)
-        settings = TracingSettings(
-            **CONFIGS[name], endpoint=endpoint, export_interval_s=0.2, max_queued_requests=n + 16
-        )
-        tracing = Tracing(settings, "bench")
-        tracing.start()
-        stages = tracing.wrap(stages)
     body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": MAX_TOKENS}
 
     async def run() -> float:
-        start = time.process_time()
-        for i in range(n):
-            ctx = RequestContext(f"req_{i:032x}", "chat", 0.0, {b"content-type": b"application/json"}, _stage)
-            ctx.body, ctx.stream, ctx.status = body, stream, 200
-            ctx.pool, ctx.route_reason, ctx.affinity = _Pool(), "default+affinity:hit", "hit"  # type: ignore[assignment]
-            ctx.usage = Usage(19, MAX_TOKENS, 0)
-            await _one(ctx, stages, stream, tracing)
-        if tracing is not None:
-            tracing.flush()
-        return time.process_time() - start
+        nonlocal stages
+        tracing = None
+        if name != "off" and name in CONFIGS:
+            # a queue for all `n` (the loop outruns the export; a dropped span would cost nothing)
+            settings = TracingSettings(
+                **CONFIGS[name], endpoint=endpoint, export_interval_s=0.2, max_queued_requests=n + 16
+            )
+            tracing = Tracing(settings, "bench")
+            tracing.start()
+            stages = tracing.wrap(stages)
+        try:
+            start = time.process_time()
+            for i in range(n):
+                ctx = RequestContext(
+                    f"req_{i:032x}", "chat", 0.0, {b"content-type": b"application/json"}, _stage
+                )
+                ctx.body, ctx.stream, ctx.status = body, stream, 200
+                ctx.pool, ctx.route_reason, ctx.affinity = _Pool(), "default+affinity:hit", "hit"  # type: ignore[assignment]
+                ctx.usage = Usage(19, MAX_TOKENS, 0)
+                await _one(ctx, stages, stream, tracing)
+                if i % 64 == 63:
+                    await asyncio.sleep(0)  # the export task runs as it would between requests
+            if tracing is not None:
+                await tracing.flush()
+            return time.process_time() - start
+        finally:
+            if tracing is not None:
+                await tracing.aclose()
 
-    try:
-        used = asyncio.run(run())
-    finally:
-        if tracing is not None:
-            tracing.shutdown()
+    used = asyncio.run(run())
     return used / n * 1e6
 
 
-def cpu_s(pid: int) -> float:
-    """CPU seconds of every live thread of `pid`, from the scheduler's nanosecond counters
-    (`/proc/<pid>/task/*/schedstat`; utime and stime tick in 10 ms, too coarse for µs per request)."""
-    total = 0
-    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+def cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds of every live thread of `pid` and of its main thread (the event loop's), from the
+    scheduler's nanosecond counters (`/proc/<pid>/task/*/schedstat`; utime and stime tick in 10 ms,
+    too coarse for µs per request)."""
+    total = main = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(OSError, ValueError, IndexError):
-            total += int(stat.read_text().split()[0])
-    return total / 1e9
+            ns = int((task / "schedstat").read_text().split()[0])
+            total += ns
+            if task.name == str(pid):
+                main = ns
+    return total / 1e9, main / 1e9
 
 
 def received(receiver: Service) -> int:
@@ -178,12 +191,12 @@ def received(receiver: Service) -> int:
 
 def measure(
     gw: Service, receiver: Service, script: Path, name: str, stream: bool, seconds: float, conc: int
-) -> tuple[float, int]:
-    """(gateway CPU µs per request, spans missing at the receiver) for one point."""
+) -> tuple[float, float, int]:
+    """(gateway CPU µs per request, of it the event loop's thread, spans missing at the receiver)."""
     run_wrk(gw.base_url + "/v1/chat/completions", script, conc, 1)  # warm-up
     time.sleep(1.3)  # the warm-up's spans are exported before the measurement starts
     start_spans = received(receiver)
-    before = cpu_s(gw.pid)
+    before, before_main = cpu_s(gw.pid)
     r = run_wrk(gw.base_url + "/v1/chat/completions", script, conc, seconds)
     if r.errors or not r.requests:
         raise RuntimeError(f"{name} stream={stream}: {r.errors} of {r.requests} requests failed")
@@ -191,8 +204,9 @@ def measure(
     deadline = time.monotonic() + 10
     while received(receiver) < expected and time.monotonic() < deadline:
         time.sleep(0.05)
-    used = cpu_s(gw.pid) - before
-    return used / r.requests * 1e6, max(0, expected - received(receiver))
+    after, after_main = cpu_s(gw.pid)
+    per = 1e6 / r.requests
+    return (after - before) * per, (after_main - before_main) * per, max(0, expected - received(receiver))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     rx_argv = [sys.executable, "-m", "tests.otlp_receiver", "--port", str(rx_port)]
     points = [(name, stream) for stream in (False, True) for name in configs]
     cpu: dict[tuple[str, bool], list[float]] = {p: [] for p in points}
+    loop_cpu: dict[tuple[str, bool], list[float]] = {p: [] for p in points}
     missing: dict[tuple[str, bool], int] = dict.fromkeys(points, 0)
     headers = {"authorization": f"Bearer {bench_token()}"}
     scripts = {}
@@ -223,7 +238,6 @@ def main(argv: list[str] | None = None) -> int:
         scripts[stream] = write_wrk_script(
             f"tracing-{stream}", orjson.dumps({**body, "stream": stream}), headers
         )
-    gateways: dict[str, Service] = {}
     sim = Service("tracing-sim", sim_argv, sim_port)
     receiver = Service("tracing-otlp-receiver", rx_argv, rx_port, probe="/count", cwd=ROOT)
     inproc_us: dict[tuple[str, bool], list[float]] = {(n, s): [] for n in CONFIGS for s in (False, True)}
@@ -234,8 +248,11 @@ def main(argv: list[str] | None = None) -> int:
                 shift = r % len(keys)
                 for key in keys[shift:] + keys[:shift]:
                     inproc_us[key].append(inproc(*key, a.inproc, receiver.base_url + "/v1/traces"))
-        try:
-            for name, tracing in configs.items():
+        for r in range(a.rounds):  # fresh gateway processes every round, in a rotated order
+            names = list(configs)
+            shift = r % len(names)
+            for name in names[shift:] + names[:shift]:
+                tracing = configs[name]
                 sections: dict[str, Any] = {
                     "auth": {"jwt": {"secret": JWT_SECRET}},
                     "limits": {"tiers": {"default": GENEROUS}},
@@ -246,18 +263,18 @@ def main(argv: list[str] | None = None) -> int:
                 cfg = gateway_config("vllm", [sim.base_url], **sections)
                 source = gateway_source(a.baseline) if name not in CONFIGS else None
                 label = "baseline" if name not in CONFIGS else name.replace(" ", "-")
-                gateways[name] = gateway_service(f"tracing-{label}", cfg, source).start()
-            for r in range(a.rounds):
-                shift = r % len(points)
-                for point in points[shift:] + points[:shift]:
-                    name, stream = point
-                    gw = gateways[name]
-                    us, lost = measure(gw, receiver, scripts[stream], name, stream, a.seconds, a.concurrency)
-                    cpu[point].append(us)
-                    missing[point] += lost
-        finally:
-            for gw in gateways.values():
-                gw.stop()
+                gw = gateway_service(f"tracing-{label}", cfg, source).start()
+                try:
+                    for stream in (False, True) if r % 2 == 0 else (True, False):
+                        point = (name, stream)
+                        us, main_us, lost = measure(
+                            gw, receiver, scripts[stream], name, stream, a.seconds, a.concurrency
+                        )
+                        cpu[point].append(us)
+                        loop_cpu[point].append(main_us)
+                        missing[point] += lost
+                finally:
+                    gw.stop()
     load1, load5, _ = os.getloadavg()
     print(
         f"{m['date']}, commit {m['commit']}, {m['nproc']} CPUs ({m['cpu']}), Python {m['python']}; "
@@ -266,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"wrk {a.seconds:g} s per point at concurrency {a.concurrency}, {a.rounds} rounds (median, "
         f"lowest–highest round in brackets); JWT auth and a per-user limit on; {MAX_TOKENS} output tokens "
-        f"({MAX_TOKENS} chunks when streamed); gateway process CPU per request, export thread included\n"
+        f"({MAX_TOKENS} chunks when streamed); gateway process CPU per request, every thread; a fresh "
+        "gateway process per configuration and round\n"
     )
     if a.inproc:
         print(
@@ -288,24 +306,33 @@ def main(argv: list[str] | None = None) -> int:
         off = "/".join(f"{base[s]:.2f}" for s in (False, True))
         print(f"\n(the loop without tracing itself: {off} µs a request, non-streamed/streamed)\n")
         print("**End to end** — whole gateway processes under wrk:\n")
-    print("| tracing | non-streamed µs | Δ to off | streamed µs | Δ to off | target Δ | spans lost |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| tracing | non-streamed µs | Δ to off | Δ event loop | streamed µs | Δ to off | Δ event loop "
+        "| target Δ | spans lost |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     med = {p: statistics.median(v) for p, v in cpu.items()}
+    loop_med = {p: statistics.median(v) for p, v in loop_cpu.items()}
     for name in configs:
         row = [name]
         for stream in (False, True):
             value, runs = med[(name, stream)], cpu[(name, stream)]
-            off = med[("off", stream)]
+            off, off_loop = med[("off", stream)], loop_med[("off", stream)]
+            loop = loop_med[(name, stream)]
             if name == "off":
-                delta = "—"
+                delta, loop_delta = "—", f"({loop:.0f})"
             elif name in CONFIGS:
-                delta = f"{value - off:+.0f}"
+                delta, loop_delta = f"{value - off:+.0f}", f"{loop - off_loop:+.0f}"
             else:  # the baseline: what `off` costs more than the code before tracing
-                delta = f"off {off - value:+.0f}"
-            row += [f"{value:.0f} ({min(runs):.0f}–{max(runs):.0f})", delta]
+                delta, loop_delta = f"off {off - value:+.0f}", f"off {off_loop - loop:+.0f}"
+            row += [f"{value:.0f} ({min(runs):.0f}–{max(runs):.0f})", delta, loop_delta]
         target = f"≤ {TARGET_US.get(name, 15.0):.0f}" if name != "off" else "—"
         row += [target, str(missing[(name, False)] + missing[(name, True)])]
         print("| " + " | ".join(row) + " |")
+    print(
+        "\n(Δ event loop: the same difference for the gateway's main thread alone, which runs the event "
+        "loop; for `off` its own CPU in brackets. The rest of a Δ is other threads': the SDK exporter's.)"
+    )
     return 0
 
 

@@ -275,8 +275,8 @@ class Gateway:
         if self._transport is not None and self._owns_transport:
             await self._transport.aclose()
         if self.tracing is not None:
-            # the export thread sends what is queued (bounded by tracing.timeout_s)
-            await asyncio.to_thread(self.tracing.shutdown)
+            # what is queued is exported first (each export bounded by tracing.timeout_s)
+            await self.tracing.aclose()
 
     # -- ASGI -------------------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -1,41 +1,43 @@
-"""OTLP/HTTP span export: the gateway's compact protobuf encoder and the exporter that POSTs it.
+"""OTLP/HTTP span export: the gateway's compact protobuf encoder and the batcher that POSTs it.
 
-`encode_spans(spans)` writes an `ExportTraceServiceRequest` (opentelemetry-proto's
-`opentelemetry/proto/collector/trace/v1/trace_service.proto`) straight to protobuf wire bytes from the
-SDK's `ReadableSpan`s. The SDK's own encoder builds a tree of protobuf message objects first and
-costs about 14 µs per span on this project's machine; this one costs 1-4 µs, which matters because a
-traced request makes six spans and the export runs in the gateway's process (`python -m
-bench.tracing`). It encodes what the gateway's spans hold — names, kinds, ids, times, attributes of
-str, bool, int, float, bytes and sequences of them, status, flags — and hands a batch holding events
-or links (the gateway makes none) to the SDK's encoder instead. The tests decode its output with the
-official `opentelemetry-proto` messages and compare it with the SDK encoder's, field for field.
+`request_fields(...)` writes a request's span and its children (plain tuples, `ChildSpan`) straight
+to protobuf wire bytes, and `envelope` wraps the fields of many requests into one
+`ExportTraceServiceRequest` (opentelemetry-proto's
+`opentelemetry/proto/collector/trace/v1/trace_service.proto`). `encode_spans(spans)` does the same
+for the SDK's `ReadableSpan`s. The SDK's own encoder builds a tree of protobuf message objects first
+and costs about 14 µs per span on this project's machine; this one costs 1-3 µs, which matters
+because a traced request makes five or six spans and all of it runs in the gateway's process
+(`python -m bench.tracing`). It encodes what the gateway's spans hold — names, kinds, ids, times,
+attributes of str, bool, int, float, bytes and sequences of them, status, flags — and hands a batch
+holding events or links (the gateway makes none) to the SDK's encoder instead. The tests decode its
+output with the official `opentelemetry-proto` messages and compare it with the SDK encoder's, field
+for field.
 
-What the gateway queues is one `RequestSpans` per sampled request: the request's span (an SDK
-`ReadableSpan`, which the SDK's `BatchSpanProcessor` queues and batches like any other) carrying its
-children as plain tuples, so the event loop pays for one span object per request and the children are
-encoded straight from the tuples. `expand()` makes SDK spans of them for the SDK's own exporter
-(`SdkExporter`).
-
-`OtlpHttpExporter` is an SDK `SpanExporter` for the `BatchSpanProcessor`: it runs on the processor's
-worker thread, never on the event loop. A failed export (collector down, refused, slow, an error
-status) drops that batch — requests are never affected — and is logged at most once a minute.
+By default (`tracing.exporter: compact`) a sampled request's spans are encoded at its end, on the
+event loop, and `OtlpBatcher` POSTs them in batches from a task on the same loop: no thread, no SDK
+span objects, nothing but bytes kept between a request's end and its export. With
+`tracing.exporter: sdk` the request span is an SDK `ReadableSpan` (`RequestSpans`, its children
+riding along as tuples) queued to the SDK's `BatchSpanProcessor`, whose worker thread hands it,
+expanded (`expand()`), to the SDK's own `OTLPSpanExporter` (`SdkExporter`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import struct
 import time
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import requests
+import aiohttp
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.status import Status, StatusCode
 
 log = logging.getLogger("gateway.tracing")
@@ -56,8 +58,6 @@ _DOUBLE = struct.Struct("<d")
 _SMALL = [bytes([i]) for i in range(128)]
 #: a failed export is logged at most this often
 _LOG_EVERY_S = 60.0
-#: requests encoded between two hand-overs of the GIL (~0.5 ms of work)
-_SLICE = 32
 _STATUS_UNSET = b"\x7a\x00"
 _STATUS_ERROR = b"\x7a\x02\x18\x02"
 _LOCAL_PARENT_FLAGS = b"\x85\x01" + _FIXED32.pack(_HAS_IS_REMOTE)
@@ -67,6 +67,11 @@ _NAMES: dict[str, bytes] = {}
 #: attribute keys' encoded `KeyValue.key` fields (the gateway uses a few dozen keys; bounded anyway)
 _KEYS: dict[str, bytes] = {}
 _MAX_KEYS = 4096
+#: (tag, key, value) -> an attribute's encoded field, for string and tuple values (bounded)
+_PAIRS: dict[tuple[bytes, str, Any], bytes] = {}
+_MAX_PAIRS = 4096
+#: attributes whose every value is new: never kept encoded
+_UNCACHED = frozenset({"gateway.request_id", "gen_ai.input.messages"})
 
 #: a child span of a request: (name, span id, kind, start ns, end ns, attributes, failed)
 ChildSpan = tuple[str, int, SpanKind, int, int, dict[str, Any] | None, bool]
@@ -167,73 +172,132 @@ def _any_value(value: Any) -> bytes:
     raise TypeError(f"a span attribute of type {type(value).__name__} cannot be encoded")
 
 
+def _pair(tag: bytes, key: str, value: Any) -> bytes:
+    """One attribute: a `KeyValue` field under `tag`."""
+    k = _KEYS.get(key)
+    if k is None:
+        k = _field(b"\x0a", key.encode())
+        if len(_KEYS) < _MAX_KEYS:
+            _KEYS[key] = k
+    kind = type(value)
+    if kind is str:
+        raw = value.encode()
+        v = b"\x0a" + _varint(len(raw)) + raw
+    elif kind is int and 0 <= value < 2048:
+        v = b"\x18" + _VARINTS[value]
+    else:
+        v = _any_value(value)
+    kv = k + b"\x12" + _varint(len(v)) + v
+    return tag + _varint(len(kv)) + kv
+
+
 def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
-    """Repeated `KeyValue` under field `tag` (the common value types inline: this is the hot loop)."""
+    """Repeated `KeyValue` under field `tag`. This is the encoder's hot loop: the fields of string
+    and string-tuple values (pool, backend, route, model, finish reasons…: a few dozen on a gateway)
+    are kept encoded, up to `_MAX_PAIRS`, except for the keys whose values are all different."""
     if not attributes:
         return b""
     out = []
-    keys, varints = _KEYS, _VARINTS
+    pairs, keys = _PAIRS, _KEYS
     for key, value in attributes.items():
-        k = keys.get(key)
-        if k is None:
-            k = _field(b"\x0a", key.encode())
-            if len(keys) < _MAX_KEYS:
-                keys[key] = k
         kind = type(value)
-        if kind is str:
-            raw = value.encode()
-            n = len(raw)
-            v = b"\x0a" + (varints[n] if n < 2048 else _long_varint(n)) + raw
-        elif kind is int and 0 <= value < 2048:
-            v = b"\x18" + varints[value]
+        if (
+            kind is str or (kind is tuple and all(type(v) is str for v in value))
+        ) and key not in _UNCACHED:  # (only strings: 1 == True and 0.0 == -0.0 as dict keys)
+            cache_key = (tag, key, value)
+            field = pairs.get(cache_key)
+            if field is None:
+                field = _pair(tag, key, value)
+                if len(pairs) < _MAX_PAIRS:
+                    pairs[cache_key] = field
+            out.append(field)
+        elif kind is int and 0 <= value < 128 and key in keys:
+            kv = keys[key] + b"\x12\x02\x18" + _SMALL[value]
+            out.append(tag + _varint(len(kv)) + kv)
         else:
-            v = _any_value(value)
-        kv = k + b"\x12" + varints[len(v)] + v if len(v) < 2048 else k + b"\x12" + _varint(len(v)) + v
-        out.append(tag + varints[len(kv)] + kv if len(kv) < 2048 else tag + _varint(len(kv)) + kv)
+            out.append(_pair(tag, key, value))
     return b"".join(out)
 
 
-def _trace_state(span: ReadableSpan) -> bytes:
-    ctx = span.context
-    if ctx is None or not ctx.trace_state:
+def _trace_state(state: TraceState | None) -> bytes:
+    """`Span.trace_state` (field 3), or nothing."""
+    if not state:
         return b""
-    return _field(b"\x1a", ",".join(f"{k}={v}" for k, v in ctx.trace_state.items()).encode())
+    return _field(b"\x1a", ",".join(f"{k}={v}" for k, v in state.items()).encode())
 
 
-def _children(root: RequestSpans) -> list[bytes]:
-    """The children's `Span` messages (each already a ScopeSpans.spans field)."""
-    ctx = root.context
-    assert ctx is not None
-    trace_id, parent = ctx.trace_id.to_bytes(16, "big"), ctx.span_id.to_bytes(8, "big")
-    state = _trace_state(root)
-    out = []
-    for name, sid, kind, start, end, attributes, failed in root.children:
-        encoded_name = _NAMES.get(name)
-        if encoded_name is None:
-            encoded_name = _NAMES[name] = _field(b"\x2a", name.encode())
-        body = b"".join(
+def _name(name: str) -> bytes:
+    """`Span.name` (field 5); the gateway's few span names are kept encoded (bounded anyway)."""
+    encoded = _NAMES.get(name)
+    if encoded is None:
+        encoded = _field(b"\x2a", name.encode())
+        if len(_NAMES) < _MAX_KEYS:
+            _NAMES[name] = encoded
+    return encoded
+
+
+def request_fields(
+    name: str,
+    trace_id: int,
+    span_id: int,
+    parent: SpanContext | None,
+    state: TraceState | None,
+    start: int,
+    end: int,
+    attributes: Mapping[str, Any] | None,
+    failed: bool,
+    children: Sequence[ChildSpan],
+) -> bytes:
+    """A request's `SERVER` span and its children, each a `ScopeSpans.spans` field (`envelope` wraps
+    the fields of many requests into one export request)."""
+    tid, sid = trace_id.to_bytes(16, "big"), span_id.to_bytes(8, "big")
+    encoded_state = _trace_state(state)
+    flags = _HAS_IS_REMOTE | (_IS_REMOTE if parent is not None and parent.is_remote else 0)
+    body = b"".join(
+        (
+            b"\x0a\x10",
+            tid,
+            b"\x12\x08",
+            sid,
+            encoded_state,
+            b"\x22\x08" + parent.span_id.to_bytes(8, "big") if parent is not None else b"",
+            _name(name),
+            b"\x30\x02",  # SPAN_KIND_SERVER
+            b"\x39",
+            _FIXED64.pack(start),
+            b"\x41",
+            _FIXED64.pack(end),
+            _attributes(b"\x4a", attributes),
+            _STATUS_ERROR if failed else _STATUS_UNSET,
+            b"\x85\x01",
+            _FIXED32.pack(flags),
+        )
+    )
+    out = [_field(b"\x12", body)]
+    for child_name, child_id, kind, child_start, child_end, child_attributes, child_failed in children:
+        child = b"".join(
             (
                 b"\x0a\x10",
-                trace_id,
+                tid,
                 b"\x12\x08",
-                sid.to_bytes(8, "big"),
-                state,
+                child_id.to_bytes(8, "big"),
+                encoded_state,
                 b"\x22\x08",
-                parent,
-                encoded_name,
+                sid,
+                _name(child_name),
                 b"\x30",
                 _SMALL[_KIND[kind]],
                 b"\x39",
-                _FIXED64.pack(start),
+                _FIXED64.pack(child_start),
                 b"\x41",
-                _FIXED64.pack(end),
-                _attributes(b"\x4a", attributes),
-                _STATUS_ERROR if failed else _STATUS_UNSET,
+                _FIXED64.pack(child_end),
+                _attributes(b"\x4a", child_attributes),
+                _STATUS_ERROR if child_failed else _STATUS_UNSET,
                 _LOCAL_PARENT_FLAGS,
             )
         )
-        out.append(_field(b"\x12", body))
-    return out
+        out.append(_field(b"\x12", child))
+    return b"".join(out)
 
 
 def _span(span: ReadableSpan) -> bytes:
@@ -241,7 +305,7 @@ def _span(span: ReadableSpan) -> bytes:
     assert ctx is not None and span.start_time is not None and span.end_time is not None
     parent = span.parent
     parts = [b"\x0a\x10", ctx.trace_id.to_bytes(16, "big"), b"\x12\x08", ctx.span_id.to_bytes(8, "big")]
-    parts.append(_trace_state(span))
+    parts.append(_trace_state(ctx.trace_state))
     if parent is not None:
         parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
     parts += (
@@ -286,67 +350,177 @@ def encode_spans(spans: Sequence[ReadableSpan]) -> bytes:
         resource, scope = span.resource, span.instrumentation_scope
         scopes = groups.setdefault(id(resource), (resource, {}))[1]
         encoded = scopes.setdefault(id(scope), (scope, []))[1]
-        encoded.append(_field(b"\x12", _span(span)))
-        if isinstance(span, RequestSpans):
-            encoded.extend(_children(span))
-    out = []
-    for resource, scopes in groups.values():
-        body = _field(b"\x0a", _attributes(b"\x0a", resource.attributes))
-        for scope, encoded in scopes.values():
-            head = b""
-            if scope is not None:
-                head = _field(b"\x0a", scope.name.encode())
-                if scope.version:
-                    head += _field(b"\x12", scope.version.encode())
-                head += _attributes(b"\x1a", scope.attributes)
-            scope_spans = _field(b"\x0a", head) + b"".join(encoded)
-            if scope is not None and scope.schema_url:
-                scope_spans += _field(b"\x1a", scope.schema_url.encode())
-            body += _field(b"\x12", scope_spans)
-        if resource.schema_url:
-            body += _field(b"\x1a", resource.schema_url.encode())
-        out.append(_field(b"\x0a", body))
-    return b"".join(out)
+        ctx = span.context
+        if isinstance(span, RequestSpans) and ctx is not None and not span.status.description:
+            assert span.start_time is not None and span.end_time is not None
+            failed = span.status.status_code is StatusCode.ERROR
+            encoded.append(
+                request_fields(
+                    span.name,
+                    ctx.trace_id,
+                    ctx.span_id,
+                    span.parent,
+                    ctx.trace_state,
+                    span.start_time,
+                    span.end_time,
+                    span.attributes,
+                    failed,
+                    span.children,
+                )
+            )
+        else:  # (a request span with a status description: the gateway makes none)
+            parts = span.expand() if isinstance(span, RequestSpans) else (span,)
+            encoded.extend(_field(b"\x12", _span(part)) for part in parts)
+    return b"".join(_resource_spans(resource, scopes.values()) for resource, scopes in groups.values())
 
 
-class OtlpHttpExporter(SpanExporter):
-    """POSTs `encode_spans` batches to an OTLP/HTTP endpoint (`application/x-protobuf`)."""
+def envelope(resource: Resource, scope: InstrumentationScope, fields: Sequence[bytes]) -> bytes:
+    """The `ExportTraceServiceRequest` holding `fields` (`request_fields` of many requests), all of
+    one resource and instrumentation scope."""
+    return _resource_spans(resource, ((scope, fields),))
 
-    def __init__(self, endpoint: str, headers: Mapping[str, str], timeout_s: float) -> None:
+
+def _resource_spans(resource: Resource, scopes: Iterable[tuple[Any, Sequence[bytes]]]) -> bytes:
+    """A `ResourceSpans` field of the export request: `resource`, then a `ScopeSpans` per scope."""
+    body = _field(b"\x0a", _attributes(b"\x0a", resource.attributes))
+    for scope, encoded in scopes:
+        head = b""
+        if scope is not None:
+            head = _field(b"\x0a", scope.name.encode())
+            if scope.version:
+                head += _field(b"\x12", scope.version.encode())
+            head += _attributes(b"\x1a", scope.attributes)
+        scope_spans = _field(b"\x0a", head) + b"".join(encoded)
+        if scope is not None and scope.schema_url:
+            scope_spans += _field(b"\x1a", scope.schema_url.encode())
+        body += _field(b"\x12", scope_spans)
+    if resource.schema_url:
+        body += _field(b"\x1a", resource.schema_url.encode())
+    return _field(b"\x0a", body)
+
+
+class OtlpBatcher:
+    """The default export: requests' encoded spans batched and POSTed from the event loop.
+
+    `add` (at the end of each sampled request) appends the request's `request_fields` to a bounded
+    queue; a task of its own POSTs them as one `ExportTraceServiceRequest` every `interval_s`, or
+    sooner once `batch` requests wait, one export at a time, through a pooled aiohttp session. No
+    thread: an export thread contends for the GIL with the event loop, and on this project's
+    machine that contention cost the loop more CPU than the encoding itself (bench/ANALYSIS.md,
+    "Tracing"). Past `max_queued` waiting requests the oldest are dropped. A failed export (collector
+    down, refused, slow, an error status) drops that batch — requests are never affected — and is
+    logged at most once a minute. Create and `start` inside the running event loop.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        headers: Mapping[str, str],
+        timeout_s: float,
+        *,
+        resource: Resource,
+        scope: InstrumentationScope,
+        interval_s: float,
+        max_queued: int,
+        batch: int = 512,
+    ) -> None:
         self._endpoint = endpoint
-        self._timeout = timeout_s
-        self._session = requests.Session()
-        self._session.trust_env = False  # a collector is reached directly, never through a proxy
-        self._session.headers.update({"Content-Type": "application/x-protobuf", **headers})
+        self._headers = {"Content-Type": "application/x-protobuf", **headers}
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._resource, self._scope = resource, scope
+        self._interval = interval_s
+        self._batch = batch
+        #: (a request's encoded spans, how many spans) in arrival order
+        self._queue: deque[tuple[bytes, int]] = deque(maxlen=max_queued)
+        self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._session: aiohttp.ClientSession | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
         self._last_log = -_LOG_EVERY_S
-        #: spans this exporter failed to deliver (a request's children counted)
+        self._last_drop_log = -_LOG_EVERY_S
+        #: spans this exporter failed to deliver, and spans dropped from a full queue
         self.failed_spans = 0
+        self.dropped_spans = 0
         self.exported_spans = 0
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        count = sum(1 + len(s.children) if isinstance(s, RequestSpans) else 1 for s in spans)
-        try:
-            data = self._encode(spans)
-            response = self._session.post(self._endpoint, data=data, timeout=self._timeout)
-        except (requests.RequestException, OSError, TypeError, ValueError) as exc:
-            return self._failed(count, f"{type(exc).__name__}: {exc}")
-        if response.status_code // 100 != 2:
-            return self._failed(count, f"HTTP {response.status_code}")
-        self.exported_spans += count
-        return SpanExportResult.SUCCESS
+    def start(self) -> None:
+        self._session = aiohttp.ClientSession(trust_env=False)  # a collector is reached directly
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="otlp-export")
 
-    @staticmethod
-    def _encode(spans: Sequence[ReadableSpan]) -> bytes:
-        """`encode_spans` in slices, letting the event loop's thread run between them: a batch takes
-        milliseconds to encode, and holding the GIL that long would stall every stream meanwhile.
-        Serialized messages concatenate into one (protobuf merges repeated fields)."""
-        parts = []
-        for i in range(0, len(spans), _SLICE):
-            parts.append(encode_spans(spans[i : i + _SLICE]))
-            time.sleep(0)  # hands the GIL over
-        return b"".join(parts)
+    def add(self, fields: bytes, spans: int) -> None:
+        """Queue one request's encoded spans (`spans` of them). Never blocks, never raises."""
+        queue = self._queue
+        if len(queue) == queue.maxlen:
+            self.dropped_spans += queue[0][1]  # the deque drops the oldest on append
+            self._log_drop()
+        queue.append((fields, spans))
+        if len(queue) >= self._batch and not self._wake.is_set():
+            self._wake.set()
 
-    def _failed(self, count: int, why: str) -> SpanExportResult:
+    async def flush(self) -> None:
+        """Export everything queued now (each POST bounded by the timeout)."""
+        while self._queue:
+            await self._export()
+
+    async def aclose(self) -> None:
+        """Let an export in flight finish, export what is queued, then stop."""
+        task, self._task = self._task, None
+        if task is not None:
+            self._closing = True
+            self._wake.set()
+            await task
+        await self.flush()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._closing:
+            # a timer, not `asyncio.wait_for` (which in Python 3.11 can swallow a cancellation), and
+            # no cancellation at all: a batch taken off the queue is always sent or counted failed
+            timer = loop.call_later(self._interval, self._wake.set)
+            try:
+                await self._wake.wait()
+            finally:
+                timer.cancel()
+            self._wake.clear()
+            if self._closing:
+                return
+            await self._export()
+            while len(self._queue) >= self._batch and not self._closing:
+                await self._export()
+
+    async def _export(self) -> None:
+        async with self._lock:
+            queue = self._queue
+            n = min(len(queue), self._batch)
+            if not n or self._session is None:
+                return
+            items = [queue.popleft() for _ in range(n)]
+            count = sum(spans for _, spans in items)
+            data = envelope(self._resource, self._scope, [fields for fields, _ in items])
+            try:
+                async with self._session.post(
+                    self._endpoint, data=data, headers=self._headers, timeout=self._timeout
+                ) as response:
+                    await response.read()
+                    status = response.status
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                kind = (
+                    "connection failed"
+                    if isinstance(exc, aiohttp.ClientConnectionError | OSError)
+                    else "failed"
+                )
+                self._failed(count, f"{kind}: {type(exc).__name__}: {exc}")
+                return
+            if status // 100 != 2:
+                self._failed(count, f"HTTP {status}")
+                return
+            self.exported_spans += count
+
+    def _failed(self, count: int, why: str) -> None:
         self.failed_spans += count
         now = time.monotonic()
         if now - self._last_log >= _LOG_EVERY_S:
@@ -357,13 +531,16 @@ class OtlpHttpExporter(SpanExporter):
                 why,
                 self.failed_spans,
             )
-        return SpanExportResult.FAILURE
 
-    def shutdown(self) -> None:
-        self._session.close()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
+    def _log_drop(self) -> None:
+        now = time.monotonic()
+        if now - self._last_drop_log >= _LOG_EVERY_S:
+            self._last_drop_log = now
+            log.warning(
+                "trace export queue full (tracing.max_queued_requests): the oldest waiting requests' "
+                "spans are dropped, %d so far; requests are not affected",
+                self.dropped_spans,
+            )
 
 
 class SdkExporter(SpanExporter):

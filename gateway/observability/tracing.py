@@ -10,12 +10,14 @@
 
 `Tracing` is built only when `tracing.enabled` is true; with it off nothing here runs and the request
 path is exactly the untraced one. On, each request gets a trace at arrival (`begin`): the SDK's
-parent-based ratio sampler decides — a client's W3C `traceparent` makes its trace the parent and its
-sampled flag the decision — and `end` hands what was recorded to the SDK's `BatchSpanProcessor` as
-one `RequestSpans` (the request's SDK span, its children riding along as tuples), whose worker thread
-encodes and exports them (gateway/observability/otlp.py), off the event loop. While the request
-runs, spans are plain tuples appended to a list: no SDK span objects, no context variables, no locks
-on the event loop. An unsampled request records nothing but
+`TraceIdRatioBased` rule decides for a new trace, and a client's W3C `traceparent` makes its trace
+the parent and its sampled flag the decision (the SDK's `ParentBased` default, applied inline: the
+sampler objects cost more than the rule). While the request runs, spans are plain tuples appended to
+a list: no SDK span objects, no context variables, no locks. At the end (`end`) the request's spans
+are encoded to OTLP protobuf on the spot and queued as bytes for `OtlpBatcher`, which POSTs batches
+from a task on the same event loop (gateway/observability/otlp.py: why not a thread). With
+`tracing.exporter: sdk` they go to the SDK's `BatchSpanProcessor` as one `RequestSpans` instead.
+An unsampled request records nothing but
 still sends the engine a `traceparent` with the sampled flag off, so the engine does not start a
 sampled trace of its own for it.
 
@@ -29,6 +31,7 @@ never recorded.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import random
@@ -37,11 +40,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import orjson
-from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.sampling import Decision, ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, TraceState, get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -50,7 +52,7 @@ from opentelemetry.trace.status import Status, StatusCode
 from engines.errors import ApiError
 from gateway.core.context import RequestContext
 from gateway.core.responses import Response
-from gateway.observability.otlp import ChildSpan, OtlpHttpExporter, RequestSpans, SdkExporter
+from gateway.observability.otlp import ChildSpan, OtlpBatcher, RequestSpans, SdkExporter, request_fields
 from gateway.observability.settings import TracingSettings
 
 log = logging.getLogger("gateway.tracing")
@@ -230,11 +232,11 @@ def _route_attributes(ctx: RequestContext) -> dict[str, Any]:
 class Tracing:
     """The tracer of one gateway process: sampling at arrival, spans at the end, export in a thread."""
 
-    def __init__(self, settings: TracingSettings, version: str, exporter: SpanExporter | None = None) -> None:
+    def __init__(self, settings: TracingSettings, version: str) -> None:
         self.settings = settings
-        self._sampler = ParentBased(TraceIdRatioBased(settings.sample_ratio))
+        #: a new trace is sampled when the low 64 bits of its id are below this (TraceIdRatioBased)
+        self._bound = TraceIdRatioBased.get_bound_for_rate(settings.sample_ratio)
         self._propagator = TraceContextTextMapPropagator()
-        self._empty = Context()
         self._resource = Resource(
             {
                 "service.name": settings.service_name,
@@ -245,24 +247,36 @@ class Tracing:
         )
         self._scope = InstrumentationScope("llm-gateway", version)
         self._include_prompts = settings.include_prompts
-        self._exporter = exporter
+        #: the default export (`exporter: compact`), or None before `start`
+        self._batcher: OtlpBatcher | None = None
+        #: `exporter: sdk`: the SDK's processor and exporter
         self._processor: BatchSpanProcessor | None = None
 
-    # -- lifecycle (the gateway's start-up and shutdown, in the worker process) -----------------
+    # -- lifecycle (the gateway's start-up and shutdown, in the worker process's event loop) --------
     def start(self) -> None:
+        """Start exporting; call inside the running event loop."""
         s = self.settings
-        if self._exporter is None:
-            if s.exporter == "sdk":
-                official = OTLPSpanExporter(endpoint=s.endpoint, headers=dict(s.headers), timeout=s.timeout_s)
-                self._exporter = SdkExporter(official)
-            else:
-                self._exporter = OtlpHttpExporter(s.endpoint, s.headers, s.timeout_s)
-        self._processor = BatchSpanProcessor(
-            self._exporter,
-            max_queue_size=s.max_queued_requests,
-            schedule_delay_millis=s.export_interval_s * 1000,
-            max_export_batch_size=min(512, s.max_queued_requests),
-        )
+        batch = min(512, s.max_queued_requests)
+        if s.exporter == "sdk":
+            official = OTLPSpanExporter(endpoint=s.endpoint, headers=dict(s.headers), timeout=s.timeout_s)
+            self._processor = BatchSpanProcessor(
+                SdkExporter(official),
+                max_queue_size=s.max_queued_requests,
+                schedule_delay_millis=s.export_interval_s * 1000,
+                max_export_batch_size=batch,
+            )
+        else:
+            self._batcher = OtlpBatcher(
+                s.endpoint,
+                s.headers,
+                s.timeout_s,
+                resource=self._resource,
+                scope=self._scope,
+                interval_s=s.export_interval_s,
+                max_queued=s.max_queued_requests,
+                batch=batch,
+            )
+            self._batcher.start()
         log.info(
             "tracing on: OTLP/HTTP to %s, sampling %g of requests without a sampled parent (pid %d)",
             s.endpoint,
@@ -270,20 +284,27 @@ class Tracing:
             os.getpid(),
         )
 
-    def shutdown(self) -> None:
-        """Export what is queued (bounded by the export timeout), then stop the worker thread."""
+    async def aclose(self) -> None:
+        """Export what is queued (each export bounded by `timeout_s`), then stop."""
+        batcher, self._batcher = self._batcher, None
+        if batcher is not None:
+            await batcher.aclose()
         processor, self._processor = self._processor, None
         if processor is not None:
-            stop: Callable[[], object] = processor.shutdown  # untyped in the SDK
-            stop()
+            stop: Callable[[], object] = processor.shutdown  # untyped in the SDK; joins its thread
+            await asyncio.to_thread(stop)
 
-    def flush(self) -> None:
+    async def flush(self) -> None:
+        """Export everything queued now."""
+        if self._batcher is not None:
+            await self._batcher.flush()
         if self._processor is not None:
-            self._processor.force_flush()
+            await asyncio.to_thread(self._processor.force_flush)
 
     @property
-    def exporter(self) -> SpanExporter | None:
-        return self._exporter
+    def batcher(self) -> OtlpBatcher | None:
+        """The default exporter (its counters), once started."""
+        return self._batcher
 
     # -- the request path -------------------------------------------------------------------------
     def wrap(self, stages: Sequence[Stage]) -> list[Stage]:
@@ -300,7 +321,6 @@ class Tracing:
     def begin(self, headers: Mapping[bytes, bytes]) -> Trace | Unsampled:
         """The trace of a request that just arrived (`headers`: its request headers, lower-case)."""
         parent: SpanContext | None = None
-        context = self._empty
         raw = headers.get(b"traceparent")
         state: str | None = None
         if raw is not None:
@@ -308,16 +328,19 @@ class Tracing:
             raw_state = headers.get(b"tracestate")
             if raw_state is not None:
                 carrier["tracestate"] = state = raw_state.decode("latin-1")
-            context = self._propagator.extract(carrier)
-            found = get_current_span(context).get_span_context()
+            found = get_current_span(self._propagator.extract(carrier)).get_span_context()
             if found.is_valid:
                 parent = found
             else:
                 state = None
-        trace_id = parent.trace_id if parent is not None else random.getrandbits(128) or 1
-        decision = self._sampler.should_sample(context, trace_id, "request").decision
+        if parent is not None:  # parent-based: the client's sampled flag decides
+            trace_id = parent.trace_id
+            sampled = parent.trace_flags.sampled
+        else:
+            trace_id = random.getrandbits(128) or 1
+            sampled = trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < self._bound
         span_id = random.getrandbits(64) or 1
-        if decision is Decision.RECORD_AND_SAMPLE:
+        if sampled:
             return Trace(trace_id, span_id, parent, state)
         out = {"traceparent": f"00-{trace_id:032x}-{span_id:016x}-00"}
         if state:
@@ -327,17 +350,37 @@ class Tracing:
     def end(self, ctx: RequestContext, method: str, path: str) -> None:
         """The request is over (answer sent or abandoned, finalizers run): queue its spans for export."""
         trace = ctx.trace
-        if type(trace) is not Trace or self._processor is None:
+        if type(trace) is not Trace:
             return
         trace.attempt_end(ctx.error_kind or "abandoned")
         state = TraceState.from_header([trace.state]) if trace.state else _NO_STATE
+        attributes = self._request_attributes(ctx, trace, method, path)
+        batcher = self._batcher
+        if batcher is not None:
+            spans = trace.spans
+            fields = request_fields(
+                f"{method} {path}",
+                trace.trace_id,
+                trace.span_id,
+                trace.parent,
+                state,
+                trace.start_ns,
+                time.time_ns(),
+                attributes,
+                ctx.status >= 500,
+                spans,
+            )
+            batcher.add(fields, 1 + len(spans))
+            return
+        if self._processor is None:
+            return
         self._processor.on_end(
             RequestSpans(
                 f"{method} {path}",
                 SpanContext(trace.trace_id, trace.span_id, False, _SAMPLED, state),
                 trace.parent,
                 self._resource,
-                self._request_attributes(ctx, trace, method, path),
+                attributes,
                 status=_ERROR if ctx.status >= 500 else _OK,
                 start_time=trace.start_ns,
                 end_time=time.time_ns(),

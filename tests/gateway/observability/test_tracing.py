@@ -366,7 +366,7 @@ def test_sampling_zero_exports_nothing_but_still_propagates(
     assert v.rx is not None
     for i in range(5):
         assert post(v.gw, chat(f"{PROMPT} zero {i}")).status_code == 200
-    v.gw.stop()  # the gateway stopped: its export thread has sent everything it held
+    v.gw.stop()  # the gateway stopped: it has exported everything it held
     assert v.rx.spans() == [] and v.rx.requests == 0
     sent = engine_headers(sims, "zero 0")["traceparent"]
     assert sent.startswith("00-") and sent.endswith("-00")
@@ -386,7 +386,7 @@ def test_an_exporter_that_is_down_or_failing_never_affects_requests(
     time.sleep(0.3)  # a few more export rounds (every 0.1 s), which fail too
     log = v.gw.log()
     assert log.count("trace export to") == 1, log  # logged once, not per batch
-    assert ("ConnectionError" in log) if failure == "down" else ("HTTP 503" in log)
+    assert ("connection failed" in log) if failure == "down" else ("HTTP 503" in log)
     if failure == "503":
         assert v.rx is not None and v.rx.requests >= 2
 
