@@ -179,12 +179,10 @@ def _pair(tag: bytes, key: str, value: Any) -> bytes:
         k = _field(b"\x0a", key.encode())
         if len(_KEYS) < _MAX_KEYS:
             _KEYS[key] = k
-    kind = type(value)
-    if kind is str:
+    v: bytes
+    if type(value) is str:
         raw = value.encode()
         v = b"\x0a" + _varint(len(raw)) + raw
-    elif kind is int and 0 <= value < 2048:
-        v = b"\x18" + _VARINTS[value]
     else:
         v = _any_value(value)
     kv = k + b"\x12" + _varint(len(v)) + v
