@@ -16,7 +16,7 @@ State = Literal["closed", "open", "half_open"]
 
 
 class CircuitBreaker:
-    __slots__ = ("_failures", "_opened_at", "_trial_out", "failure_threshold", "open_s", "state")
+    __slots__ = ("_failures", "_opened_at", "_trial_out", "failure_threshold", "open_s", "state", "successes")
 
     def __init__(self, failure_threshold: int, open_s: float) -> None:
         self.failure_threshold = failure_threshold
@@ -25,6 +25,9 @@ class CircuitBreaker:
         self._failures = 0
         self._opened_at = 0.0
         self._trial_out = False
+        #: successes reported so far (a health probe that timed out while this grew met a backend
+        #: that was answering requests: busy, not down)
+        self.successes = 0
 
     def allow(self, now: float) -> bool:
         """May a request go to this backend now? In half-open, True once until the trial reports."""
@@ -47,6 +50,7 @@ class CircuitBreaker:
         return self.state == "half_open" and self._trial_out
 
     def success(self) -> None:
+        self.successes += 1
         self.state = "closed"
         self._failures = 0
         self._trial_out = False

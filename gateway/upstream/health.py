@@ -1,7 +1,10 @@
 """Active health checks and the engine-metrics scrape, one background task each.
 
 Every `interval_s` each backend's dialect health path is probed (200 → healthy, anything else or a
-timeout → unhealthy; a failed probe also counts against the circuit breaker). Every
+timeout → unhealthy; a failed probe also counts against the circuit breaker). A probe that times out
+while the backend completed answers says nothing and changes nothing: an engine whose API server is
+busy (vLLM's on a starved CPU) answers its health path late but is serving, and marking the only
+backend of a pool unhealthy for that would refuse every request until the next probe. Every
 `scrape_interval_s` each backend's `/metrics` is read and parsed by its dialect into `EngineLoad`,
 which routing uses while it is fresher than `scrape_stale_s`.
 """
@@ -68,6 +71,7 @@ class HealthChecker:
     async def _probe(self, backend: Backend) -> None:
         dialect = self._fleet.pools[backend.pool].dialect
         ok = False
+        answered = backend.circuit.successes
         try:
             async with asyncio.timeout(self._timeout):
                 resp = await self._transport.request("GET", backend.url + dialect.health_path, headers={})
@@ -76,7 +80,12 @@ class HealthChecker:
                 finally:
                     resp.close()
                 ok = resp.status == 200
-        except (TimeoutError, UpstreamError):
+        except TimeoutError:
+            if backend.circuit.successes != answered:
+                log.info("backend %s: health probe timed out while it completed answers", backend.name)
+                return
+            ok = False
+        except UpstreamError:
             ok = False
         now = time.monotonic()
         if ok and backend.circuit.state == "open" and backend.healthy is False:
