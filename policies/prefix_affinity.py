@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from policies.group_demand import GroupDemand
-from policies.hashing import NameHashes, mix64, str_hash64
+from policies.hashing import HrwOrders, NameHashes, mix64, str_hash64
 from policies.kv_index import KvIndex, KvIndexConfig
 from policies.load import LoadModel
 from policies.policy import BackendPolicy
@@ -186,6 +186,9 @@ class PrefixAffinity(BackendPolicy):
         self._pending: OrderedDict[int, tuple[str, float]] = OrderedDict()
         # the last `holders` answer: (prompt, index version, clock, answer)
         self._held: tuple[object, int, float, dict[str, float] | None] = (None, -1, 0.0, None)
+        # the last request's (features, group blocks, routing key), and rendezvous orders by key
+        self._keyed: tuple[object, int, int] = (None, 0, 0)
+        self._orders = HrwOrders(self._names)
 
     @property
     def config(self) -> PrefixAffinityConfig:
@@ -202,18 +205,31 @@ class PrefixAffinity(BackendPolicy):
 
     def key(self, features: RequestFeatures) -> int:
         """The rendezvous key of a request (identical across turns of one conversation)."""
-        return routing_key(features, self._config)
+        return self.keyed(features)[1]
+
+    def keyed(self, features: RequestFeatures) -> tuple[int, int]:
+        """`(group_blocks, routing_key)` of a request, remembered for the last request asked (the
+        pool choice, `select` and `on_routed` of one decision all need them)."""
+        memo = self._keyed
+        if memo[0] is features:
+            return memo[1], memo[2]
+        g = group_blocks(features, self._config)
+        key = routing_key(features, self._config)
+        self._keyed = (features, g, key)
+        return g, key
 
     def rank(self, pool: PoolView, features: RequestFeatures) -> list[BackendView]:
         """The pool's routable backends in rendezvous order for this request (home first)."""
-        key = self.key(features)
-        names = self._names
-        scored = [(mix64(key ^ names(b.name)), b.name, b) for b in pool.backends if b.routable]
-        scored.sort(reverse=True, key=_first_two)
-        return [entry[2] for entry in scored]
+        return self._ranked(pool, self.keyed(features)[1])
+
+    def _ranked(self, pool: PoolView, key: int) -> list[BackendView]:
+        routable = [b for b in pool.backends if b.routable]
+        order = self._orders.order(key, tuple([b.name for b in routable]))
+        return [routable[i] for i in order]
 
     def select(self, pool: PoolView, features: RequestFeatures, rand: float) -> BackendChoice:
-        ranked = self.rank(pool, features)
+        g, key = self.keyed(features)
+        ranked = self._ranked(pool, key)
         n = len(ranked)
         if n == 0:
             raise ValueError(f"pool {pool.name!r} has no routable backend")
@@ -221,10 +237,10 @@ class PrefixAffinity(BackendPolicy):
         load = self._load
         scores = [load.score(b) for b in ranked]
         bound = math.ceil((1.0 + config.load_factor) * (sum(scores) + 1.0) / n) + config.load_slack
-        fits = [scores[i] + 1.0 <= bound and not load.saturated(ranked[i]) for i in range(n)]
+        saturated = load.saturated
+        fits = [s + 1.0 <= bound and not saturated(b) for s, b in zip(scores, ranked, strict=True)]
 
         # Expected warm blocks per backend (see the module docstring, 3).
-        g = group_blocks(features, config)
         group = g > 0
         preamble = g or features.preamble_blocks
         base = 0 if group else preamble
@@ -235,7 +251,7 @@ class PrefixAffinity(BackendPolicy):
         exact = self._exact(ranked, features)
         fresh: str | None = None
         if exact:
-            pend = self._pending.get(self.key(features))
+            pend = self._pending.get(key)
             if pend is not None and self._kv.now - pend[1] < config.pending_s:
                 fresh = pend[0]
         # this replica's memory is read only when some backend lacks events (or has a fresh decision)
@@ -290,7 +306,7 @@ class PrefixAffinity(BackendPolicy):
                 # hold it, the lightest (working set) of the others within the bound is the next,
                 # counted one block short of the holders so that it takes a request for load only,
                 # never on a tie.
-                span = self._demand.span(pool.name, self.key(features), n, 1.0 + config.load_factor)
+                span = self._demand.span(pool.name, key, n, 1.0 + config.load_factor)
                 if span > 1:
                     others = [i for i in range(n) if warm[i] < preamble]
                     room = [i for i in others if fits[i]]
@@ -340,11 +356,10 @@ class PrefixAffinity(BackendPolicy):
     def on_routed(self, pool: PoolView, features: RequestFeatures, choice: BackendChoice) -> None:
         # The preamble's last block (it identifies the whole preamble: which backends were sent this
         # group) and every block past it. Earlier preamble blocks add nothing and would cost time.
-        g = group_blocks(features, self._config)
+        g, key = self.keyed(features)
         shared = g or features.preamble_blocks
         start = shared - 1 if shared else 0
         self._index.insert(features.block_hashes[start:], choice.backend)
-        key = self.key(features)
         self._sets.note(key, choice.backend, len(features.block_hashes))
         self._demand.note(pool.name, key if g else None)
         kv = self._kv
@@ -392,7 +407,3 @@ def _position(ranked: list[BackendView], name: str | None) -> int:
             if b.name == name:
                 return i
     return -1
-
-
-def _first_two(entry: tuple[int, str, BackendView]) -> tuple[int, str]:
-    return entry[0], entry[1]
