@@ -235,7 +235,7 @@ class PrefixAffinity(BackendPolicy):
             raise ValueError(f"pool {pool.name!r} has no routable backend")
         config = self._config
         load = self._load
-        scores = [load.score(b) for b in ranked]
+        scores = load.scores(ranked)
         bound = math.ceil((1.0 + config.load_factor) * (sum(scores) + 1.0) / n) + config.load_slack
         saturated = load.saturated
         fits = [s + 1.0 <= bound and not saturated(b) for s, b in zip(scores, ranked, strict=True)]
@@ -255,7 +255,8 @@ class PrefixAffinity(BackendPolicy):
             if pend is not None and self._kv.now - pend[1] < config.pending_s:
                 fresh = pend[0]
         # this replica's memory is read only when some backend lacks events (or has a fresh decision)
-        recall = not exact or fresh is not None or any(b.name not in exact for b in ranked)
+        # (`exact`'s names are some of `ranked`'s: fewer means some backend lacks a usable stream)
+        recall = not exact or fresh is not None or len(exact) < n
         if indexed and features.block_hashes and recall:
             depths = self._index.depths(
                 features.block_hashes, {b.name: None for b in ranked}, above=max(0, preamble - 1)
@@ -329,8 +330,12 @@ class PrefixAffinity(BackendPolicy):
             # this replica's own, fresh in-flight counts: a scrape that still counts a finished
             # request must not push a conversation off its home at low load (the engine's figures,
             # stale but global, bound the choice through `fits`)
-            costs = [ranked[i].in_flight - value * warm[i] for i in range(n)]
-            limit = min(costs[i] for i in candidates) + config.tolerance
+            costs = [b.in_flight - value * w for b, w in zip(ranked, warm, strict=True)]
+            cheapest = costs[candidates[0]]
+            for i in candidates:
+                if costs[i] < cheapest:
+                    cheapest = costs[i]
+            limit = cheapest + config.tolerance
             # HRW order: the warmest within the tolerance; on ties the earliest, or for a group the
             # one with the smallest working set (a cold copy evicts the least there)
             chosen = -1
@@ -359,7 +364,7 @@ class PrefixAffinity(BackendPolicy):
         g, key = self.keyed(features)
         shared = g or features.preamble_blocks
         start = shared - 1 if shared else 0
-        self._index.insert(features.block_hashes[start:], choice.backend)
+        self._index.insert(features.block_hashes, choice.backend, start)
         self._sets.note(key, choice.backend, len(features.block_hashes))
         self._demand.note(pool.name, key if g else None)
         kv = self._kv
@@ -382,7 +387,7 @@ class PrefixAffinity(BackendPolicy):
         memo = self._held
         if memo[0] is prompt and memo[1] == kv.version and memo[2] == kv.now:
             return memo[3]
-        held = kv.match(prompt, kv.names)
+        held = kv.match(prompt)
         out: dict[str, float] | None = None
         if held:
             # real tokens -> estimated blocks: the request's estimated tokens per real token
@@ -396,7 +401,7 @@ class PrefixAffinity(BackendPolicy):
         held = self.holders(features)
         if not held:
             return None
-        out = {b.name: held[b.name] for b in ranked if b.name in held}
+        out = {b.name: v for b in ranked if (v := held.get(b.name)) is not None}
         return out or None
 
 
