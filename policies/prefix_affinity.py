@@ -64,6 +64,8 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -93,6 +95,9 @@ class PrefixAffinityConfig:
     group_min_blocks: int = 32
     group_choices: int = 3
     placement_slack: float = 2.0
+    #: the slack of a placement proposed to the processes' shared store (`policies.shared_load`):
+    #: the store makes the processes agree, so the proposal takes the lightest of the choices
+    shared_placement_slack: float = 0.0
     blocks_per_request: float = 2.0
     tolerance: float = 0.5
     load_factor: float = 0.25
@@ -119,10 +124,11 @@ class PrefixAffinityConfig:
             self.tolerance,
             self.pool_load_factor,
             self.placement_slack,
+            self.shared_placement_slack,
         )
         if min(slacks) < 0:
             raise ValueError(
-                "load_factor, load_slack, tolerance, pool_load_factor and placement_slack must be >= 0"
+                "load_factor, load_slack, tolerance, pool_load_factor and the placement slacks must be >= 0"
             )
         if self.group_min_blocks < 1 or self.group_choices < 1:
             raise ValueError("group_min_blocks and group_choices must be >= 1")
@@ -189,6 +195,8 @@ class PrefixAffinity(BackendPolicy):
         # the last request's (features, group blocks, routing key), and rendezvous orders by key
         self._keyed: tuple[object, int, int] = (None, 0, 0)
         self._orders = HrwOrders(self._names)
+        # a dry run proposing a group's placement to the shared store (`proposing`)
+        self._proposing = False
 
     @property
     def config(self) -> PrefixAffinityConfig:
@@ -206,6 +214,17 @@ class PrefixAffinity(BackendPolicy):
     def key(self, features: RequestFeatures) -> int:
         """The rendezvous key of a request (identical across turns of one conversation)."""
         return self.keyed(features)[1]
+
+    @contextmanager
+    def proposing(self) -> Iterator[None]:
+        """Within: decisions are proposals of a new group's placement to the processes' shared
+        store, placed with `shared_placement_slack` (the store, not the slack, makes the processes
+        agree; `policies.shared_load.SharedRouting.ask`). Dry runs only."""
+        self._proposing = True
+        try:
+            yield
+        finally:
+            self._proposing = False
 
     def keyed(self, features: RequestFeatures) -> tuple[int, int]:
         """`(group_blocks, routing_key)` of a request, remembered for the last request asked (the
@@ -299,7 +318,12 @@ class PrefixAffinity(BackendPolicy):
                 # The fleet's shared store names the backend another process placed it on.
                 placed = _position(ranked, features.placed_on)
                 if placed < 0:
-                    slack = 0.0 if opening_group(features, config) else config.placement_slack * preamble
+                    if opening_group(features, config):
+                        slack = 0.0
+                    elif self._proposing:
+                        slack = config.shared_placement_slack * preamble
+                    else:
+                        slack = config.placement_slack * preamble
                     placed = first_within(sizes[: config.group_choices], slack)
                 warm[placed] = max(features.history_blocks, preamble)
             else:
