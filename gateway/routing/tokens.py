@@ -17,7 +17,10 @@ Cost, kept off the hot path where it can be:
 - the block keys of a conversation's previous request are adopted for the prefix both share
   (`PromptBlocks.reuse`, keyed by the conversation's anchor), so a growing conversation hashes only
   its new blocks.
-Rendering itself (jinja2) runs on every request. docs/routing.md has the measured figures.
+Rendering itself (jinja2) runs on every request. What the piece cache lacks, when it is long (a new
+conversation, a new document), is encoded in a worker thread by `PromptTokens.blocks_async` (the
+route stage's path): the Rust tokenizer's `encode_batch` releases the GIL, so the event loop serves
+the other streams meanwhile. docs/routing.md has the measured figures.
 """
 
 from __future__ import annotations
