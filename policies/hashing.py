@@ -50,7 +50,7 @@ class HrwOrders:
     with the key and sort them on every request. `order(key, names)` is the permutation of `names`
     (positions) by descending `mix64(key ^ hash(name))`, names breaking ties. Bounded by clearing
     when it grows past `cap` entries (each a key, the names tuple it was computed for and the
-    permutation: ~250 bytes with 8 names)."""
+    permutation: ~340 bytes with 8 names, measured; 2.7 MiB at the default cap)."""
 
     __slots__ = ("_cap", "_memo", "_names")
 
