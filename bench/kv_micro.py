@@ -263,6 +263,105 @@ def _with_prompt(features: RequestFeatures, prompt: Any) -> RequestFeatures:
     return dataclasses.replace(features, prompt=prompt)
 
 
+# -- 4. the event loop while requests are tokenized -------------------------------------------------
+def bench_loop_lag(tok: HfTokenizer, requests: int) -> None:
+    """A probe task on the event loop asks for a 1 ms sleep over and over while first turns (new
+    3.5k-token chats, and new 10k-token documents) are tokenized by the route stage's call, inline
+    (`PromptTokens.blocks`, as before) and with the worker thread (`blocks_async`): how late the
+    probe wakes is how long every other stream of the process was held up. Then the cost of the
+    async path where it stays inline (a later turn, its pieces cached): CPU per call against
+    `blocks`."""
+    import asyncio
+
+    print(
+        f"\n4. The event loop while first turns are tokenized ({requests} requests at once, half new"
+        " chats, half new documents): a probe's lateness on a 1 ms sleep, wall"
+    )
+    rng = random.Random(4)
+    system = prose(rng, 220)
+
+    def bodies(seed: int) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for i in range(requests):
+            r = random.Random(seed + i)
+            if i % 2:
+                doc = prose(r, 12000)
+                out.append({"model": MODEL, "messages": [{"role": "user", "content": doc + "\n\nWhy?"}]})
+            else:
+                out.append({"model": MODEL, "messages": conversation(r, system, 13), "tools": TOOLS})
+        return out
+
+    async def run(
+        tokens: PromptTokens, batch: list[dict[str, Any]], threaded: bool
+    ) -> tuple[list[float], float, int]:
+        lags: list[float] = []
+        done = False
+
+        async def probe() -> None:
+            while not done:
+                t0 = time.perf_counter()
+                await asyncio.sleep(0.001)
+                lags.append(time.perf_counter() - t0 - 0.001)
+
+        async def one(body: dict[str, Any]) -> None:
+            await asyncio.sleep(0)
+            if threaded:
+                await tokens.blocks_async(body, 1)
+            else:
+                tokens.blocks(body, 1)
+
+        task = asyncio.create_task(probe())
+        await asyncio.sleep(0.01)
+        cpu0 = time.thread_time_ns()
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(b) for b in batch))
+        wall = time.perf_counter() - t0
+        cpu = time.thread_time_ns() - cpu0
+        done = True
+        await task
+        return lags, wall, cpu
+
+    for label, threaded in (("inline (blocks)", False), ("worker thread (blocks_async)", True)):
+        tokens = PromptTokens({MODEL: tok})
+        lags, wall, cpu = asyncio.run(run(tokens, bodies(7000 if threaded else 8000), threaded))
+        tokens.close()
+        lags.sort()
+        worst = lags[-1] * 1000
+        p99 = lags[min(len(lags) - 1, int(len(lags) * 0.99))] * 1000
+        print(
+            f"   {label:<30} probe late by max {worst:6.2f} ms, p99 {p99:6.2f} ms ({len(lags)} wake-ups);"
+            f" all tokenized in {wall * 1000:6.1f} ms wall, {cpu / 1e6:6.1f} ms CPU of the loop's thread"
+            f" ({tokens.offloaded} in the worker)"
+        )
+
+    # the cached path: a later turn, inline either way; the async call's own cost (two caches in
+    # the same state, each asked the same turns, the order alternated)
+    base = conversation(random.Random(9), system, 13)
+    one, two = PromptTokens({MODEL: tok}), PromptTokens({MODEL: tok})
+    for tokens in (one, two):
+        tokens.blocks({"model": MODEL, "messages": base, "tools": TOOLS}, 2)
+    sync_ns: list[int] = []
+    async_ns: list[int] = []
+
+    async def later() -> None:
+        for r in range(max(100, requests * 10)):
+            grown = {"model": MODEL, "tools": TOOLS, "messages": [*base, {"role": "assistant", "content": "ok"},
+                     {"role": "user", "content": prose(random.Random(r), 40)}]}  # fmt: skip
+            a, b = (one, two) if r % 2 else (two, one)
+            t0 = time.thread_time_ns()
+            await a.blocks_async(grown, 2)
+            async_ns.append(time.thread_time_ns() - t0)
+            t0 = time.thread_time_ns()
+            b.blocks(grown, 2)
+            sync_ns.append(time.thread_time_ns() - t0)
+
+    asyncio.run(later())
+    print(f"   later turn, blocks (inline)           {summary(sync_ns)}")
+    print(f"   later turn, blocks_async (inline)     {summary(async_ns)}")
+    one.close()
+    two.close()
+
+
 # -- 3. memory ------------------------------------------------------------------------------------
 def _feed(index: KvIndex, backends: int, events: int, capacity: int, removals: bool, seed: int = 3) -> None:
     """Each backend's engine serves requests (one of 16 shared 512-token system prompts, then 32-256
@@ -340,6 +439,7 @@ def main(argv: list[str] | None = None) -> None:
         bench_tokenization(tok, 30 if args.quick else 200)
         for match_tokens in args.match_tokens or [PromptTokens({}).max_tokens]:
             bench_decision(tok, 5_000 if args.quick else 50_000, args.backends, match_tokens)
+        bench_loop_lag(tok, 8 if args.quick else 16)
     bench_memory(events, args.backends, args.capacity, args.max_blocks)
 
 

@@ -270,6 +270,8 @@ class Gateway:
             await self._health.stop()
         if self.kv_events is not None:
             await self.kv_events.stop()
+        if self.route is not None and self.route.tokens is not None:
+            self.route.tokens.close()  # the tokenizer's worker thread
         if self.redis is not None:
             await self.redis.aclose()
         if self._transport is not None and self._owns_transport:

@@ -42,3 +42,34 @@ class NameHashes:
                 self._memo.clear()
             h = self._memo[name] = str_hash64(name)
         return h
+
+
+class HrwOrders:
+    """Rendezvous (HRW) orders of backend names for a key, remembered: the order is a function of
+    the key and the set of names alone, and a decision would otherwise hash every backend's name
+    with the key and sort them on every request. `order(key, names)` is the permutation of `names`
+    (positions) by descending `mix64(key ^ hash(name))`, names breaking ties. Bounded by clearing
+    when it grows past `cap` entries (each a key, the names tuple it was computed for and the
+    permutation: ~340 bytes with 8 names, measured; 2.7 MiB at the default cap)."""
+
+    __slots__ = ("_cap", "_memo", "_names")
+
+    def __init__(self, names: NameHashes | None = None, cap: int = 8192) -> None:
+        self._names = names or NameHashes()
+        self._memo: dict[tuple[int, tuple[str, ...]], tuple[int, ...]] = {}
+        self._cap = cap
+
+    def order(self, key: int, names: tuple[str, ...]) -> tuple[int, ...]:
+        entry = (key, names)
+        perm = self._memo.get(entry)
+        if perm is None:
+            h = self._names
+            scored = sorted(((mix64(key ^ h(n)), n, i) for i, n in enumerate(names)), reverse=True)
+            perm = tuple([s[2] for s in scored])
+            if len(self._memo) >= self._cap:
+                self._memo.clear()
+            self._memo[entry] = perm
+        return perm
+
+    def __len__(self) -> int:
+        return len(self._memo)

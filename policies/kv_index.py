@@ -290,15 +290,25 @@ class KvIndex:
         st.relearn_until = 0.0
 
     # -- reads ------------------------------------------------------------------------------------
-    def match(self, prompt: PromptBlocks, names: Iterable[str]) -> dict[str, int]:
-        """Leading tokens of `prompt` held by each of `names` whose stream is usable (0 when none);
-        backends without a usable stream are absent."""
+    def match(self, prompt: PromptBlocks, names: Iterable[str] | None = None) -> dict[str, int]:
+        """Leading tokens of `prompt` held by each of `names` (default: every attached backend)
+        whose stream is usable (0 when none); backends without a usable stream are absent."""
         out: dict[str, int] = {}
         by_group: dict[int, int] = {}
         streams = self._streams
-        for name in names:
-            st = streams.get(name)
-            if st is None or not self._usable(st):
+        pairs = streams.items() if names is None else ((name, streams.get(name)) for name in names)
+        # `_usable`, inlined: this loop runs for every backend on every request
+        now = self.now
+        cfg = self.config
+        silent_requests = cfg.silent_requests
+        silent_s = cfg.silent_s
+        for name, st in pairs:
+            if (
+                st is None
+                or not st.live
+                or now < st.relearn_until
+                or (st.unanswered >= silent_requests and now - st.quiet_since >= silent_s)
+            ):
                 continue
             out[name] = 0
             if st.group:

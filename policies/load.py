@@ -15,6 +15,7 @@ alone. `kv_weight` turns a full KV cache (1.0) into the equivalent of that many 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from policies.types import BackendView
@@ -39,6 +40,24 @@ class LoadModel:
         if backend.kv_usage:
             active += self.kv_weight * backend.kv_usage
         return active
+
+    def scores(self, backends: Sequence[BackendView]) -> list[float]:
+        """`score` of each of `backends` (one call for a pool: the decision's hot loop)."""
+        queue_weight = self.queue_weight
+        kv_weight = self.kv_weight
+        out: list[float] = []
+        append = out.append
+        for backend in backends:
+            active = float(backend.in_flight)
+            engine = backend.running or 0.0
+            if backend.queue_depth:
+                engine += queue_weight * backend.queue_depth
+            if engine > active:
+                active = engine
+            if backend.kv_usage:
+                active += kv_weight * backend.kv_usage
+            append(active)
+        return out
 
     def saturated(self, backend: BackendView) -> bool:
         """At its configured concurrency, or its engine queue or KV use is over the thresholds."""

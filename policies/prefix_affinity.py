@@ -64,11 +64,13 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
 from policies.group_demand import GroupDemand
-from policies.hashing import NameHashes, mix64, str_hash64
+from policies.hashing import HrwOrders, NameHashes, mix64, str_hash64
 from policies.kv_index import KvIndex, KvIndexConfig
 from policies.load import LoadModel
 from policies.policy import BackendPolicy
@@ -93,6 +95,9 @@ class PrefixAffinityConfig:
     group_min_blocks: int = 32
     group_choices: int = 3
     placement_slack: float = 2.0
+    #: the slack of a placement proposed to the processes' shared store (`policies.shared_load`):
+    #: the store makes the processes agree, so the proposal takes the lightest of the choices
+    shared_placement_slack: float = 0.0
     blocks_per_request: float = 2.0
     tolerance: float = 0.5
     load_factor: float = 0.25
@@ -119,10 +124,11 @@ class PrefixAffinityConfig:
             self.tolerance,
             self.pool_load_factor,
             self.placement_slack,
+            self.shared_placement_slack,
         )
         if min(slacks) < 0:
             raise ValueError(
-                "load_factor, load_slack, tolerance, pool_load_factor and placement_slack must be >= 0"
+                "load_factor, load_slack, tolerance, pool_load_factor and the placement slacks must be >= 0"
             )
         if self.group_min_blocks < 1 or self.group_choices < 1:
             raise ValueError("group_min_blocks and group_choices must be >= 1")
@@ -186,6 +192,11 @@ class PrefixAffinity(BackendPolicy):
         self._pending: OrderedDict[int, tuple[str, float]] = OrderedDict()
         # the last `holders` answer: (prompt, index version, clock, answer)
         self._held: tuple[object, int, float, dict[str, float] | None] = (None, -1, 0.0, None)
+        # the last request's (features, group blocks, routing key), and rendezvous orders by key
+        self._keyed: tuple[object, int, int] = (None, 0, 0)
+        self._orders = HrwOrders(self._names)
+        # a dry run proposing a group's placement to the shared store (`proposing`)
+        self._proposing = False
 
     @property
     def config(self) -> PrefixAffinityConfig:
@@ -202,29 +213,53 @@ class PrefixAffinity(BackendPolicy):
 
     def key(self, features: RequestFeatures) -> int:
         """The rendezvous key of a request (identical across turns of one conversation)."""
-        return routing_key(features, self._config)
+        return self.keyed(features)[1]
+
+    @contextmanager
+    def proposing(self) -> Iterator[None]:
+        """Within: decisions are proposals of a new group's placement to the processes' shared
+        store, placed with `shared_placement_slack` (the store, not the slack, makes the processes
+        agree; `policies.shared_load.SharedRouting.ask`). Dry runs only."""
+        self._proposing = True
+        try:
+            yield
+        finally:
+            self._proposing = False
+
+    def keyed(self, features: RequestFeatures) -> tuple[int, int]:
+        """`(group_blocks, routing_key)` of a request, remembered for the last request asked (the
+        pool choice, `select` and `on_routed` of one decision all need them)."""
+        memo = self._keyed
+        if memo[0] is features:
+            return memo[1], memo[2]
+        g = group_blocks(features, self._config)
+        key = routing_key(features, self._config)
+        self._keyed = (features, g, key)
+        return g, key
 
     def rank(self, pool: PoolView, features: RequestFeatures) -> list[BackendView]:
         """The pool's routable backends in rendezvous order for this request (home first)."""
-        key = self.key(features)
-        names = self._names
-        scored = [(mix64(key ^ names(b.name)), b.name, b) for b in pool.backends if b.routable]
-        scored.sort(reverse=True, key=_first_two)
-        return [entry[2] for entry in scored]
+        return self._ranked(pool, self.keyed(features)[1])
+
+    def _ranked(self, pool: PoolView, key: int) -> list[BackendView]:
+        routable = [b for b in pool.backends if b.routable]
+        order = self._orders.order(key, tuple([b.name for b in routable]))
+        return [routable[i] for i in order]
 
     def select(self, pool: PoolView, features: RequestFeatures, rand: float) -> BackendChoice:
-        ranked = self.rank(pool, features)
+        g, key = self.keyed(features)
+        ranked = self._ranked(pool, key)
         n = len(ranked)
         if n == 0:
             raise ValueError(f"pool {pool.name!r} has no routable backend")
         config = self._config
         load = self._load
-        scores = [load.score(b) for b in ranked]
+        scores = load.scores(ranked)
         bound = math.ceil((1.0 + config.load_factor) * (sum(scores) + 1.0) / n) + config.load_slack
-        fits = [scores[i] + 1.0 <= bound and not load.saturated(ranked[i]) for i in range(n)]
+        saturated = load.saturated
+        fits = [s + 1.0 <= bound and not saturated(b) for s, b in zip(scores, ranked, strict=True)]
 
         # Expected warm blocks per backend (see the module docstring, 3).
-        g = group_blocks(features, config)
         group = g > 0
         preamble = g or features.preamble_blocks
         base = 0 if group else preamble
@@ -235,11 +270,12 @@ class PrefixAffinity(BackendPolicy):
         exact = self._exact(ranked, features)
         fresh: str | None = None
         if exact:
-            pend = self._pending.get(self.key(features))
+            pend = self._pending.get(key)
             if pend is not None and self._kv.now - pend[1] < config.pending_s:
                 fresh = pend[0]
         # this replica's memory is read only when some backend lacks events (or has a fresh decision)
-        recall = not exact or fresh is not None or any(b.name not in exact for b in ranked)
+        # (`exact`'s names are some of `ranked`'s: fewer means some backend lacks a usable stream)
+        recall = not exact or fresh is not None or len(exact) < n
         if indexed and features.block_hashes and recall:
             depths = self._index.depths(
                 features.block_hashes, {b.name: None for b in ranked}, above=max(0, preamble - 1)
@@ -282,7 +318,12 @@ class PrefixAffinity(BackendPolicy):
                 # The fleet's shared store names the backend another process placed it on.
                 placed = _position(ranked, features.placed_on)
                 if placed < 0:
-                    slack = 0.0 if opening_group(features, config) else config.placement_slack * preamble
+                    if opening_group(features, config):
+                        slack = 0.0
+                    elif self._proposing:
+                        slack = config.shared_placement_slack * preamble
+                    else:
+                        slack = config.placement_slack * preamble
                     placed = first_within(sizes[: config.group_choices], slack)
                 warm[placed] = max(features.history_blocks, preamble)
             else:
@@ -290,7 +331,7 @@ class PrefixAffinity(BackendPolicy):
                 # hold it, the lightest (working set) of the others within the bound is the next,
                 # counted one block short of the holders so that it takes a request for load only,
                 # never on a tie.
-                span = self._demand.span(pool.name, self.key(features), n, 1.0 + config.load_factor)
+                span = self._demand.span(pool.name, key, n, 1.0 + config.load_factor)
                 if span > 1:
                     others = [i for i in range(n) if warm[i] < preamble]
                     room = [i for i in others if fits[i]]
@@ -313,8 +354,12 @@ class PrefixAffinity(BackendPolicy):
             # this replica's own, fresh in-flight counts: a scrape that still counts a finished
             # request must not push a conversation off its home at low load (the engine's figures,
             # stale but global, bound the choice through `fits`)
-            costs = [ranked[i].in_flight - value * warm[i] for i in range(n)]
-            limit = min(costs[i] for i in candidates) + config.tolerance
+            costs = [b.in_flight - value * w for b, w in zip(ranked, warm, strict=True)]
+            cheapest = costs[candidates[0]]
+            for i in candidates:
+                if costs[i] < cheapest:
+                    cheapest = costs[i]
+            limit = cheapest + config.tolerance
             # HRW order: the warmest within the tolerance; on ties the earliest, or for a group the
             # one with the smallest working set (a cold copy evicts the least there)
             chosen = -1
@@ -340,11 +385,10 @@ class PrefixAffinity(BackendPolicy):
     def on_routed(self, pool: PoolView, features: RequestFeatures, choice: BackendChoice) -> None:
         # The preamble's last block (it identifies the whole preamble: which backends were sent this
         # group) and every block past it. Earlier preamble blocks add nothing and would cost time.
-        g = group_blocks(features, self._config)
+        g, key = self.keyed(features)
         shared = g or features.preamble_blocks
         start = shared - 1 if shared else 0
-        self._index.insert(features.block_hashes[start:], choice.backend)
-        key = self.key(features)
+        self._index.insert(features.block_hashes, choice.backend, start)
         self._sets.note(key, choice.backend, len(features.block_hashes))
         self._demand.note(pool.name, key if g else None)
         kv = self._kv
@@ -367,7 +411,7 @@ class PrefixAffinity(BackendPolicy):
         memo = self._held
         if memo[0] is prompt and memo[1] == kv.version and memo[2] == kv.now:
             return memo[3]
-        held = kv.match(prompt, kv.names)
+        held = kv.match(prompt)
         out: dict[str, float] | None = None
         if held:
             # real tokens -> estimated blocks: the request's estimated tokens per real token
@@ -381,7 +425,7 @@ class PrefixAffinity(BackendPolicy):
         held = self.holders(features)
         if not held:
             return None
-        out = {b.name: held[b.name] for b in ranked if b.name in held}
+        out = {b.name: v for b in ranked if (v := held.get(b.name)) is not None}
         return out or None
 
 
@@ -392,7 +436,3 @@ def _position(ranked: list[BackendView], name: str | None) -> int:
             if b.name == name:
                 return i
     return -1
-
-
-def _first_two(entry: tuple[int, str, BackendView]) -> tuple[int, str]:
-    return entry[0], entry[1]

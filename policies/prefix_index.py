@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Container, Sequence
+from itertools import islice
 
 
 class PrefixIndex:
@@ -39,13 +40,14 @@ class PrefixIndex:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def insert(self, block_hashes: Sequence[int], backend: str) -> None:
-        """Record that every prefix in `block_hashes` was sent to `backend` (most recent holder)."""
+    def insert(self, block_hashes: Sequence[int], backend: str, start: int = 0) -> None:
+        """Record that every prefix in `block_hashes[start:]` was sent to `backend` (most recent
+        holder)."""
         if self.max_entries == 0:
             return
         entries = self._entries
         keep = self.max_holders - 1
-        for h in block_hashes:
+        for h in islice(block_hashes, start, None) if start else block_hashes:
             holders = entries.get(h)
             if holders is None:
                 entries[h] = (backend,)

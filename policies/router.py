@@ -93,9 +93,14 @@ class Router:
         place: PlaceHook | None = None
         key = 0
         if self.pool_choice == "sticky":
-            key = routing_key(features, self._key_config)
+            policy = self.policy
+            if isinstance(policy, PrefixAffinity):  # its config is the key's (remembered for select)
+                g, key = policy.keyed(features)
+            else:
+                g = group_blocks(features, self._key_config)
+                key = routing_key(features, self._key_config)
             sticky_key = mix64(key ^ _POOL_SALT)
-            if pin is None and prefer is None and group_blocks(features, self._key_config):
+            if pin is None and prefer is None and g:
                 place = functools.partial(self._place, features=features, key=key)
         pool_choice = choose_pool(
             snapshot,

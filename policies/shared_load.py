@@ -97,7 +97,8 @@ class SharedRouting:
             self._known.move_to_end(key)
             return Ask(key, None)
         try:
-            proposal = router.decide(snapshot, features, 0.5, dry_run=True).backend
+            with policy.proposing():  # the store makes the processes agree: no slack needed
+                proposal = router.decide(snapshot, features, 0.5, dry_run=True).backend
         except Exception:  # no eligible backend: the decision proper reports it
             return Ask(key, None)
         return Ask(key, proposal)

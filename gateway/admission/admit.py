@@ -170,7 +170,7 @@ class AdmitStage:
             price = self._price(model)
             now, day, month = self._clock.now()
             spend = plan.spend(day, month, model.name, reserve(price, prompt, completion))
-        ask = share.ask(ctx) if share is not None else None
+        ask = await share.ask(ctx) if share is not None else None
         try:
             ticket = await self._acquire(ctx, id, scopes, cost, spend, now, ask)
         finally:

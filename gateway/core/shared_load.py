@@ -58,8 +58,9 @@ class LoadShare(Protocol):
     #: a group's placement lives this long after it was last read or set
     placement_ttl_s: float
 
-    def ask(self, ctx: RequestContext) -> ShareAsk:
-        """What the admission's call carries for this request."""
+    async def ask(self, ctx: RequestContext) -> ShareAsk:
+        """What the admission's call carries for this request (it may tokenize the request first:
+        a long encoding is awaited in a worker thread)."""
         ...
 
     def told(self, ctx: RequestContext, ask: ShareAsk) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from gateway.core.context import RequestContext
 from gateway.core.fleet import Fleet
@@ -28,7 +28,7 @@ from policies.shared_load import Ask, SharedRouting, key_text, with_others
 from policies.types import FleetSnapshot, RequestFeatures
 
 #: the request's features with its tokens (the route stage's `prepare`)
-Prepare = Callable[[RequestContext], RequestFeatures]
+Prepare = Callable[[RequestContext], Awaitable[RequestFeatures]]
 
 
 def process_name() -> str:
@@ -63,12 +63,12 @@ class SharedLoad:
         self.placements = 0
 
     # -- LoadShare --------------------------------------------------------------------------------
-    def ask(self, ctx: RequestContext) -> ShareAsk:
+    async def ask(self, ctx: RequestContext) -> ShareAsk:
         counts = self.counts()
         features = ctx.extras.get("features")
         if features is None or not self._routing.grouped(features):
             return ShareAsk(counts)
-        features = self._prepare(ctx)  # the engines' events need the request's tokens
+        features = await self._prepare(ctx)  # the engines' events need the request's tokens
         ask = self._routing.ask(self.snapshot(), features)
         if ask is None:
             return ShareAsk(counts)

@@ -52,9 +52,11 @@ class RouteStage:
         #: the state shared with the other routing processes (set by the root with Redis), or None
         self.shared: SharedLoad | None = None
 
-    def prepare(self, ctx: RequestContext) -> RequestFeatures:
+    async def prepare(self, ctx: RequestContext) -> RequestFeatures:
         """The request's features, with its token blocks when the engines' events are consumed
-        (computed once per request: the shared state may ask before admission)."""
+        (computed once per request: the shared state may ask before admission). A long encoding
+        runs in the tokenizer's worker thread (`PromptTokens.blocks_async`), so other streams of
+        this process go on meanwhile."""
         extras = ctx.extras
         # the sanitise stage computed them already (same config, same session key): reuse
         features: RequestFeatures = extras.get("features") or extract_features(
@@ -70,7 +72,7 @@ class RouteStage:
         ):
             extras["tokenized"] = True
             kv.tick(time.monotonic())
-            prompt = self.tokens.blocks(ctx.body, features.anchor_hash)
+            prompt = await self.tokens.blocks_async(ctx.body, features.anchor_hash)
             if prompt is not None:
                 features = dataclasses.replace(features, prompt=prompt)
         extras["features"] = features
@@ -82,7 +84,7 @@ class RouteStage:
         return shared.snapshot(now) if shared is not None else self._fleet.snapshot(now)
 
     async def __call__(self, ctx: RequestContext) -> Response | None:
-        features = self.prepare(ctx)
+        features = await self.prepare(ctx)
         now = time.monotonic()
         kv = self.router.kv_index
         if kv is not None and kv.streams:
@@ -152,6 +154,10 @@ class RouteStage:
             }
         if held is not None:
             out["kv_held_tokens"] = held
+        if self.tokens is not None:
+            # this process's requests tokenized in the worker thread, and routed without their
+            # tokens because it was full (`PromptTokens.max_pending`)
+            out["tokenize"] = {"offloaded": self.tokens.offloaded, "overflowed": self.tokens.overflowed}
         if shared is not None:
             out["shared"] = shared
         return out

@@ -17,16 +17,22 @@ Cost, kept off the hot path where it can be:
 - the block keys of a conversation's previous request are adopted for the prefix both share
   (`PromptBlocks.reuse`, keyed by the conversation's anchor), so a growing conversation hashes only
   its new blocks.
-Rendering itself (jinja2) runs on every request. docs/routing.md has the measured figures.
+Rendering itself (jinja2) runs on every request. What the piece cache lacks, when it is long (a new
+conversation, a new document), is encoded in a worker thread by `PromptTokens.blocks_async` (the
+route stage's path): the Rust tokenizer's `encode_batch` releases the GIL, so the event loop serves
+the other streams meanwhile. docs/routing.md has the measured figures.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import logging
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -46,6 +52,13 @@ class Tokenizer(Protocol):
     def encode(self, text: str, *, special: bool) -> list[int]:
         """Token ids of `text`; `special`: add the tokenizer's BOS/EOS (completions prompts)."""
         ...
+
+
+class ThreadedTokenizer(Tokenizer, Protocol):
+    """A tokenizer whose `encode_many` lets other threads run (it releases the GIL), so a worker
+    thread can tokenize while the event loop serves other streams."""
+
+    def encode_many(self, texts: Sequence[str], *, special: bool) -> list[list[int]]: ...
 
 
 class SimTokenizer:
@@ -150,14 +163,57 @@ class HfTokenizer:
     def encode(self, text: str, *, special: bool) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=special).ids)
 
+    def encode_many(self, texts: Sequence[str], *, special: bool) -> list[list[int]]:
+        # `encode_batch` runs with the GIL released (`encode` holds it: measured, docs/routing.md).
+        # One text a call: a batch of several is spread over every core by the tokenizer's own
+        # thread pool (a new chat's 44 pieces: 1.4 ms wall, 2.5 ms CPU on 2 cores), which would take
+        # the event loop's core too; one at a time it is one core (2.9 ms).
+        batch = self._tok.encode_batch
+        return [list(batch([text], add_special_tokens=special)[0].ids) for text in texts]
+
     def split(self, text: str) -> list[str]:
         if self._special_re is None:
             return [text]
         return [p for p in self._special_re.split(text) if p]
 
 
+class _Work:
+    """One request's tokenization between its two halves on the event loop: what was rendered and
+    found in the piece cache, and the texts still to encode (the expensive part)."""
+
+    __slots__ = ("cut", "data", "keys", "length_of", "model", "special", "texts", "tok")
+
+    def __init__(self, model: str, tok: Tokenizer) -> None:
+        self.model = model
+        self.tok = tok
+        #: the prompt's pieces as token bytes, None where still to encode
+        self.data: list[bytes | None] = []
+        #: per piece to encode: its index in `data`, its cache key (None: not cached), its text's
+        #: index in `texts` (a piece that occurs twice is encoded once)
+        self.keys: list[tuple[int, tuple[str, int, int] | None, int]] = []
+        self.texts: list[str] = []
+        self.special = False
+        #: the last piece was cut at `max_chars` (its last tokens dropped)
+        self.cut = False
+        #: the whole prompt's length in characters, when it was cut (for the length estimate)
+        self.length_of = 0
+
+    @property
+    def chars(self) -> int:
+        """Characters still to encode."""
+        return sum(len(t) for t in self.texts)
+
+
 class PromptTokens:
-    """Token blocks of requests, per model, with the caches described in the module docstring."""
+    """Token blocks of requests, per model, with the caches described in the module docstring.
+
+    `blocks` tokenizes on the calling thread; `blocks_async` (the route stage's) does the same with
+    the encoding of what the piece cache lacks moved to a worker thread when it is long (at least
+    `offload_chars` characters: a new conversation, a new document), for a tokenizer whose encoding
+    releases the GIL (`ThreadedTokenizer`). Rendering, the cache and the keys stay on the event
+    loop (the cache is never touched from the worker); the worker only encodes strings. At most
+    `max_pending` requests wait for the worker; beyond that a request that would wait is routed
+    without its tokens (approximate affinity) rather than queue or block the loop."""
 
     def __init__(
         self,
@@ -167,6 +223,9 @@ class PromptTokens:
         max_chars: int | None = None,
         segment_bytes: int = 16 << 20,
         conversation_entries: int = 1024,
+        offload_chars: int = 2048,
+        max_pending: int = 64,
+        workers: int = 1,
     ) -> None:
         self._tokenizers = dict(tokenizers)
         self._max_tokens = max_tokens
@@ -179,6 +238,14 @@ class PromptTokens:
         self._previous: OrderedDict[tuple[str, int], PromptBlocks] = OrderedDict()
         self._conversation_entries = conversation_entries
         self._failed: set[str] = set()
+        self.offload_chars = offload_chars
+        self.max_pending = max_pending
+        self._workers = workers
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending = 0
+        #: requests tokenized in the worker, and routed without tokens because it was full
+        self.offloaded = 0
+        self.overflowed = 0
 
     def __bool__(self) -> bool:
         return bool(self._tokenizers)
@@ -199,12 +266,70 @@ class PromptTokens:
         if tok is None:
             return None
         try:
-            data, length = self._data(model, tok, body)
+            work = self._start(model, tok, body)
+            encoded = [tok.encode(t, special=work.special) for t in work.texts]
+            data, length = self._finish(work, encoded)
         except Exception as exc:  # a template that raises must not fail the request
-            if model not in self._failed:
-                self._failed.add(model)
-                log.warning("tokenizing for %s failed (%s); KV-event routing skips such requests", model, exc)
+            self._fail(model, exc)
             return None
+        return self._prompt(model, body, data, length, conversation)
+
+    async def blocks_async(
+        self, body: Mapping[str, Any], conversation: int | None = None
+    ) -> PromptBlocks | None:
+        """`blocks`, with a long encoding in the worker thread (see the class docstring)."""
+        model = str(body.get("model", ""))
+        tok = self._tokenizers.get(model)
+        if tok is None:
+            return None
+        try:
+            work = self._start(model, tok, body)
+            many = getattr(tok, "encode_many", None)
+            if many is not None and work.texts and work.chars >= self.offload_chars:
+                if self._pending >= self.max_pending:
+                    self.overflowed += 1
+                    return None
+                self._pending += 1
+                try:
+                    loop = asyncio.get_running_loop()
+                    encoded = await loop.run_in_executor(
+                        self._pool(), functools.partial(many, work.texts, special=work.special)
+                    )
+                finally:
+                    self._pending -= 1
+                self.offloaded += 1
+            else:
+                encoded = [tok.encode(t, special=work.special) for t in work.texts]
+            data, length = self._finish(work, encoded)
+        except Exception as exc:  # a template that raises must not fail the request
+            self._fail(model, exc)
+            return None
+        return self._prompt(model, body, data, length, conversation)
+
+    def close(self) -> None:
+        """Stop the worker thread (it finishes what it runs)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="gateway-tokenize")
+        return self._executor
+
+    def _fail(self, model: str, exc: Exception) -> None:
+        if model not in self._failed:
+            self._failed.add(model)
+            log.warning("tokenizing for %s failed (%s); KV-event routing skips such requests", model, exc)
+
+    def _prompt(
+        self,
+        model: str,
+        body: Mapping[str, Any],
+        data: bytes,
+        length: int | None,
+        conversation: int | None,
+    ) -> PromptBlocks:
         salt = body.get("cache_salt")
         prompt = PromptBlocks(
             data,
@@ -223,52 +348,75 @@ class PromptTokens:
                 self._previous.popitem(last=False)
         return prompt
 
-    def _data(self, model: str, tok: Tokenizer, body: Mapping[str, Any]) -> tuple[bytes, int | None]:
-        """The prompt's token ids as bytes, and its estimated length in tokens when only its first
-        `max_chars` characters were tokenized (None when it was tokenized whole)."""
+    def _start(self, model: str, tok: Tokenizer, body: Mapping[str, Any]) -> _Work:
+        """Render the request and look its pieces up: what is left to encode is `work.texts`."""
+        work = _Work(model, tok)
         if "messages" in body:
             text = tok.render(body)
             split: Callable[[str], list[str]] | None = getattr(tok, "split", None)
-            return self._pieces(model, tok, text, split(text) if split is not None else [text])
+            pieces = split(text) if split is not None else [text]
+            segments = self._segments
+            queued: dict[tuple[str, int, int], int] = {}
+            left = self._max_chars
+            for piece in pieces:
+                cut = len(piece) > left
+                if cut:
+                    piece = piece[:left]
+                key = (model, hash(piece), len(piece))
+                data = segments.get(key)
+                if data is None:
+                    at = queued.get(key)
+                    if at is None or cut:
+                        at = queued[key] = len(work.texts)
+                        work.texts.append(piece)
+                    work.keys.append((len(work.data), key, at))
+                work.data.append(data)
+                left -= len(piece)
+                if cut:
+                    work.cut = True
+                    work.length_of = len(text)
+                    break
+            return work
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], list | str):
             prompt = prompt[0]  # a batch is routed by its first prompt
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return token_bytes(prompt), None
-        if isinstance(prompt, str):
-            cut = len(prompt) > self._max_chars
-            ids = tok.encode(prompt[: self._max_chars] if cut else prompt, special=True)
-            if not cut:
-                return token_bytes(ids), None
-            ids = ids[:-_CUT_TOKENS]
-            return token_bytes(ids), len(ids) * len(prompt) // self._max_chars
-        return b"", None
+            work.data.append(token_bytes(prompt))
+        elif isinstance(prompt, str):
+            work.special = True
+            if len(prompt) > self._max_chars:
+                work.cut = True
+                work.length_of = len(prompt)
+                prompt = prompt[: self._max_chars]
+            work.keys.append((0, None, 0))
+            work.texts.append(prompt)
+            work.data.append(None)
+        return work
 
-    def _pieces(self, model: str, tok: Tokenizer, text: str, pieces: list[str]) -> tuple[bytes, int | None]:
+    def _finish(self, work: _Work, encoded: Sequence[list[int]]) -> tuple[bytes, int | None]:
+        """The prompt's token ids as bytes, and its estimated length in tokens when only its first
+        `max_chars` characters were tokenized (None when it was tokenized whole). The encoded
+        pieces enter the cache here (the event loop's thread)."""
+        data = work.data
+        last = len(data) - 1
         segments = self._segments
-        out: list[bytes] = []
-        left = self._max_chars
-        for piece in pieces:
-            cut = len(piece) > left
-            if cut:
-                piece = piece[:left]
-            key = (model, hash(piece), len(piece))
-            data = segments.get(key)
-            if data is None:
-                ids = tok.encode(piece, special=False)
-                # a cut piece's last tokens may have merged with what was cut off
-                data = token_bytes(ids[:-_CUT_TOKENS] if cut else ids)
-                if self._cached_bytes + len(data) > self._segment_bytes:
+        if len(encoded) != len(work.texts):
+            raise ValueError("the tokenizer encoded another number of texts than it was given")
+        for i, key, at in work.keys:
+            ids = encoded[at]
+            # a cut piece's last tokens may have merged with what was cut off
+            piece = token_bytes(ids[:-_CUT_TOKENS] if work.cut and i == last else ids)
+            data[i] = piece
+            if key is not None and key not in segments:
+                if self._cached_bytes + len(piece) > self._segment_bytes:
                     segments.clear()
                     self._cached_bytes = 0
-                segments[key] = data
-                self._cached_bytes += len(data)
-            out.append(data)
-            left -= len(piece)
-            if cut:
-                tokens = sum(len(d) for d in out) // 4
-                return b"".join(out), tokens * len(text) // self._max_chars
-        return b"".join(out), None
+                segments[key] = piece
+                self._cached_bytes += len(piece)
+        out = b"".join(d for d in data if d is not None)
+        if not work.cut:
+            return out, None
+        return out, len(out) // 4 * work.length_of // self._max_chars
 
 
 #: tokens dropped at the end of a prompt cut at `max_chars` (they may tokenize otherwise whole)

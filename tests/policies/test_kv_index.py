@@ -251,6 +251,7 @@ def test_matches_agree_with_a_model_of_the_engines(ops: list[tuple[str, int, int
                 d += 1
             want[n] = d * 16
         assert index.match(PromptBlocks(p), names) == want
+        assert index.match(PromptBlocks(p)) == want  # every attached backend, the same answer
 
 
 def test_memory_per_block_is_bounded() -> None:

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from policies.load import LoadModel
 from policies.types import BackendView
 
@@ -37,3 +40,23 @@ def test_saturation_thresholds() -> None:
     assert not model.saturated(BackendView("a", in_flight=7, max_concurrency=8))
     off = LoadModel(queue_high=None, kv_high=None)
     assert not off.saturated(BackendView("a", queue_depth=1e9, kv_usage=1.0))
+
+
+@given(
+    st.lists(
+        st.builds(
+            BackendView,
+            name=st.text(min_size=1, max_size=3),
+            in_flight=st.integers(0, 50),
+            queue_depth=st.none() | st.floats(0, 50),
+            running=st.none() | st.floats(0, 50),
+            kv_usage=st.none() | st.floats(0, 1),
+        ),
+        max_size=10,
+    ),
+    st.floats(0, 4),
+    st.floats(0, 8),
+)
+def test_scores_are_score_of_each(backends: list[BackendView], queue_weight: float, kv_weight: float) -> None:
+    model = LoadModel(queue_weight=queue_weight, kv_weight=kv_weight)
+    assert model.scores(backends) == [model.score(b) for b in backends]

@@ -141,3 +141,42 @@ def test_a_holder_busier_than_its_prefill_is_worth_spills() -> None:
     second = with_prompt([{"role": "user", "content": document + " two"}])
     assert proc.select(load(p, holder, 3), second, 0.0).backend == holder
     assert proc.select(load(p, holder, 40), second, 0.0).backend != holder
+
+
+def test_a_proposal_to_the_shared_store_takes_the_lightest_of_its_choices() -> None:
+    """Placing a new preamble group, a process keeps `placement_slack` for agreement with the other
+    processes; proposing it to the shared store (which makes them agree) it takes the lightest of its
+    first choices (`shared_placement_slack`, 0)."""
+    from policies.factory import parse_policy_config
+    from policies.features import FeatureConfig, extract_features
+    from policies.router import Router
+    from policies.shared_load import SharedRouting
+    from policies.types import BackendView, FleetSnapshot, PoolView
+
+    router = Router([], parse_policy_config({"kind": "prefix_affinity"}))
+    policy = router.policy
+    assert isinstance(policy, PrefixAffinity)
+    names = [f"b{i}" for i in range(4)]
+    pool = PoolView("p", "vllm", 1.0, frozenset({"m"}), True, True, tuple(BackendView(n) for n in names))
+    snapshot = FleetSnapshot((pool,))
+
+    def group(i: int) -> dict[str, object]:
+        system = " ".join(f"rule{i}-{k}" for k in range(800))
+        return {
+            "model": "m",
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": "q"}],
+        }
+
+    f = extract_features(group(0), FeatureConfig())
+    home = policy.rank(pool, f)[0].name
+    # the home already got one other group (within the slack of two groups), the others none
+    other = next(
+        extract_features(group(i), FeatureConfig())
+        for i in range(1, 200)
+        if policy.rank(pool, extract_features(group(i), FeatureConfig()))[0].name == home
+    )
+    router.decide(snapshot, other, 0.5)
+    assert router.decide(snapshot, f, 0.5, dry_run=True).backend == home  # slack 2: home
+    ask = SharedRouting(router).ask(snapshot, f)
+    assert ask is not None and ask.proposal is not None and ask.proposal != home  # slack 0
+    assert router.decide(snapshot, f, 0.5, dry_run=True).backend == home  # the flag did not stay

@@ -106,3 +106,20 @@ def test_bytes_per_entry_is_as_documented() -> None:
     per_entry = size / n
     assert len(index) == n
     assert per_entry < 250, per_entry  # docs: about 200 bytes per entry
+
+
+@given(
+    st.integers(1, 30),
+    st.lists(
+        st.tuples(st.lists(st.integers(0, 60), max_size=20), st.sampled_from(sorted(ALL)), st.integers(0, 5)),
+        max_size=30,
+    ),
+)
+def test_insert_from_start_is_insert_of_the_slice(
+    cap: int, inserts: list[tuple[list[int], str, int]]
+) -> None:
+    a, b = PrefixIndex(cap, max_holders=2), PrefixIndex(cap, max_holders=2)
+    for hashes, name, start in inserts:
+        a.insert(tuple(hashes), name, start)
+        b.insert(tuple(hashes[start:]), name)
+        assert list(a._entries.items()) == list(b._entries.items())

@@ -32,7 +32,7 @@ class Share:
         self.in_flight: dict[str, int] = {}
         self.others: Mapping[str, int] | None = None
 
-    def ask(self, ctx: RequestContext) -> ShareAsk:
+    async def ask(self, ctx: RequestContext) -> ShareAsk:
         return ShareAsk(dict(self.in_flight))
 
     def told(self, ctx: RequestContext, ask: ShareAsk) -> None:

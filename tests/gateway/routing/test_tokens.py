@@ -205,3 +205,79 @@ def test_the_piece_cache_is_bounded_in_bytes(tok_dir: Path) -> None:
     for i in range(50):
         tokens.blocks(chat(f"message {i} " * 40, system=None))
         assert tokens._cached_bytes <= 4096
+
+
+def _same(a: PromptBlocks | None, b: PromptBlocks | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return (a.data, a.length, a.first_extra, a.keys(64)) == (b.data, b.length, b.first_extra, b.keys(64))
+
+
+async def test_the_async_path_gives_the_same_blocks_and_offloads_only_long_misses(tok_dir: Path) -> None:
+    tok = HfTokenizer(tok_dir)
+    long = " ".join(f"word{i % 97} and more" for i in range(900))  # ~16k characters
+    bodies = [
+        chat("hi"),
+        chat(long),
+        chat(long, "an answer", "a follow-up"),  # the long piece is cached by then: inline
+        chat(long * 4, "cut"),  # cut at max_chars
+        chat("x", cache_salt="t1"),
+        {"model": "m", "prompt": long},
+        {"model": "m", "prompt": long * 4},
+        {"model": "m", "prompt": [5, 6, 7]},
+        {"model": "other", "prompt": "x"},
+    ]
+    sync = PromptTokens({"m": tok})
+    threaded = PromptTokens({"m": tok})
+    try:
+        offloaded = []
+        for i, body in enumerate(bodies):
+            before = threaded.offloaded
+            got = await threaded.blocks_async(body, conversation=i // 3)
+            assert _same(got, sync.blocks(body, conversation=i // 3)), body.get(
+                "messages", body.get("prompt")
+            )
+            offloaded.append(threaded.offloaded > before)
+        assert offloaded == [False, True, False, True, False, True, True, False, False]
+    finally:
+        threaded.close()
+
+
+async def test_concurrent_requests_share_the_cache_and_get_their_own_blocks(tok_dir: Path) -> None:
+    """Many first turns at once, some sharing a long system prompt: each gets what `blocks` gives,
+    and the piece cache (written on the loop only) holds each piece once."""
+    import asyncio
+
+    tok = HfTokenizer(tok_dir)
+    system = " ".join(f"rule {i} of the house" for i in range(300))
+    bodies = [
+        chat(f"question {i} " * (50 + 40 * (i % 5)), system=system if i % 2 else None) for i in range(24)
+    ]
+    threaded = PromptTokens({"m": tok}, offload_chars=512)
+    try:
+        got = await asyncio.gather(*(threaded.blocks_async(b) for b in bodies))
+        for body, prompt in zip(bodies, got, strict=True):
+            assert _same(prompt, PromptTokens({"m": tok}).blocks(body))
+        assert threaded.offloaded > 0
+        assert threaded._cached_bytes == sum(len(v) for v in threaded._segments.values())
+    finally:
+        threaded.close()
+
+
+async def test_a_full_worker_or_a_failing_encoding_routes_without_tokens(tok_dir: Path) -> None:
+    tok = HfTokenizer(tok_dir)
+    long = "a long message " * 400
+    full = PromptTokens({"m": tok}, max_pending=0)
+    assert await full.blocks_async(chat(long)) is None and full.overflowed == 1
+    assert await full.blocks_async(chat("short")) is not None  # inline: no wait, no overflow
+
+    class Broken(HfTokenizer):
+        def encode_many(self, texts: Any, *, special: bool) -> list[list[int]]:
+            raise RuntimeError("the worker failed")
+
+    broken = PromptTokens({"m": Broken(tok_dir)})
+    try:
+        assert await broken.blocks_async(chat(long)) is None
+        assert await broken.blocks_async(chat("short")) is not None
+    finally:
+        broken.close()
