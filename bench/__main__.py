@@ -6,6 +6,9 @@
                                                         from bench/results/*.json, stay in the report)
     python -m bench --micro tracing  one micro-benchmark (the others keep their last figures)
     python -m bench --no-peers      skip LiteLLM and the Rust routers
+    python -m bench --suite routing --processes   the routing suite with 1 and 4 routing processes, KV
+                                    events and shared load (bench/routing.py `PROCESSES`; also
+                                    `python -m bench.routing`, which takes a smaller matrix)
     python -m bench --gateway-ref HEAD   benchmark a committed gateway (a `git archive` snapshot)
 
 Suites: `overhead` (proxy cost against the peers, bench/overhead.py), `routing` (cache-hit quality and
@@ -167,6 +170,12 @@ def main(argv: list[str] | None = None) -> int:
         help="only these micro-benchmarks (repeatable; implies --suite micro)",
     )
     ap.add_argument("--no-peers", action="store_true", help="skip LiteLLM and the Rust routers")
+    ap.add_argument(
+        "--processes",
+        action="store_true",
+        help="routing suite: 1 and 4 routing processes with KV events and shared load, against the peers "
+        "(results/routing_processes.json; the default routing rows are kept)",
+    )
     ap.add_argument("--gateway-ref", default=None, help="benchmark a git ref instead of the working tree")
     ap.add_argument("--out", default=str(BENCH / "BENCHMARKS.md"))
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from bench/results/*.json")
@@ -203,10 +212,19 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError as e:
             log(f"routing suite not available: {e}")
         else:
-            log("routing suite")
-            res = routing.run(quick, log, with_peers=not a.no_peers, gateway_ref=a.gateway_ref)
-            res["mode"] = run["mode"]
-            (RESULTS / "routing.json").write_text(json.dumps(res, indent=1))
+            if a.processes:
+                log("routing suite, several routing processes (KV events, shared load)")
+                res = routing.run_processes(
+                    routing.PROCESSES, log, with_peers=not a.no_peers, gateway_ref=a.gateway_ref
+                )
+                res["machine"] = measured["machine"]
+                res["command"] = measured["machine"]["command"]
+                (RESULTS / "routing_processes.json").write_text(json.dumps(res, indent=1))
+            else:
+                log("routing suite")
+                res = routing.run(quick, log, with_peers=not a.no_peers, gateway_ref=a.gateway_ref)
+                res["mode"] = run["mode"]
+                (RESULTS / "routing.json").write_text(json.dumps(res, indent=1))
     if "micro" in suites:
         kept = RESULTS / "micro.json"
         figures = json.loads(kept.read_text()) if kept.exists() else {}
@@ -219,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         figures["_commit"] = measured["machine"]["commit"]
         (RESULTS / "kv.json").write_text(json.dumps(figures, indent=1))
 
-    for name in ("overhead", "routing", "micro", "kv"):
+    for name in ("overhead", "routing", "routing_processes", "micro", "kv"):
         f = RESULTS / f"{name}.json"
         if f.exists():
             run[name] = json.loads(f.read_text())

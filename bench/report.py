@@ -426,6 +426,10 @@ def write(run: dict[str, Any], path: Path) -> None:
         L += profiles_md(o)
     if r:
         L += routing_md(r)
+    if run.get("routing_processes"):
+        from bench.routing import processes_md
+
+        L += processes_md(run["routing_processes"])
     micro = dict(run.get("micro") or {})
     date = micro.pop("_date", "")
     if micro:

@@ -20,6 +20,17 @@ For each seeded workload (bench/workloads.py) and load level:
   least load on uniform traffic) run the point again on other Poisson schedules of the same requests,
   and the verdicts take the p99 of all their rounds' first tokens (`pool_rounds`): one 20 s run's p99
   is its few slowest requests, and which requests collide depends on the schedule.
+
+**Several routing processes** (`python -m bench.routing`, or `python -m bench --suite routing
+--processes`; `PROCESSES`, `Setup`): the same fleet with its KV-cache events on (each simulator's
+`--kv-events-config`, a ZMQ PUB socket on its own loopback port) and a real redis-server; our gateway
+runs as 1 process, or as 4 (2 gateway replicas × `workers: 2`, the trace client spreading requests
+over the replicas round robin), subscribed to every simulator's events (`kv_events` per backend,
+`tokenizer: sim`) and sharing in-flight counts and group placements through Redis
+(`routing.shared`); the fallback (4 processes, neither events nor Redis) beside it; round robin and
+least load (one process); and the SGLang and vLLM routers' `cache_aware` (single-process routers:
+one process each). Redis is flushed before every run. Results go to
+`bench/results/routing_processes.json`, their section of bench/BENCHMARKS.md is `processes_md`.
 """
 
 from __future__ import annotations
@@ -29,16 +40,19 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 import urllib.request
 import zlib
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import orjson
 
-from bench import peers
-from bench.procs import ROOT, WORK, Service, ServiceError, free_port
+from bench import machine, peers
+from bench.procs import BENCH, ROOT, WORK, Service, ServiceError, free_port
 from bench.targets import gateway_service, gateway_source
 from bench.verdicts import compared
 from bench.workloads import WORKLOADS, Request, schedule
@@ -191,6 +205,53 @@ FULL = Matrix(
 )
 
 
+@dataclass(frozen=True)
+class Setup:
+    """A router of the processes mode: our gateway as `replicas` gateways of `workers` workers each
+    (`processes` routing processes), subscribed to the simulators' KV events (`events`) and sharing
+    in-flight counts and group placements through Redis (`shared`); or `peer`'s router (one process)."""
+
+    policy: str  # our `routing.policy`, or the peer's `--policy`
+    replicas: int = 1
+    workers: int = 1
+    events: bool = False
+    shared: bool = False
+    peer: Literal["sglang", "vllm"] | None = None
+
+    @property
+    def processes(self) -> int:
+        return self.replicas * self.workers
+
+
+SETUPS: dict[str, Setup] = {
+    "ours prefix_affinity x1, events + shared": Setup("prefix_affinity", events=True, shared=True),
+    "ours prefix_affinity x4, events + shared": Setup("prefix_affinity", 2, 2, events=True, shared=True),
+    "ours prefix_affinity x4, fallback (no events, no Redis)": Setup("prefix_affinity", 2, 2),
+    "ours round_robin x1": Setup("round_robin"),
+    "ours least_load x1": Setup("least_load"),
+    "sglang-router cache_aware (single process)": Setup("cache_aware", peer="sglang"),
+    "vllm-router cache_aware (single process)": Setup("cache_aware", peer="vllm"),
+}
+OURS_EVENTS = ("ours prefix_affinity x1, events + shared", "ours prefix_affinity x4, events + shared")
+FALLBACK = "ours prefix_affinity x4, fallback (no events, no Redis)"
+ROUND_ROBIN, LEAST_LOAD = "ours round_robin x1", "ours least_load x1"
+PEERS_CACHE_AWARE = ("sglang-router cache_aware (single process)", "vllm-router cache_aware (single process)")
+PREFIX_HEAVY = ("shared_prefix", "long_document_qa", "multi_turn_chat", "agent_tool_loop")
+PROCESSES = Matrix(
+    workloads=(*PREFIX_HEAVY, "uniform"),
+    loads=(0.5, 0.8),
+    routers=tuple(SETUPS),
+    seconds=20.0,
+    uniform_routers=(*OURS_EVENTS, FALLBACK, LEAST_LOAD),
+)
+
+
+def baseline_of(workload: str) -> str:
+    """The router a processes-mode row's TTFT p99 is divided by: least load on uniform traffic (only
+    balance matters there), round robin elsewhere."""
+    return LEAST_LOAD if workload == "uniform" else ROUND_ROBIN
+
+
 def prompt_ids(req: Request) -> list[int]:
     return tokenizer.encode(render_chat(req.messages, req.tools))
 
@@ -281,6 +342,16 @@ def _get(url: str) -> Any:
         return json.loads(r.read())
 
 
+def _flush(url: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        client.flushall()
+    finally:
+        client.close()
+
+
 def _post(url: str) -> None:
     req = urllib.request.Request(url, data=b"{}", headers={"content-type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as r:
@@ -289,7 +360,13 @@ def _post(url: str) -> None:
 
 class Suite:
     def __init__(
-        self, matrix: Matrix, spec: FleetSpec, log: Log, with_peers: bool, gateway_ref: str | None
+        self,
+        matrix: Matrix,
+        spec: FleetSpec,
+        log: Log,
+        with_peers: bool,
+        gateway_ref: str | None,
+        setups: dict[str, Setup] | None = None,
     ) -> None:
         self.m = matrix
         self.spec = spec
@@ -303,6 +380,12 @@ class Suite:
         self.unavailable: dict[str, str] = {}
         self.samples: Samples = {}  # see `pool_rounds`
         self.versions: dict[str, str | None] = {}
+        #: the processes mode's routers (`SETUPS`), by name; none in the default suite
+        self.setups = setups or {}
+        self.events = any(x.events for x in self.setups.values())
+        self.kv: dict[str, str] = {}  # simulator URL -> the endpoint its KV events are published on
+        self.redis: Any = None  # tests.support.RedisServer when a setup shares state
+        self.on_row: Callable[[], None] | None = None  # called after every run (partial results)
 
     def start_fleet(self) -> None:
         for engine in ("vllm", "sglang"):
@@ -310,15 +393,28 @@ class Suite:
                 port = free_port()
                 argv = [sys.executable, "-m", "engines.sim", "--engine", engine, "--host", "127.0.0.1",
                         "--port", str(port), *self.spec.flags(engine)]  # fmt: skip
+                events = free_port() if self.events else None
+                if events is not None:  # both dialects parse this (SGLang ignores the first field)
+                    config = {"enable_kv_cache_events": True, "publisher": "zmq",
+                              "endpoint": f"tcp://*:{events}", "topic": "kv"}  # fmt: skip
+                    argv += ["--kv-events-config", json.dumps(config)]
                 svc = self.stack.enter_context(Service(f"fleet-{engine}-{i}", argv, port, probe="/health"))
                 self.sims.append(svc)
                 self.urls[engine].append(svc.base_url)
+                if events is not None:
+                    self.kv[svc.base_url] = f"tcp://127.0.0.1:{events}"
         self.log(
             f"fleet up: {len(self.sims)} simulators ({self.spec.per_engine} vLLM + {self.spec.per_engine} SGLang dialect)"
+            + (", publishing KV events" if self.events else "")
         )
+        if any(x.shared for x in self.setups.values()):
+            from tests.support import RedisServer
 
-    def gateway_config(self, policy: str) -> dict[str, Any]:
-        return {
+            self.redis = self.stack.enter_context(RedisServer())
+            self.log(f"redis-server up on port {self.redis.port}")
+
+    def gateway_config(self, policy: str, setup: Setup | None = None) -> dict[str, Any]:
+        cfg: dict[str, Any] = {
             "server": {"log_level": "warning", "graceful_shutdown_s": 1},
             "models": [{"name": PUBLIC, "context_length": 32768}],
             "pools": [
@@ -335,16 +431,40 @@ class Suite:
             "upstream": {"health": {"interval_s": 2.0}},
             "access_log": {"enabled": False},
         }
+        if setup is None:
+            return cfg
+        cfg["server"]["workers"] = setup.workers
+        if setup.events:
+            cfg["models"][0]["tokenizer"] = "sim"
+            for pool in cfg["pools"]:
+                for b in pool["backends"]:
+                    b["kv_events"] = {"endpoint": self.kv[b["url"]], "topic": "kv"}
+        cfg["routing"]["shared"] = {"enabled": setup.shared}
+        if setup.shared:
+            cfg["redis"] = {"url": self.redis.url}
+        return cfg
 
-    def router(self, name: str) -> tuple[Service, str]:
-        """Start router `name`; its service and the model name to send."""
+    def router(self, name: str) -> tuple[list[Service], str]:
+        """Router `name`'s services (not started: one, or a gateway's replicas) and the model name to send."""
         all_urls = self.urls["vllm"] + self.urls["sglang"]
+        setup = self.setups.get(name)
+        if setup is not None and setup.peer is None:
+            cfg = self.gateway_config(setup.policy, setup)
+            slug = f"{setup.policy}-x{setup.processes}{'-events' if setup.events else ''}"
+            return [
+                gateway_service(f"routing-gw-{slug}-{k}", cfg, self.source) for k in range(setup.replicas)
+            ], PUBLIC
+        if setup is not None:
+            peer = peers.SGLANG_ROUTER if setup.peer == "sglang" else peers.VLLM_ROUTER
+            return [
+                peers.rust_router(peer, all_urls, setup.policy, f"routing-{peer.key}-{setup.policy}")
+            ], SERVED_NAME
         if name.startswith("ours"):
             policy = name[name.index("(") + 1 : -1]
-            return gateway_service(f"routing-gw-{policy}", self.gateway_config(policy), self.source), PUBLIC
+            return [gateway_service(f"routing-gw-{policy}", self.gateway_config(policy), self.source)], PUBLIC
         peer = peers.SGLANG_ROUTER if name.startswith("sglang") else peers.VLLM_ROUTER
         policy = name.split()[-1]
-        return peers.rust_router(peer, all_urls, policy, f"routing-{peer.key}-{policy}"), SERVED_NAME
+        return [peers.rust_router(peer, all_urls, policy, f"routing-{peer.key}-{policy}")], SERVED_NAME
 
     def available(self, name: str) -> bool:
         if name.startswith("ours"):
@@ -375,21 +495,40 @@ class Suite:
         into `samples` (`pool_rounds`)."""
         for s in self.sims:
             _post(s.base_url + "/sim/reset")
+        if self.redis is not None:  # no placements or counts left by the previous router
+            _flush(self.redis.url)
+        setup = self.setups.get(router)
+        started: list[Service] = []
         try:
-            svc, model = self.router(router)
-            svc.start()
+            services, model = self.router(router)
+            for svc in services:
+                started.append(svc)
+                svc.start()
         except ServiceError as e:
+            for svc in started:
+                svc.stop()
             self.unavailable[router] = str(e).splitlines()[0][:200]
             self.log(f"  {router}: did not start")
             return
+        if setup is not None and setup.peer is None and (setup.events or setup.workers > 1):
+            time.sleep(2.0)  # every worker up (readiness is one worker's) and subscribed to the streams
         try:
             path = WORK / "traces" / f"{workload}-{load:.2f}-{round_}-{router.replace(' ', '_')}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "wb") as f:
                 for t, req in zip(times, trace, strict=True):
                     f.write(orjson.dumps({"t": t, "session": req.session, "body": req.body(model)}) + b"\n")
-            argv = [sys.executable, "-m", "bench.tracerunner", "--url", svc.base_url + "/v1/chat/completions",
-                    "--trace", str(path), "--timeout", "120"]  # fmt: skip
+            urls = [a for svc in services for a in ("--url", svc.base_url + "/v1/chat/completions")]
+            argv = [
+                sys.executable,
+                "-m",
+                "bench.tracerunner",
+                *urls,
+                "--trace",
+                str(path),
+                "--timeout",
+                "120",
+            ]
             out = subprocess.run(
                 argv, capture_output=True, text=True, cwd=str(ROOT), timeout=self.m.seconds * 6 + 200
             )
@@ -398,7 +537,8 @@ class Suite:
                 raise RuntimeError(f"trace client failed: {out.stderr[-500:]}")
             res = json.loads(lines[-1])
         finally:
-            svc.stop()
+            for svc in services:
+                svc.stop()
         stats = [_get(s.base_url + "/sim/stats") for s in self.sims]
         prompt = sum(s["prompt_tokens_total"] for s in stats)
         cached = sum(s["cached_tokens_total"] for s in stats)
@@ -419,10 +559,18 @@ class Suite:
             "hit_rate": hit, "oracle_hit_rate": oracle_rate, "hit_vs_oracle": share,
             "per_sim_requests": per_sim, "client_cpu_s": res["client_cpu_s"],
         }  # fmt: skip
+        if setup is not None:
+            routes = Counter(r["route"] for r in res["results"] if "route" in r)
+            row.update(
+                processes=setup.processes, replicas=setup.replicas, workers=setup.workers,
+                events=setup.events, shared=setup.shared, routes=dict(routes.most_common()),
+            )  # fmt: skip
         if round_ == 0:
             self.rows.append(row)
+        if self.on_row is not None:
+            self.on_row()
         self.log(
-            f"  {workload:<17} {load:4.0%} {router:<27} {f'#{round_}' if round_ else '':>3} TTFT p50 {row['ttft_p50_ms']:7.0f} ms  p99 {row['ttft_p99_ms']:7.0f} ms"
+            f"  {workload:<17} {load:4.0%} {router:<{55 if self.setups else 27}} {f'#{round_}' if round_ else '':>3} TTFT p50 {row['ttft_p50_ms']:7.0f} ms  p99 {row['ttft_p99_ms']:7.0f} ms"
             f"  hit {hit:5.1%} ({row['hit_vs_oracle']:4.0%} of oracle)  {row['rps']:5.1f} req/s  errors {row['errors']}"
         )
 
@@ -510,3 +658,226 @@ def preamble(spec: FleetSpec, m: Matrix, source: str) -> list[str]:
         "",
         "Workloads (bench/workloads.py, seeded): " + ", ".join(f"`{w}`" for w in m.workloads) + ".",
     ]
+
+
+# -- several routing processes (`SETUPS`, `PROCESSES`) ---------------------------------------------
+
+PROCESSES_JSON = BENCH / "results" / "routing_processes.json"
+
+
+def run_processes(
+    matrix: Matrix,
+    log: Log,
+    *,
+    spec: FleetSpec | None = None,
+    setups: dict[str, Setup] | None = None,
+    with_peers: bool = True,
+    gateway_ref: str | None = None,
+    partial: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """The processes mode over `matrix` (its routers are names of `setups`, default `SETUPS`);
+    `partial` is handed the results so far after every run."""
+    spec = spec or FleetSpec()
+    setups = setups or SETUPS
+    suite = Suite(matrix, spec, log, with_peers, gateway_ref, {r: setups[r] for r in _names(matrix)})
+    t0 = time.monotonic()
+    if partial is not None:
+        suite.on_row = lambda: partial(_processes_result(suite, spec, matrix, t0))
+    try:
+        suite.run()
+    finally:
+        suite.stop()
+    return _processes_result(suite, spec, matrix, t0)
+
+
+def _processes_result(suite: Suite, spec: FleetSpec, matrix: Matrix, t0: float) -> dict[str, Any]:
+    return {
+        "rows": suite.rows,
+        "unavailable": suite.unavailable,
+        "setups": {name: asdict(x) for name, x in suite.setups.items()},
+        "spec": asdict(spec),
+        "matrix": asdict(matrix),
+        "gateway_source": suite.source.describe,
+        "peer_versions": {
+            p.label: v for p, v in ((p, suite.versions.get(p.label)) for p in peers.PEERS) if v
+        },
+        "elapsed_s": time.monotonic() - t0,
+        "preamble": preamble(spec, matrix, suite.source.describe),
+    }
+
+
+def _names(m: Matrix) -> list[str]:
+    return list(dict.fromkeys((*m.routers, *m.uniform_routers)))
+
+
+def _row(rows: Sequence[dict[str, Any]], workload: str, load: float, router: str) -> dict[str, Any] | None:
+    return next(
+        (x for x in rows if (x["workload"], x["load"], x["router"]) == (workload, load, router)), None
+    )
+
+
+def _mark(met: bool | None) -> str:
+    return "—" if met is None else ("met" if met else "**missed**")
+
+
+def processes_verdicts(res: dict[str, Any]) -> list[str]:
+    """Issue #18's targets on the processes mode's rows: one table row per (workload, load), each
+    cell its figure for 1 / 4 processes (ours with events and shared load) and whether it met the target."""
+    rows = res["rows"]
+    ours = [r for r in OURS_EVENTS if r in res["setups"]]
+    L = [
+        "| workload | load | hits ÷ oracle ≥ 95 % | TTFT p99 ÷ round robin ≤ 0.5× at 80 %, ≤ 0.8× at 50 % "
+        "(uniform: ÷ least load ≤ 1.05×) | p99 below sglang-router `cache_aware` | p99 below vllm-router `cache_aware` |",
+        "|---|---:|---|---|---|---|",
+    ]
+    points = dict.fromkeys((x["workload"], x["load"]) for x in rows)
+    heads = ("hits ≥ 95 % of the oracle", "TTFT p99 against round robin", "uniform within +5 % of least load",
+             "p99 below sglang-router cache_aware", "p99 below vllm-router cache_aware")  # fmt: skip
+    tally = {h: [0, 0] for h in heads}  # met, judged
+
+    def judge(head: str, met: bool) -> str:
+        tally[head][0] += met
+        tally[head][1] += 1
+        return _mark(met)
+
+    for w, load in points:
+        base = _row(rows, w, load, baseline_of(w))
+        cells: list[list[str]] = [[], [], [], []]
+        for name in ours:
+            x = _row(rows, w, load, name)
+            n = f"x{res['setups'][name]['replicas'] * res['setups'][name]['workers']}"
+            if x is None:
+                for c in cells:
+                    c.append(f"{n} not run")
+                continue
+            if w == "uniform":
+                cells[0].append(f"{n} —")
+            else:
+                cells[0].append(f"{n} {x['hit_vs_oracle']:.1%} {judge(heads[0], x['hit_vs_oracle'] >= 0.95)}")
+            if base is None or not base["ttft_p99_ms"]:
+                cells[1].append(f"{n} no baseline")
+            else:
+                ratio = x["ttft_p99_ms"] / base["ttft_p99_ms"]
+                bound = 1.05 if w == "uniform" else (0.5 if load >= 0.8 else 0.8)
+                cells[1].append(
+                    f"{n} {ratio:.2f}× {judge(heads[2 if w == 'uniform' else 1], ratio <= bound)}"
+                )
+            for k, peer in enumerate(PEERS_CACHE_AWARE, 2):
+                p = _row(rows, w, load, peer)
+                if w == "uniform":
+                    cells[k].append(f"{n} —")
+                elif p is None:
+                    cells[k].append(f"{n} peer not run")
+                else:
+                    ahead = x["ttft_p99_ms"] < p["ttft_p99_ms"]
+                    cells[k].append(
+                        f"{n} {x['ttft_p99_ms']:,.0f} vs {p['ttft_p99_ms']:,.0f} ms {judge(heads[k + 1], ahead)}"
+                    )
+        L.append(f"| `{w}` | {load:.0%} | " + " | ".join("; ".join(c) for c in cells) + " |")
+    judged = [f"{h}: {met} of {n} met" for h, (met, n) in tally.items() if n]
+    if judged:
+        L += ["", "In all (each point counted once per process count): " + "; ".join(judged) + "."]
+    return L
+
+
+def processes_md(res: dict[str, Any]) -> list[str]:
+    """The processes mode's section of bench/BENCHMARKS.md: how it ran, every row, the targets."""
+    m = res.get("machine", {})
+    L = ["## Routing with several processes, KV events and shared load (wall clock)", ""]
+    L += [
+        f"`{res.get('command', 'python -m bench.routing')}` — {m.get('date', '?')}, commit {m.get('commit', '?')} "
+        f"({res['gateway_source']}), {res['elapsed_s'] / 60:.0f} min; {m.get('nproc', '?')} CPUs ({m.get('cpu', '?')}), "
+        f"load average at start {m.get('loadavg_at_start', '?')}"
+        + (
+            "; peers " + ", ".join(f"{k} {v}" for k, v in res["peer_versions"].items())
+            if res.get("peer_versions")
+            else ""
+        )
+        + ".",
+        "",
+        *res["preamble"][:1],
+        "",
+        "Every simulator publishes its KV-cache events (`--kv-events-config`, ZMQ on loopback) in every run; a "
+        "real redis-server is flushed before each. **x1**: one gateway process; **x4**: two gateway replicas × "
+        "`workers: 2`, the trace client sending each request to the next replica (round robin, so a "
+        "conversation's turns alternate replicas and the kernel spreads connections over the workers). "
+        "*events + shared*: every backend's `kv_events`, `tokenizer: sim`, `routing.shared` through Redis; "
+        "*fallback*: neither (each process routes on its own memory). Round robin and least load run as one "
+        "process. **sglang-router and vllm-router are single-process routers**: they run as one process each. "
+        f"Each run: {res['matrix']['seconds']:.0f} s of arrivals at the suite's rates, one schedule per point. "
+        "p99 ÷ baseline: ÷ round robin's, on uniform traffic ÷ least load's. Routes: our gateway's "
+        "`x-gateway-route` counts (the most frequent three).",
+        "",
+    ]
+    if res.get("unavailable"):
+        L += ["Not measured: " + "; ".join(f"**{k}** — {v[:160]}" for k, v in res["unavailable"].items()), ""]
+    L += [
+        "| workload | load | router | processes | requests | errors | TTFT p50 ms | TTFT p99 ms | p99 ÷ baseline "
+        "| hit rate | ÷ oracle | routes |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for x in res["rows"]:
+        base = _row(res["rows"], x["workload"], x["load"], baseline_of(x["workload"]))
+        ratio = f"{x['ttft_p99_ms'] / base['ttft_p99_ms']:.2f}×" if base and base["ttft_p99_ms"] else "—"
+        routes = ", ".join(f"{k} {v}" for k, v in list(x.get("routes", {}).items())[:3]) or "—"
+        L.append(
+            f"| {x['workload']} | {x['load']:.0%} | {x['router']} | {x.get('processes', 1)} | {x['requests']} "
+            f"| {x['errors']} | {x['ttft_p50_ms']:.0f} | {x['ttft_p99_ms']:.0f} | {ratio} | {x['hit_rate']:.1%} "
+            f"| {x['hit_vs_oracle']:.1%} | {routes} |"
+        )
+    L += ["", "Issue #18's targets on these rows (ours with events and shared load, x1; x4):", ""]
+    L += processes_verdicts(res)
+    L.append("")
+    return L
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.routing",
+        description="The routing suite with several routing processes, the simulators' KV events and "
+        "shared load (bench/routing.py's docstring); writes bench/results/routing_processes.json and "
+        "prints its bench/BENCHMARKS.md section. The default routing suite is `python -m bench --suite routing`.",
+    )
+    ap.add_argument("--workload", action="append", choices=list(WORKLOADS), help="repeatable (all five)")
+    ap.add_argument("--load", type=float, action="append", help="repeatable (0.5 and 0.8)")
+    ap.add_argument("--router", action="append", choices=list(SETUPS), help="repeatable (all)")
+    ap.add_argument("--seconds", type=float, default=PROCESSES.seconds, help="arrivals per run")
+    ap.add_argument("--no-peers", action="store_true", help="skip the SGLang and vLLM routers")
+    ap.add_argument("--gateway-ref", default=None, help="benchmark a git ref instead of the working tree")
+    ap.add_argument("--out", default=str(PROCESSES_JSON))
+    a = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
+    routers = tuple(a.router) if a.router else PROCESSES.routers
+    matrix = Matrix(
+        workloads=tuple(a.workload) if a.workload else PROCESSES.workloads,
+        loads=tuple(a.load) if a.load else PROCESSES.loads,
+        routers=routers,
+        seconds=a.seconds,
+        uniform_routers=tuple(r for r in PROCESSES.uniform_routers if r in routers),
+    )
+    t0 = time.monotonic()
+
+    def log(msg: str) -> None:
+        el = time.monotonic() - t0
+        print(f"[{int(el // 60):02d}:{el % 60:04.1f}] {msg}", flush=True)
+
+    shown = list(argv if argv is not None else sys.argv[1:])
+    about = machine.describe(shown)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = " ".join(["python -m bench.routing", *shown])
+
+    def save(res: dict[str, Any]) -> None:
+        res.update(machine=about, command=command)
+        out.write_text(json.dumps(res, indent=1))
+
+    res = run_processes(matrix, log, with_peers=not a.no_peers, gateway_ref=a.gateway_ref, partial=save)
+    save(res)
+    print("\n".join(processes_md(res)))
+    log(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

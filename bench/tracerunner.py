@@ -1,13 +1,17 @@
 """Replay a timed trace against one router, in its own process: open-loop arrivals, ordered sessions.
 
-    python -m bench.tracerunner --url URL --trace FILE [--header K:V] [--timeout S]
+    python -m bench.tracerunner --url URL [--url URL ...] --trace FILE [--header K:V] [--timeout S]
+
+With several `--url`s (the replicas of one router behind no load balancer of their own) the requests
+are spread over them round robin, request by request in trace order: a conversation's turns land on
+different replicas, as behind a load balancer without session stickiness.
 
 The trace is JSON lines `{"t": seconds, "session": id|null, "body": {...}}`. Each request is sent
 at its time `t`, except that a session's turn waits for that session's previous turn to end (a client
 cannot send turn k+1 before it has turn k's answer). Every request streams; the time to first token is
 the time to the first SSE event (the simulators send the role chunk only after prefill). Prints one
-JSON line: per request its scheduled and actual send offset, TTFT, total time and status; plus this
-process's CPU seconds.
+JSON line: per request its scheduled and actual send offset, TTFT, total time, status and our
+gateway's `x-gateway-route` (when it answers one); plus this process's CPU seconds.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ import uvloop
 
 
 async def replay(
-    url: str, trace: list[dict[str, Any]], headers: dict[str, str], timeout_s: float
+    url: str | list[str], trace: list[dict[str, Any]], headers: dict[str, str], timeout_s: float
 ) -> dict[str, Any]:
+    urls = [url] if isinstance(url, str) else url
     conn = aiohttp.TCPConnector(limit=0)
     results: list[dict[str, Any]] = [{} for _ in trace]
     done: dict[str, asyncio.Event] = {}
@@ -48,8 +53,12 @@ async def replay(
                 start = time.perf_counter()
                 res["sent"] = start - t0
                 first = 0.0
-                async with session.post(url, data=orjson.dumps(item["body"]), headers=headers) as r:
+                async with session.post(
+                    urls[i % len(urls)], data=orjson.dumps(item["body"]), headers=headers
+                ) as r:
                     res["status"] = r.status
+                    if route := r.headers.get("x-gateway-route"):
+                        res["route"] = route
                     async for chunk in r.content.iter_any():
                         if not first and b"data:" in chunk:
                             first = time.perf_counter()
@@ -79,7 +88,7 @@ async def replay(
 
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.tracerunner")
-    ap.add_argument("--url", required=True)
+    ap.add_argument("--url", action="append", required=True, help="repeatable: round robin per request")
     ap.add_argument("--trace", required=True)
     ap.add_argument("--header", action="append", default=[])
     ap.add_argument("--timeout", type=float, default=120.0)
