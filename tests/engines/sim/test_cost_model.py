@@ -68,7 +68,6 @@ def test_repeated_prefix_is_faster_and_counted(slow_prefill: tuple[str, str]) ->
     assert cold_usage["prompt_tokens_details"]["cached_tokens"] == 0  # type: ignore[index]
     cached = warm_usage["prompt_tokens_details"]["cached_tokens"]  # type: ignore[index]
     assert cached >= 0.9 * int(warm_usage["prompt_tokens"])  # type: ignore[call-overload]
-    assert cold > 0.2 and warm < cold / 2  # ~ 300 ms of prefill vs almost none
     text = httpx.get(base + "/metrics").text
     if engine == "vllm":
         assert metric(text, "vllm:prefix_cache_hits_total") == cached
@@ -79,6 +78,11 @@ def test_repeated_prefix_is_faster_and_counted(slow_prefill: tuple[str, str]) ->
         assert metric(text, "sglang:cached_tokens_total") == cached
         assert metric(text, "sglang:cache_hit_rate") > 0.9
     assert stats(base)["cached_tokens_total"] == cached
+    # ~300 ms of prefill against almost none. A loaded machine only adds time, so the best of three
+    # warm requests bounds the modelled one (a single one once read 184 ms during the full suite)
+    for i in range(2):
+        warm = min(warm, ttft(base, f"question {i + 3}")[0])
+    assert cold > 0.2 and warm < cold / 2
 
 
 @pytest.mark.parametrize("scheduler", ["batching", "serial"])
