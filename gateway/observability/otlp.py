@@ -108,6 +108,23 @@ class RequestSpans(ReadableSpan):
         )
         self.children = children
 
+    def fields(self) -> bytes:
+        """This span and its children as `request_fields` encodes them."""
+        ctx = self.context
+        assert ctx is not None and self.start_time is not None and self.end_time is not None
+        return request_fields(
+            self.name,
+            ctx.trace_id,
+            ctx.span_id,
+            self.parent,
+            ctx.trace_state,
+            self.start_time,
+            self.end_time,
+            self.attributes,
+            self.status.status_code is StatusCode.ERROR,
+            self.children,
+        )
+
     def expand(self) -> list[ReadableSpan]:
         """This span and its children as SDK spans."""
         ctx = self.context
@@ -348,24 +365,8 @@ def encode_spans(spans: Sequence[ReadableSpan]) -> bytes:
         resource, scope = span.resource, span.instrumentation_scope
         scopes = groups.setdefault(id(resource), (resource, {}))[1]
         encoded = scopes.setdefault(id(scope), (scope, []))[1]
-        ctx = span.context
-        if isinstance(span, RequestSpans) and ctx is not None and not span.status.description:
-            assert span.start_time is not None and span.end_time is not None
-            failed = span.status.status_code is StatusCode.ERROR
-            encoded.append(
-                request_fields(
-                    span.name,
-                    ctx.trace_id,
-                    ctx.span_id,
-                    span.parent,
-                    ctx.trace_state,
-                    span.start_time,
-                    span.end_time,
-                    span.attributes,
-                    failed,
-                    span.children,
-                )
-            )
+        if isinstance(span, RequestSpans) and not span.status.description:
+            encoded.append(span.fields())
         else:  # (a request span with a status description: the gateway makes none)
             parts = span.expand() if isinstance(span, RequestSpans) else (span,)
             encoded.extend(_field(b"\x12", _span(part)) for part in parts)

@@ -7,7 +7,6 @@ not there (a start-up error that names it, before any worker starts).
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import subprocess
@@ -20,10 +19,10 @@ import httpx
 import msgpack
 import pytest
 import yaml
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.gateway.routing.kv_publisher import Publisher, stored
+from tests.gateway.routing.local_tokenizer import save_tokenizer
 from tests.support import GatewayProcess
 
 
@@ -149,17 +148,7 @@ CHATML_ONE_TURN = (
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A byte-level BPE trained here on local text (no download), whose template raises past one turn."""
-    root = tmp_path_factory.mktemp("tok")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    corpus = [Path(json.__file__).read_text()] * 2
-    tok.train_from_iterator(
-        corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["<|im_start|>", "<|im_end|>"])
-    )
-    tok.save(str(root / "tokenizer.json"))
-    (root / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML_ONE_TURN}))
-    return root
+    return save_tokenizer(tmp_path_factory.mktemp("tok"), CHATML_ONE_TURN, vocab_size=400)
 
 
 def test_a_template_that_raises_fails_no_request(tokenizer_dir: Path) -> None:

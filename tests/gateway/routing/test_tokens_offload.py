@@ -5,7 +5,6 @@ tokenizes them, on the backend that is not the document's home."""
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Iterator
@@ -14,12 +13,12 @@ from typing import Any
 
 import httpx
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from gateway.admission.tokens import mint_token
 from gateway.routing.tokens import HfTokenizer, PromptTokens
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.gateway.routing.kv_publisher import Publisher, stored
+from tests.gateway.routing.local_tokenizer import save_tokenizer
 from tests.gateway.routing.test_kv_routing_e2e import home_of
 from tests.support import GatewayProcess
 
@@ -33,17 +32,7 @@ CHATML = (
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("tok")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    corpus = [Path(json.__file__).read_text()] * 2
-    tok.train_from_iterator(
-        corpus, trainers.BpeTrainer(vocab_size=500, special_tokens=["<|im_start|>", "<|im_end|>"])
-    )
-    tok.save(str(root / "tokenizer.json"))
-    (root / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML}))
-    return root
+    return save_tokenizer(tmp_path_factory.mktemp("tok"), CHATML, vocab_size=500)
 
 
 @pytest.fixture
