@@ -248,7 +248,8 @@ class Gateway:
         redis = self.redis
         probe = RedisProbe(redis, self.metrics, up.health.timeout_s) if redis is not None else None
         interval = self.settings.metrics.sample_interval_s
-        self._sampler = MetricsSampler(self.fleet, self.metrics, interval, probe)
+        kv = self.kv_events.subscriber.report if self.kv_events is not None else None
+        self._sampler = MetricsSampler(self.fleet, self.metrics, interval, probe, kv)
         await self._sampler.start()
         healthy = sum(1 for b in self.fleet.backends.values() if b.healthy)
         log.info(

@@ -294,6 +294,55 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        # The engines' KV-cache event streams (routing.kv_events; docs/routing.md), per backend.
+        # Every routing process subscribes to every stream, so counters add up over a host's workers.
+        self.kv_stream_connected = Gauge(
+            "gateway_kv_stream_connected",
+            "1 while the backend's KV-event stream is connected (in every worker).",
+            pb,
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.kv_stream_usable = Gauge(
+            "gateway_kv_stream_usable",
+            "1 while routing trusts the backend's KV events (fresh, no unfilled gap; in every worker); "
+            "0: approximate affinity for it.",
+            pb,
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.kv_index_blocks = Gauge(
+            "gateway_kv_index_blocks",
+            "Engine KV blocks the routing index holds for the backend (the most any worker holds).",
+            pb,
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.kv_events = Counter(
+            "gateway_kv_events",
+            "KV-cache events applied from the backend's stream (stored, removed, cleared), per worker summed.",
+            pb,
+            registry=r,
+        )
+        self.kv_event_gaps = Counter(
+            "gateway_kv_event_gaps",
+            "Sequence gaps in the backend's KV-event stream that replay did not fill (its blocks then "
+            "age out).",
+            pb,
+            registry=r,
+        )
+        self.kv_event_restarts = Counter(
+            "gateway_kv_event_restarts",
+            "Times the backend's event sequence went back (the engine restarted: its blocks forgotten).",
+            pb,
+            registry=r,
+        )
+        self.kv_event_errors = Counter(
+            "gateway_kv_event_errors",
+            "Undecodable or unapplied KV-event messages and stream failures, per backend.",
+            pb,
+            registry=r,
+        )
         self.redis_up = Gauge(
             "gateway_redis_up",
             "1 when the last Redis probe answered (in every worker); absent without Redis.",

@@ -18,7 +18,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
@@ -29,6 +30,29 @@ from gateway.observability.metrics import Metrics
 log = logging.getLogger("gateway.metrics")
 
 _CIRCUIT_STATE = {"closed": 0, "half_open": 1, "open": 2}
+
+
+class KvStreamReport(Protocol):
+    """One backend's KV-event stream (gateway/routing/kv_events.py `StreamReport`)."""
+
+    @property
+    def connected(self) -> bool: ...
+    @property
+    def usable(self) -> bool: ...
+    @property
+    def blocks(self) -> int: ...
+    @property
+    def events(self) -> int: ...
+    @property
+    def gaps(self) -> int: ...
+    @property
+    def restarts(self) -> int: ...
+    @property
+    def errors(self) -> int: ...
+
+
+#: the streams' reports, by backend name (`KvEventSubscriber.report`)
+KvReport = Callable[[], Mapping[str, KvStreamReport]]
 
 
 class RedisProbe:
@@ -62,12 +86,20 @@ class RedisProbe:
 
 class MetricsSampler:
     def __init__(
-        self, fleet: Fleet, metrics: Metrics, interval_s: float, redis: RedisProbe | None = None
+        self,
+        fleet: Fleet,
+        metrics: Metrics,
+        interval_s: float,
+        redis: RedisProbe | None = None,
+        kv: KvReport | None = None,
     ) -> None:
         self._fleet = fleet
         self._metrics = metrics
         self._interval = interval_s
         self._redis = redis
+        self._kv = kv
+        #: each stream's counters at the last sample, to add what they grew by to the metrics
+        self._kv_last: dict[str, tuple[int, int, int, int]] = {}
         self._task: asyncio.Task[None] | None = None
         self._seen: set[tuple[str, str]] = set()
         self._pools: set[str] = set()
@@ -94,6 +126,8 @@ class MetricsSampler:
                 m.backend_in_flight.labels(pool.name, b.name).set(b.in_flight)
                 m.backend_draining.labels(pool.name, b.name).set(1 if b.draining else 0)
             m.in_flight.labels(pool.name).set(total)
+        if self._kv is not None:
+            self._sample_kv(self._kv())
         # Backends and pools removed at run time: their series go with them.
         backend_gauges = (
             m.backend_healthy,
@@ -101,6 +135,13 @@ class MetricsSampler:
             m.backend_circuit_state,
             m.backend_in_flight,
             m.backend_draining,
+            m.kv_stream_connected,
+            m.kv_stream_usable,
+            m.kv_index_blocks,
+            m.kv_events,
+            m.kv_event_gaps,
+            m.kv_event_restarts,
+            m.kv_event_errors,
         )
         for key in self._seen - seen:
             for gauge in backend_gauges:
@@ -112,6 +153,31 @@ class MetricsSampler:
                     gauge.remove(name)
         self._seen = seen
         self._pools = pools
+
+    def _sample_kv(self, report: Mapping[str, KvStreamReport]) -> None:
+        m = self._metrics
+        counters = (m.kv_events, m.kv_event_gaps, m.kv_event_restarts, m.kv_event_errors)
+        last = self._kv_last
+        for pool in self._fleet.pools.values():
+            for b in pool.backends.values():
+                r = report.get(b.name)
+                if r is None:
+                    continue
+                key = (pool.name, b.name)
+                m.kv_stream_connected.labels(*key).set(1 if r.connected else 0)
+                m.kv_stream_usable.labels(*key).set(1 if r.usable else 0)
+                m.kv_index_blocks.labels(*key).set(r.blocks)
+                now = (r.events, r.gaps, r.restarts, r.errors)
+                before = last.get(b.name, (0, 0, 0, 0))
+                for counter, value, previous in zip(counters, now, before, strict=True):
+                    # a stream watched anew (its source changed) counts from 0 again
+                    grown = value - previous if value >= previous else value
+                    child = counter.labels(*key)
+                    if grown:
+                        child.inc(grown)
+                last[b.name] = now
+        for name in set(last) - set(report):
+            del last[name]
 
     async def start(self) -> None:
         self.sample()

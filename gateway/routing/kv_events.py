@@ -32,7 +32,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import zmq
@@ -94,6 +94,18 @@ def _with_host(endpoint: str, host: str) -> str:
     return f"tcp://{addr}:{port}"
 
 
+class StreamReport(NamedTuple):
+    """One backend's event stream as the metrics show it (`KvEventSubscriber.report`)."""
+
+    connected: bool
+    usable: bool
+    blocks: int
+    events: int
+    gaps: int
+    restarts: int
+    errors: int
+
+
 class KvEventSubscriber:
     """The event streams of the backends `watch`ed, feeding one index. Start and stop on the event
     loop that routes; `clock` is the logical clock handed to the index (seconds)."""
@@ -116,6 +128,23 @@ class KvEventSubscriber:
     @property
     def watched(self) -> Mapping[str, KvSource]:
         return {name: entry[0] for name, entry in self._streams.items()}
+
+    def report(self) -> dict[str, StreamReport]:
+        """Per watched backend: its stream's counters and the index's view of it (for the metrics)."""
+        index = self.index
+        index.tick(self._clock())
+        out = {}
+        for name, (_, _, st) in self._streams.items():
+            out[name] = StreamReport(
+                st.connected,
+                index.usable(name),
+                index.holds(name),
+                st.events,
+                st.gaps,
+                st.restarts,
+                st.errors,
+            )
+        return out
 
     def stream(self, backend: str) -> _Stream | None:
         entry = self._streams.get(backend)
