@@ -220,6 +220,43 @@ def routing() -> list[Row]:
             ],
         ),
         Row(
+            "KV-cache events (the engines' streams, as routing reads them)",
+            [
+                Panel(
+                    "Stream usable (1) or approximate affinity (0), and connected",
+                    [
+                        (f"min by (pool, backend) (gateway_kv_stream_usable{{{P}}})", "usable {{backend}}"),
+                        (
+                            f"min by (pool, backend) (gateway_kv_stream_connected{{{P}}})",
+                            "connected {{backend}}",
+                        ),
+                    ],
+                    "short",
+                    "Only backends with kv_events (or discovered). Usable 0: routing ignores the backend's events for now.",
+                    max=1,
+                ),
+                Panel(
+                    "Events applied per second, by backend",
+                    [(rate("gateway_kv_events_total", "pool, backend", P), "{{backend}}")],
+                    "ops",
+                ),
+                Panel(
+                    "Blocks held by the routing index, by backend",
+                    [(f"max by (pool, backend) (gateway_kv_index_blocks{{{P}}})", "{{backend}}")],
+                ),
+                Panel(
+                    "Stream gaps, engine restarts and errors per second",
+                    [
+                        (rate("gateway_kv_event_gaps_total", "pool, backend", P), "gaps {{backend}}"),
+                        (rate("gateway_kv_event_restarts_total", "pool, backend", P), "restarts {{backend}}"),
+                        (rate("gateway_kv_event_errors_total", "pool, backend", P), "errors {{backend}}"),
+                    ],
+                    "ops",
+                    "A gap replay could not fill ages the backend's blocks out; a restart forgets them.",
+                ),
+            ],
+        ),
+        Row(
             "Engine load (the engines' own metrics, per instance)",
             [
                 Panel(

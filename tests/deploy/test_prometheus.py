@@ -242,12 +242,18 @@ def _gateway_config(urls: dict[str, list[str]], dead_url: str, redis_url: str) -
                 "weight": 0.5,
                 "models": {MODELS[engine]: SERVED[engine]},
                 "backends": backends,
+                "kv_event_discovery": engine == "vllm",  # (vLLM's /kv_event_sources)
             }
         )
     config: dict[str, Any] = {
         "server": {"workers": 2, "graceful_shutdown_s": 2},
         "models": [
-            {"name": m, "context_length": 8192, "price": {"prompt": 0.15, "completion": 0.6}}
+            {
+                "name": m,
+                "context_length": 8192,
+                "price": {"prompt": 0.15, "completion": 0.6},
+                "tokenizer": "sim",
+            }
             for m in MODELS.values()
         ],
         "pools": pools,
@@ -355,8 +361,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     with contextlib.ExitStack() as es:
         redis = es.enter_context(RedisServer())
         sims: dict[str, list[SimProcess]] = {"vllm": [], "sglang": []}
+        kv_port = free_port()  # the first vLLM simulator publishes KV events; the gateway discovers them
+        kv = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{kv_port}",
+            "topic": "kv",
+        }
         specs = [
-            ("vllm", []),
+            ("vllm", ["--kv-events-config", json.dumps(kv)]),
             ("vllm", ["--fault-rate", "1", "--fault-kind", "503"]),  # retried elsewhere; opens its circuit
             ("sglang", []),
             ("sglang", ["--fault-rate", "1", "--fault-kind", "500"]),  # real 5xx answers (not retried)
