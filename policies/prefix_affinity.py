@@ -101,7 +101,7 @@ class PrefixAffinityConfig:
     blocks_per_request: float = 2.0
     tolerance: float = 0.5
     load_factor: float = 0.25
-    load_slack: float = 3.0
+    load_slack: float = 6.0
     pool_load_factor: float = 0.5
     load: LoadModel = AFFINITY_LOAD_MODEL
     index_entries: int = 65536

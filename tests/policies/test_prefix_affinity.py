@@ -116,7 +116,7 @@ def test_bounded_load_spills_away_from_an_overloaded_home() -> None:
 @pytest.mark.parametrize(
     "overload",
     [
-        {"queue_depth": 9.0},  # over the bound (the others' queues are empty)
+        {"queue_depth": 12.0},  # over the bound, load_slack 6 included (the others' queues are empty)
         {"kv_usage": 0.97},  # over `kv_high`
         {"in_flight": 2, "max_concurrency": 2},  # at the configured concurrency
     ],
@@ -362,10 +362,10 @@ def test_a_new_group_goes_to_the_less_loaded_of_its_first_choices_and_then_stays
         )
 
     # unknown here: either of its first two backends may be warm (another replica); the less loaded
-    first = _route(policy, loads(r0=6), features(conversation(rng, system=system)))
+    first = _route(policy, loads(r0=10), features(conversation(rng, system=system)))  # r0 over the bound
     assert (first.backend, first.affinity) == (order[1], "spill")
     # now known on order[1]: it keeps the group while it has room, even against an idle backend
-    again = policy.select(loads(r0=6, r1=2), features(conversation(rng, system=system)), 0.0)
+    again = policy.select(loads(r0=10, r1=2), features(conversation(rng, system=system)), 0.0)
     assert (again.backend, again.reason) == (order[1], "affinity:index")
     # a fresh replica with no load agrees on the home
     assert PrefixAffinity().select(p, features(conversation(rng, system=system)), 0.0).backend == order[0]
@@ -397,7 +397,7 @@ def test_a_hot_group_opens_its_next_backend_within_the_bound() -> None:
     free = rest[-1]  # the heaviest working set of the three; the two lighter are far over the bound
     loaded = _with_load(p, home, in_flight=2)
     for name in rest[:2]:
-        loaded = _with_load(loaded, name, in_flight=12)
+        loaded = _with_load(loaded, name, in_flight=20)  # over ceil(1.25 * 43 / 4) + load_slack 6
     choice = policy.select(loaded, features(conversation(rng, system=hot)), 0.0)
     assert (choice.backend, choice.reason) == (free, "affinity:spread")
 

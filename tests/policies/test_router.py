@@ -99,7 +99,7 @@ def test_an_overloaded_pool_spills_its_new_requests_to_the_other() -> None:
     home = router.decide(_fleet(), f, 0.5).pool
     other = "sglang" if home == "vllm" else "vllm"
     busy = fleet(
-        pool(home, members=backends(home, 4, in_flight=8), dialect=home),
+        pool(home, members=backends(home, 4, in_flight=10), dialect=home),  # 41 > 1.5 * 44 / 2 + 6
         pool(other, members=backends(other, 4, in_flight=1), dialect=other),
     )
     assert router.decide(busy, f, 0.5).pool == other
