@@ -22,9 +22,12 @@ def base(request: pytest.FixtureRequest) -> Iterator[str]:
 
 def test_request_log(base: str) -> None:
     httpx.post(base + "/sim/reset")
-    for i in range(6):
+    for i in range(6):  # (httpx's 5 s default once timed out while the real engines ran beside it)
         httpx.post(
-            base + CHAT, json={"messages": USER, "max_tokens": 1, "seed": i}, headers={"x-test": str(i)}
+            base + CHAT,
+            json={"messages": USER, "max_tokens": 1, "seed": i},
+            headers={"x-test": str(i)},
+            timeout=30,
         )
     log = httpx.get(base + "/sim/requests").json()["requests"]
     assert len(log) == 4  # bounded
