@@ -44,10 +44,12 @@ class TracingSettings(SettingsModel):
     #: extra headers on every export request (a collector's API key, e.g. via
     #: GATEWAY_TRACING__HEADERS='{x-api-key: …}')
     headers: dict[str, str] = Field(default_factory=dict)
-    #: `compact`: the gateway's own OTLP protobuf encoder (a third of the SDK's CPU per span);
-    #: `sdk`: the OpenTelemetry SDK's `OTLPSpanExporter`
+    #: `compact`: the gateway's own OTLP protobuf encoder, spans encoded at a request's end and
+    #: POSTed in batches from the event loop (gateway/observability/otlp.py `OtlpBatcher`); `sdk`:
+    #: the OpenTelemetry SDK's `BatchSpanProcessor` thread and `OTLPSpanExporter` (several times the
+    #: CPU: docs/tracing.md, "Cost")
     exporter: Literal["compact", "sdk"] = "compact"
-    #: seconds between exports (the SDK's BatchSpanProcessor schedule delay)
+    #: seconds between exports (sooner once 512 requests wait; `sdk`: the processor's schedule delay)
     export_interval_s: float = Field(1.0, gt=0, le=60)
     #: sampled requests whose spans wait for export at most (4-6 spans each); past it the oldest
     #: waiting are dropped, never blocking a request
