@@ -261,30 +261,27 @@ class PromptTokens:
     def blocks(self, body: Mapping[str, Any], conversation: int | None = None) -> PromptBlocks | None:
         """The request's token blocks, or None (no tokenizer for its model, or it failed: routing
         then goes on without them). `conversation` (the anchor) keys the reuse of earlier keys."""
-        model = str(body.get("model", ""))
-        tok = self._tokenizers.get(model)
-        if tok is None:
+        begun = self._begin(body)
+        if begun is None:
             return None
+        model, tok, work = begun
         try:
-            work = self._start(model, tok, body)
             encoded = [tok.encode(t, special=work.special) for t in work.texts]
-            data, length = self._finish(work, encoded)
-        except Exception as exc:  # a template that raises must not fail the request
+        except Exception as exc:
             self._fail(model, exc)
             return None
-        return self._prompt(model, body, data, length, conversation)
+        return self._end(model, body, work, encoded, conversation)
 
     async def blocks_async(
         self, body: Mapping[str, Any], conversation: int | None = None
     ) -> PromptBlocks | None:
         """`blocks`, with a long encoding in the worker thread (see the class docstring)."""
-        model = str(body.get("model", ""))
-        tok = self._tokenizers.get(model)
-        if tok is None:
+        begun = self._begin(body)
+        if begun is None:
             return None
+        model, tok, work = begun
+        many = getattr(tok, "encode_many", None)
         try:
-            work = self._start(model, tok, body)
-            many = getattr(tok, "encode_many", None)
             if many is not None and work.texts and work.chars >= self.offload_chars:
                 if self._pending >= self.max_pending:
                     self.overflowed += 1
@@ -300,8 +297,36 @@ class PromptTokens:
                 self.offloaded += 1
             else:
                 encoded = [tok.encode(t, special=work.special) for t in work.texts]
+        except Exception as exc:
+            self._fail(model, exc)
+            return None
+        return self._end(model, body, work, encoded, conversation)
+
+    def _begin(self, body: Mapping[str, Any]) -> tuple[str, Tokenizer, _Work] | None:
+        """The request's model, its tokenizer and what is left to encode; None without a tokenizer
+        for the model or when rendering failed (a template that raises must not fail the request)."""
+        model = str(body.get("model", ""))
+        tok = self._tokenizers.get(model)
+        if tok is None:
+            return None
+        try:
+            return model, tok, self._start(model, tok, body)
+        except Exception as exc:
+            self._fail(model, exc)
+            return None
+
+    def _end(
+        self,
+        model: str,
+        body: Mapping[str, Any],
+        work: _Work,
+        encoded: Sequence[list[int]],
+        conversation: int | None,
+    ) -> PromptBlocks | None:
+        """The encoded pieces into the cache and the request's blocks (None when that failed)."""
+        try:
             data, length = self._finish(work, encoded)
-        except Exception as exc:  # a template that raises must not fail the request
+        except Exception as exc:
             self._fail(model, exc)
             return None
         return self._prompt(model, body, data, length, conversation)
