@@ -28,8 +28,9 @@ runs as 1 process, or as 4 (2 gateway replicas × `workers: 2`, the trace client
 over the replicas round robin), subscribed to every simulator's events (`kv_events` per backend,
 `tokenizer: sim`) and sharing in-flight counts and group placements through Redis
 (`routing.shared`); the fallback (4 processes, neither events nor Redis) beside it; round robin and
-least load (one process); and the SGLang and vLLM routers' `cache_aware` (single-process routers:
-one process each). Redis is flushed before every run. Results go to
+least load (one process; on uniform traffic also as x4 with shared in-flight counts, the x4 rows'
+baseline there: four gateway processes share the two cores with the fleet, whatever they route by);
+and the SGLang and vLLM routers' `cache_aware` (single-process routers: one process each). Redis is flushed before every run. Results go to
 `bench/results/routing_processes.json`, their section of bench/BENCHMARKS.md is `processes_md`.
 """
 
@@ -229,27 +230,33 @@ SETUPS: dict[str, Setup] = {
     "ours prefix_affinity x4, fallback (no events, no Redis)": Setup("prefix_affinity", 2, 2),
     "ours round_robin x1": Setup("round_robin"),
     "ours least_load x1": Setup("least_load"),
+    # uniform traffic's baseline at the same process count (four processes share the two cores)
+    "ours least_load x4, shared": Setup("least_load", 2, 2, shared=True),
     "sglang-router cache_aware (single process)": Setup("cache_aware", peer="sglang"),
     "vllm-router cache_aware (single process)": Setup("cache_aware", peer="vllm"),
 }
 OURS_EVENTS = ("ours prefix_affinity x1, events + shared", "ours prefix_affinity x4, events + shared")
 FALLBACK = "ours prefix_affinity x4, fallback (no events, no Redis)"
 ROUND_ROBIN, LEAST_LOAD = "ours round_robin x1", "ours least_load x1"
+LEAST_LOAD_X4 = "ours least_load x4, shared"
 PEERS_CACHE_AWARE = ("sglang-router cache_aware (single process)", "vllm-router cache_aware (single process)")
 PREFIX_HEAVY = ("shared_prefix", "long_document_qa", "multi_turn_chat", "agent_tool_loop")
 PROCESSES = Matrix(
     workloads=(*PREFIX_HEAVY, "uniform"),
     loads=(0.5, 0.8),
-    routers=tuple(SETUPS),
+    routers=tuple(r for r in SETUPS if r != LEAST_LOAD_X4),
     seconds=20.0,
-    uniform_routers=(*OURS_EVENTS, FALLBACK, LEAST_LOAD),
+    uniform_routers=(*OURS_EVENTS, FALLBACK, LEAST_LOAD, LEAST_LOAD_X4),
 )
 
 
-def baseline_of(workload: str) -> str:
+def baseline_of(workload: str, processes: int = 1) -> str:
     """The router a processes-mode row's TTFT p99 is divided by: least load on uniform traffic (only
-    balance matters there), round robin elsewhere."""
-    return LEAST_LOAD if workload == "uniform" else ROUND_ROBIN
+    balance matters there; with as many processes as the row's when it has 4, since four gateway
+    processes share the machine's cores with the fleet), round robin elsewhere."""
+    if workload != "uniform":
+        return ROUND_ROBIN
+    return LEAST_LOAD_X4 if processes == 4 else LEAST_LOAD
 
 
 def prompt_ids(req: Request) -> list[int]:
@@ -720,6 +727,16 @@ def _mark(met: bool | None) -> str:
     return "—" if met is None else ("met" if met else "**missed**")
 
 
+def _baseline(
+    rows: Sequence[dict[str, Any]], workload: str, load: float, processes: int
+) -> dict[str, Any] | None:
+    """The row a processes-mode row is compared with (`baseline_of`; a run without least load x4
+    falls back to x1's)."""
+    return _row(rows, workload, load, baseline_of(workload, processes)) or _row(
+        rows, workload, load, baseline_of(workload)
+    )
+
+
 def processes_verdicts(res: dict[str, Any]) -> list[str]:
     """Issue #18's targets on the processes mode's rows: one table row per (workload, load), each
     cell its figure for 1 / 4 processes (ours with events and shared load) and whether it met the target."""
@@ -741,11 +758,12 @@ def processes_verdicts(res: dict[str, Any]) -> list[str]:
         return _mark(met)
 
     for w, load in points:
-        base = _row(rows, w, load, baseline_of(w))
         cells: list[list[str]] = [[], [], [], []]
         for name in ours:
             x = _row(rows, w, load, name)
-            n = f"x{res['setups'][name]['replicas'] * res['setups'][name]['workers']}"
+            processes = res["setups"][name]["replicas"] * res["setups"][name]["workers"]
+            n = f"x{processes}"
+            base = _baseline(rows, w, load, processes)
             if x is None:
                 for c in cells:
                     c.append(f"{n} not run")
@@ -803,9 +821,10 @@ def processes_md(res: dict[str, Any]) -> list[str]:
         "conversation's turns alternate replicas and the kernel spreads connections over the workers). "
         "*events + shared*: every backend's `kv_events`, `tokenizer: sim`, `routing.shared` through Redis; "
         "*fallback*: neither (each process routes on its own memory). Round robin and least load run as one "
-        "process. **sglang-router and vllm-router are single-process routers**: they run as one process each. "
+        "process; on uniform traffic least load also runs as x4 with shared in-flight counts, the baseline of "
+        "the x4 rows there (the same processes on the same cores). **sglang-router and vllm-router are single-process routers**: they run as one process each. "
         f"Each run: {res['matrix']['seconds']:.0f} s of arrivals at the suite's rates, one schedule per point. "
-        "p99 ÷ baseline: ÷ round robin's, on uniform traffic ÷ least load's. Routes: our gateway's "
+        "p99 ÷ baseline: ÷ round robin's, on uniform traffic ÷ least load's at the row's process count. Routes: our gateway's "
         "`x-gateway-route` counts (the most frequent three).",
         "",
     ]
@@ -817,7 +836,7 @@ def processes_md(res: dict[str, Any]) -> list[str]:
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for x in res["rows"]:
-        base = _row(res["rows"], x["workload"], x["load"], baseline_of(x["workload"]))
+        base = _baseline(res["rows"], x["workload"], x["load"], x.get("processes", 1))
         ratio = f"{x['ttft_p99_ms'] / base['ttft_p99_ms']:.2f}×" if base and base["ttft_p99_ms"] else "—"
         routes = ", ".join(f"{k} {v}" for k, v in list(x.get("routes", {}).items())[:3]) or "—"
         L.append(
@@ -854,7 +873,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         loads=tuple(a.load) if a.load else PROCESSES.loads,
         routers=routers,
         seconds=a.seconds,
-        uniform_routers=tuple(r for r in PROCESSES.uniform_routers if r in routers),
+        uniform_routers=tuple(r for r in PROCESSES.uniform_routers if not a.router or r in a.router),
     )
     t0 = time.monotonic()
 

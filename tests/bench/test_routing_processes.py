@@ -32,3 +32,28 @@ def test_two_routing_processes_with_events_produce_rows_with_hit_rates() -> None
     assert any("affinity" in reason for reason in row["routes"])
     text = "\n".join(processes_md({**res, "command": "test", "machine": {}}))
     assert TWO in text and "hits ÷ oracle" in text
+
+
+def test_uniform_rows_of_four_processes_are_judged_against_least_load_with_as_many() -> None:
+    """Four gateway processes share the cores with the fleet whatever they route by: on uniform
+    traffic the x4 row is divided by least load's x4 row when the run has one, else by x1's."""
+    from bench.routing import LEAST_LOAD, LEAST_LOAD_X4, OURS_EVENTS, SETUPS, processes_verdicts
+
+    def row(router: str, p99: float) -> dict[str, object]:
+        return {
+            "workload": "uniform",
+            "load": 0.8,
+            "router": router,
+            "ttft_p99_ms": p99,
+            "hit_vs_oracle": 0.0,
+        }
+
+    setups = {
+        name: {"replicas": SETUPS[name].replicas, "workers": SETUPS[name].workers} for name in OURS_EVENTS
+    }
+    x1, x4 = OURS_EVENTS
+    rows = [row(x1, 1000.0), row(x4, 1300.0), row(LEAST_LOAD, 1000.0)]
+    alone = "\n".join(processes_verdicts({"rows": rows, "setups": setups}))
+    assert "x1 1.00× met" in alone and "x4 1.30× **missed**" in alone
+    both = "\n".join(processes_verdicts({"rows": [*rows, row(LEAST_LOAD_X4, 1250.0)], "setups": setups}))
+    assert "x1 1.00× met" in both and "x4 1.04× met" in both
