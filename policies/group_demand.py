@@ -24,6 +24,9 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 
+#: `GroupDemand.hot`'s least weight of requests a share is taken of
+HOT_MIN_REQUESTS = 8.0
+
 
 class GroupDemand:
     """Decayed per-(pool, group) request counts. Not thread-safe (the gateway's event loop only)."""
@@ -66,6 +69,20 @@ class GroupDemand:
         if old is None:
             return 0.0
         return old[0] * math.exp(self._decay * (self._seen[pool] - old[1])) * self.alpha
+
+    def hot(self, pool: str, key: int, backends: int, headroom: float) -> bool:
+        """The group brings more than one backend's worth of the pool's requests (its share x
+        `backends` / `headroom` > 1), its share taken among the requests seen so far: unlike
+        `share`, a process that has seen few requests - one of many routing processes, early in a
+        run - does not read a hot group as cold. Below `HOT_MIN_REQUESTS` requests' weight, the
+        share is of that many (a pool's first request is not the whole pool)."""
+        old = self._counts.get((pool, key))
+        if old is None:
+            return False
+        seen = self._seen[pool]
+        total = -math.expm1(self._decay * seen) / self.alpha  # the decayed weight of `seen` requests
+        share = old[0] * math.exp(self._decay * (seen - old[1])) / max(total, HOT_MIN_REQUESTS)
+        return share * backends > headroom
 
     def span(self, pool: str, key: int, backends: int, headroom: float) -> int:
         """How many backends the group should be warm on: its share of the pool in backends'

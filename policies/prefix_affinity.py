@@ -102,6 +102,9 @@ class PrefixAffinityConfig:
     tolerance: float = 0.5
     load_factor: float = 0.25
     load_slack: float = 6.0
+    #: how far above the bound a backend may run for the prompt its engine's events say it holds, in
+    #: requests per request's worth of held blocks (`blocks_per_request`); 0: the bound alone
+    warm_slack: float = 0.5
     pool_load_factor: float = 0.5
     load: LoadModel = AFFINITY_LOAD_MODEL
     index_entries: int = 65536
@@ -125,10 +128,11 @@ class PrefixAffinityConfig:
             self.pool_load_factor,
             self.placement_slack,
             self.shared_placement_slack,
+            self.warm_slack,
         )
         if min(slacks) < 0:
             raise ValueError(
-                "load_factor, load_slack, tolerance, pool_load_factor and the placement slacks must be >= 0"
+                "load_factor, load_slack, warm_slack, tolerance, pool_load_factor and the placement slacks must be >= 0"
             )
         if self.group_min_blocks < 1 or self.group_choices < 1:
             raise ValueError("group_min_blocks and group_choices must be >= 1")
@@ -304,6 +308,25 @@ class PrefixAffinity(BackendPolicy):
             if group and top >= g / 2:
                 known = True
         known_home = warm[0] > 0
+        # The bound yields to what an engine says it holds (see the module docstring, 4.): a warm
+        # backend may run above it by `warm_slack` x its held blocks' worth in requests - unless
+        # the group is hot, whose load the bound and the spread must share.
+        if (
+            exact
+            and config.warm_slack
+            and not (group and self._demand.hot(pool.name, key, n, 1.0 + config.load_factor))
+        ):
+            extra = config.warm_slack * self._value
+            for i in range(n):
+                if not fits[i]:
+                    b = ranked[i]
+                    held = exact.get(b.name)
+                    if (
+                        held is not None
+                        and scores[i] + 1.0 <= bound + extra * (held - base)
+                        and not saturated(b)
+                    ):
+                        fits[i] = True
         # working sets: a group's placement, its next holder and the tie-break all compare them
         sizes = [self._sets.size(b.name) for b in ranked] if group else [0] * n
         placed = -1  # a new group's placement among its first choices

@@ -77,3 +77,21 @@ def test_alpha_must_be_a_fraction(alpha: float) -> None:
 def test_max_entries_must_not_be_negative() -> None:
     with pytest.raises(ValueError, match="max_entries"):
         GroupDemand(max_entries=-1)
+
+
+def test_hot_reads_a_few_requests_as_the_share_they_are() -> None:
+    """One of many routing processes sees few requests: a group that is half of them is hot for 4
+    backends at headroom 1.25 (0.5 x 4 > 1.25) after a dozen requests, where `span`'s share (of the
+    window's weight, 1/alpha) still reads it as cold; a fresh pool's first requests are not hot."""
+    demand = GroupDemand(alpha=1 / 32)
+    demand.note("a", 1)
+    assert not demand.hot("a", 1, 4, 1.25)  # one request: 1/8 of HOT_MIN_REQUESTS, not the whole pool
+    for i in range(12):
+        demand.note("a", 1 if i % 2 else 2)
+    assert demand.hot("a", 1, 4, 1.25)
+    assert demand.span("a", 1, 4, 1.25) == 1  # the window's share: 0.2, not yet a backend's worth
+    assert not demand.hot("a", 1, 2, 1.25)  # 0.5 x 2 < 1.25
+    assert not demand.hot("a", 99, 4, 1.25)
+    for _ in range(200):
+        demand.note("a", 3)
+    assert not demand.hot("a", 1, 4, 1.25)  # it faded

@@ -180,3 +180,58 @@ def test_a_proposal_to_the_shared_store_takes_the_lightest_of_its_choices() -> N
     ask = SharedRouting(router).ask(snapshot, f)
     assert ask is not None and ask.proposal is not None and ask.proposal != home  # slack 0
     assert router.decide(snapshot, f, 0.5, dry_run=True).backend == home  # the flag did not stay
+
+
+def test_a_holder_may_run_above_the_bound_by_the_prefill_its_engine_holds() -> None:
+    """A document held by one engine (its events say so) stays there while that backend runs above
+    the bounded-load rule's limit, as far as `warm_slack` x the requests' worth of the held blocks;
+    with `warm_slack` 0 the bound moves it off at once, and far past the extension it spills too."""
+    rng = random.Random(6)
+    p = pool("a", 8)
+    document = text(rng, 1500)
+    ask = with_prompt([{"role": "user", "content": document + " which one?"}])
+    proc, bound_only = process(p), process(p, warm_slack=0.0)
+    home = proc.select(p, ask, 0.0).backend
+    engine_stores([proc, bound_only], home, ask)
+    held = proc.holders(ask)
+    assert held is not None and held[home] > 60  # ~2,000 tokens of the prompt, in blocks
+    # bound = ceil(1.25 x (16 + 1) / 8) + 6 = 9 in flight; the held blocks are worth > 30 requests
+    busy = load(p, home, 16)
+    assert bound_only.select(busy, ask, 0.0).backend != home
+    assert proc.select(busy, ask, 0.0) == BackendChoice(home, "affinity:hit", "hit")
+    far = load(p, home, 200)
+    assert proc.select(far, ask, 0.0).backend != home
+
+
+def test_a_hot_group_gets_no_warm_slack() -> None:
+    """A group that is half of its pool's traffic (two tool sets, four backends) cannot stay on one
+    backend by its held prefix: the bound shares its load, as without `warm_slack` - even in a
+    process that has seen only a dozen of the pool's requests, too few for `span` to open a second
+    holder (the spread), as one of eight routing processes early in a run."""
+    rng = random.Random(7)
+    p = pool("a", 4)
+
+    def tools() -> list[dict[str, Any]]:
+        return [
+            {"type": "function", "function": {"name": "f", "description": text(rng, 900), "parameters": {}}}
+        ]
+
+    first, second = tools(), tools()
+    proc, bound_only = process(p), process(p, warm_slack=0.0)
+    asks = [with_prompt([{"role": "user", "content": text(rng, 20)}], tools=first) for _ in range(8)]
+    home = proc.select(p, asks[0], 0.0).backend
+    engine_stores([proc, bound_only], home, asks[0])
+    # bound = ceil(1.25 x (12 + 1) / 4) + 6 = 11 in flight
+    busy = load(p, home, 12)
+    fresh = process(p)
+    engine_stores([fresh], home, asks[0])
+    assert fresh.select(busy, asks[1], 0.0).backend == home  # a group never seen before: not hot
+    for f in asks[:6]:  # half of the pool's requests, the other tool set the other half
+        other = with_prompt([{"role": "user", "content": text(rng, 20)}], tools=second)
+        for policy in (proc, bound_only):
+            policy.on_routed(p, f, BackendChoice(home, "affinity:hit", "hit"))
+            policy.on_routed(p, other, BackendChoice(p.backends[0].name, "affinity:hit", "hit"))
+    last = asks[-1]
+    key = proc.key(last)
+    assert proc._demand.span(p.name, key, 4, 1.25) == 1  # no spread
+    assert proc.select(busy, last, 0.0).backend == bound_only.select(busy, last, 0.0).backend != home
