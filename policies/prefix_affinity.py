@@ -256,8 +256,8 @@ class PrefixAffinity(BackendPolicy):
         load = self._load
         scores = load.scores(ranked)
         bound = math.ceil((1.0 + config.load_factor) * (sum(scores) + 1.0) / n) + config.load_slack
-        saturated = load.saturated
-        fits = [s + 1.0 <= bound and not saturated(b) for s, b in zip(scores, ranked, strict=True)]
+        fits = load.fits(ranked, scores, bound)
+        names = [b.name for b in ranked]
 
         # Expected warm blocks per backend (see the module docstring, 3).
         group = g > 0
@@ -266,37 +266,40 @@ class PrefixAffinity(BackendPolicy):
         warm: list[float] = [0] * n
         indexed = self._index.max_entries > 0
         deep = known = False
-        # the engines' events: exact warm blocks for backends with a usable stream (5.)
-        exact = self._exact(ranked, features)
+        # the engines' events: exact warm blocks for backends with a usable stream (5.), by
+        # position in `ranked` (None: no usable stream); `exact`: some backend has one
+        held_by = self.holders(features)
+        exact: list[float | None] = list(map(held_by.get, names)) if held_by else [None] * n
+        lacking = exact.count(None)
         fresh: str | None = None
-        if exact:
+        if lacking < n:
             pend = self._pending.get(key)
             if pend is not None and self._kv.now - pend[1] < config.pending_s:
                 fresh = pend[0]
         # this replica's memory is read only when some backend lacks events (or has a fresh decision)
-        # (`exact`'s names are some of `ranked`'s: fewer means some backend lacks a usable stream)
-        recall = not exact or fresh is not None or len(exact) < n
-        if indexed and features.block_hashes and recall:
-            depths = self._index.depths(
-                features.block_hashes, {b.name: None for b in ranked}, above=max(0, preamble - 1)
-            )
-            if exact and depths:
-                # this replica's memory of where it sent prefixes yields to what engines hold
-                depths = {k: v for k, v in depths.items() if k not in exact or k == fresh}
+        if indexed and features.block_hashes and (lacking or fresh is not None):
+            depths = self._index.depths(features.block_hashes, names, above=max(0, preamble - 1))
             if depths:
-                known = True
+                deepest = 0
                 for i in range(n):
-                    d = depths.get(ranked[i].name, 0)
+                    d = depths.get(names[i])
+                    # this replica's memory of where it sent prefixes yields to what engines hold
+                    if d is None or (exact[i] is not None and names[i] != fresh):
+                        continue
+                    known = True
+                    if d > deepest:
+                        deepest = d
                     if d > base:
                         warm[i] = d - base
-                deep = max(depths.values()) > preamble
-        if exact:
+                deep = deepest > preamble
+        if lacking < n:
             top = 0.0
             for i in range(n):
-                held = exact.get(ranked[i].name)
+                held = exact[i]
                 if held is None:
                     continue
-                top = max(top, held)
+                if held > top:
+                    top = held
                 if held - base > warm[i]:
                     warm[i] = held - base
             if top > preamble:
@@ -339,9 +342,7 @@ class PrefixAffinity(BackendPolicy):
                         spread = min(room, key=sizes.__getitem__)
                         warm[spread] = preamble - 1
         elif (
-            not deep
-            and features.history_blocks - base > warm[0]
-            and (not exact or ranked[0].name not in exact or ranked[0].name == fresh)
+            not deep and features.history_blocks - base > warm[0] and (exact[0] is None or names[0] == fresh)
         ):
             # the home is assumed to hold the history, unless its engine says what it holds
             warm[0] = features.history_blocks - base
@@ -419,14 +420,6 @@ class PrefixAffinity(BackendPolicy):
             out = {name: tokens * scale for name, tokens in held.items()}
         self._held = (prompt, kv.version, kv.now, out)
         return out
-
-    def _exact(self, ranked: list[BackendView], features: RequestFeatures) -> dict[str, float] | None:
-        """Warm blocks (in the estimate's units) per backend of `ranked` whose events are usable, or None."""
-        held = self.holders(features)
-        if not held:
-            return None
-        out = {b.name: v for b in ranked if (v := held.get(b.name)) is not None}
-        return out or None
 
 
 def _position(ranked: list[BackendView], name: str | None) -> int:
