@@ -47,8 +47,11 @@ class PrefixIndex:
             return
         entries = self._entries
         keep = self.max_holders - 1
+        # bound methods, looked up once: this loop runs for every block of every routed prompt
+        get = entries.get
+        move = entries.move_to_end
         for h in islice(block_hashes, start, None) if start else block_hashes:
-            holders = entries.get(h)
+            holders = get(h)
             if holders is None:
                 entries[h] = (backend,)
                 if len(entries) > self.max_entries:
@@ -57,7 +60,7 @@ class PrefixIndex:
             if holders[0] != backend:
                 others = tuple(x for x in holders if x != backend)
                 entries[h] = (backend, *others[:keep])
-            entries.move_to_end(h)
+            move(h)
 
     def longest_match(
         self, block_hashes: Sequence[int], allowed: Container[str], *, above: int = 0
