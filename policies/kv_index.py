@@ -199,7 +199,8 @@ class KvIndex:
                 self._liveness += 1  # from now on the clock may silence it
 
     def _heard(self, st: _Stream) -> None:
-        # (a stream unanswered that long is in `_Plan.watch`: no `_liveness` change needed)
+        if st.unanswered >= self.config.silent_requests:
+            self._liveness += 1  # it may have been silent
         st.unanswered = 0
 
     def gap(self, backend: str) -> None:

@@ -317,6 +317,17 @@ def test_the_clock_alone_silences_and_trusts_again() -> None:
     assert index.match(prompt) == {"a": 0, "b": 0}
 
 
+def test_a_silent_stream_is_trusted_as_soon_as_it_speaks() -> None:
+    index = live_index("a", silent_requests=2, silent_s=3.0)
+    prompt = PromptBlocks(doc(32))
+    index.note_routed("a")
+    index.note_routed("a")
+    index.tick(3.0)
+    assert index.match(prompt) == {}
+    index.removed("a", [])  # an event, the clock unchanged
+    assert index.match(prompt) == {"a": 0}
+
+
 def test_memory_per_block_is_bounded() -> None:
     """8 backends at a cap of 5,000 engine blocks each, sent 7,040 (640 of them shared by all): the
     cap holds and the bytes per engine block stay small."""
