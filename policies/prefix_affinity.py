@@ -308,7 +308,7 @@ class PrefixAffinity(BackendPolicy):
                 known = True
         known_home = warm[0] > 0
         # working sets: a group's placement, its next holder and the tie-break all compare them
-        sizes = [self._sets.size(b.name) for b in ranked] if group else [0] * n
+        sizes = self._sets.sizes(names) if group else [0] * n
         placed = -1  # a new group's placement among its first choices
         spread = -1  # a hot group's next holder
         if group:
