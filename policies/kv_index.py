@@ -324,8 +324,8 @@ class KvIndex:
             for key in prompt.keys(group):
                 held = get(key, 0) & mask
                 if held != mask:
-                    gone = mask & ~held
-                    _record(out, bits, gone, depth * group)
+                    if depth:  # (`out` already holds 0 tokens for every usable backend)
+                        _record(out, bits, mask & ~held, depth * group)
                     mask = held
                     if not mask:
                         break
