@@ -1,4 +1,4 @@
-"""KV-event routing's own costs, measured in-process: `python -m bench.kv_micro [--quick]`.
+"""KV-event routing's own costs, measured in-process: `python -m bench.kv_micro [--quick] [--section N]`.
 
 Prints three tables (figures for docs/routing.md, *KV events*; not a test, nothing is asserted):
 
@@ -431,16 +431,29 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--capacity", type=int, default=32768, help="each engine's KV capacity in blocks")
     ap.add_argument("--max-blocks", type=int, default=KvIndexConfig().max_blocks, help="the index's bound")
     ap.add_argument("--match-tokens", type=int, action="append", help="PromptTokens' max_tokens (repeatable)")
+    ap.add_argument(
+        "--section",
+        type=int,
+        choices=(1, 2, 3, 4),
+        action="append",
+        help="run only this table (repeatable; default all): 1 tokenization, 2 the decision, 3 memory, 4 the loop",
+    )
     args = ap.parse_args(argv)
     events = args.events or (100_000 if args.quick else 1_000_000)
+    sections = set(args.section or (1, 2, 3, 4))
     print(f"bench.kv_micro on Python {sys.version.split()[0]}, {time.strftime('%Y-%m-%d %H:%M')}")
-    with tempfile.TemporaryDirectory() as tmp:
-        tok = build_tokenizer(Path(tmp))
-        bench_tokenization(tok, 30 if args.quick else 200)
-        for match_tokens in args.match_tokens or [PromptTokens({}).max_tokens]:
-            bench_decision(tok, 5_000 if args.quick else 50_000, args.backends, match_tokens)
-        bench_loop_lag(tok, 8 if args.quick else 16)
-    bench_memory(events, args.backends, args.capacity, args.max_blocks)
+    if sections & {1, 2, 4}:
+        with tempfile.TemporaryDirectory() as tmp:
+            tok = build_tokenizer(Path(tmp))
+            if 1 in sections:
+                bench_tokenization(tok, 30 if args.quick else 200)
+            if 2 in sections:
+                for match_tokens in args.match_tokens or [PromptTokens({}).max_tokens]:
+                    bench_decision(tok, 5_000 if args.quick else 50_000, args.backends, match_tokens)
+            if 4 in sections:
+                bench_loop_lag(tok, 8 if args.quick else 16)
+    if 3 in sections:
+        bench_memory(events, args.backends, args.capacity, args.max_blocks)
 
 
 if __name__ == "__main__":

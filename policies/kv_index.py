@@ -116,11 +116,18 @@ class KvIndex:
         self._streams: dict[str, _Stream] = {}
         self._names: dict[int, str] = {}  # bit -> backend
         self._holders: dict[int, int] = {}  # key -> bitmask of backends holding it
+        # Which streams are usable, remembered for `match` over every backend (the policy's call,
+        # on every request): changes whenever a stream's usability may change other than by the
+        # clock (`_changed`); the streams whose usability the clock alone may change (relearning,
+        # or unanswered long enough to turn silent) are rechecked on every call.
+        self._liveness = 0
+        self._plan: _Plan | None = None
 
     # -- streams ----------------------------------------------------------------------------------
     def attach(self, backend: str) -> None:
         """Expect events for `backend` (its stream is configured); not live until `set_live`."""
         self.version += 1
+        self._liveness += 1
         if backend in self._streams:
             return
         used = 0
@@ -135,6 +142,7 @@ class KvIndex:
     def detach(self, backend: str) -> None:
         """Forget `backend` and its blocks (it left the fleet, or its stream is no longer configured)."""
         self.version += 1
+        self._liveness += 1
         st = self._streams.get(backend)
         if st is None:
             return
@@ -158,6 +166,7 @@ class KvIndex:
     def set_live(self, backend: str, live: bool) -> None:
         """The subscriber's view of the stream: connected and in sequence (`live`) or not."""
         self.version += 1
+        self._liveness += 1
         st = self._streams.get(backend)
         if st is not None:
             st.live = live
@@ -186,13 +195,18 @@ class KvIndex:
             if st.unanswered == 0:
                 st.quiet_since = self.now
             st.unanswered += 1
+            if st.unanswered == self.config.silent_requests:
+                self._liveness += 1  # from now on the clock may silence it
 
     def _heard(self, st: _Stream) -> None:
+        if st.unanswered >= self.config.silent_requests:
+            self._liveness += 1  # it may have been silent
         st.unanswered = 0
 
     def gap(self, backend: str) -> None:
         """Events were lost and not replayed: forget the backend's blocks, distrust it for a while."""
         self.version += 1
+        self._liveness += 1
         st = self._streams.get(backend)
         if st is None:
             return
@@ -228,6 +242,7 @@ class KvIndex:
             st.block_size = block_size
             min_tokens = self.config.min_block_tokens
             st.group = block_size * max(1, -(-min_tokens // block_size))
+            self._liveness += 1
         elif block_size != st.block_size:
             return 0  # a partial block: not indexed (a request is matched in whole blocks)
         nodes = st.nodes
@@ -282,6 +297,7 @@ class KvIndex:
     def cleared(self, backend: str) -> None:
         """`AllBlocksCleared`, or the engine restarted: it holds nothing."""
         self.version += 1
+        self._liveness += 1
         st = self._streams.get(backend)
         if st is None:
             return
@@ -293,11 +309,39 @@ class KvIndex:
     def match(self, prompt: PromptBlocks, names: Iterable[str] | None = None) -> dict[str, int]:
         """Leading tokens of `prompt` held by each of `names` (default: every attached backend)
         whose stream is usable (0 when none); backends without a usable stream are absent."""
+        if names is None:
+            plan = self._plan
+            if plan is None or plan.liveness != self._liveness or not plan.holds(self):
+                plan = self._plan = self._planned()
+            out = plan.zeros.copy()
+            groups = plan.groups
+        else:
+            out, groups = self._usable_groups((name, self._streams.get(name)) for name in names)
+        get = self._holders.get
+        bits = self._names
+        for group, mask in groups:
+            depth = 0
+            for key in prompt.keys(group):
+                held = get(key, 0) & mask
+                if held != mask:
+                    if depth:  # (`out` already holds 0 tokens for every usable backend)
+                        _record(out, bits, mask & ~held, depth * group)
+                    mask = held
+                    if not mask:
+                        break
+                depth += 1
+            if mask:
+                _record(out, bits, mask, depth * group)
+        return out
+
+    def _usable_groups(
+        self, pairs: Iterable[tuple[str, _Stream | None]]
+    ) -> tuple[dict[str, int], list[tuple[int, int]]]:
+        """Of `pairs`, the usable streams' names (each mapped to 0 tokens) and (key group, bitmask)
+        of them per key group."""
         out: dict[str, int] = {}
         by_group: dict[int, int] = {}
-        streams = self._streams
-        pairs = streams.items() if names is None else ((name, streams.get(name)) for name in names)
-        # `_usable`, inlined: this loop runs for every backend on every request
+        # `_usable`, inlined: this loop runs for every backend of a match
         now = self.now
         cfg = self.config
         silent_requests = cfg.silent_requests
@@ -313,22 +357,17 @@ class KvIndex:
             out[name] = 0
             if st.group:
                 by_group[st.group] = by_group.get(st.group, 0) | st.bit
-        get = self._holders.get
-        bits = self._names
-        for group, mask in by_group.items():
-            depth = 0
-            for key in prompt.keys(group):
-                held = get(key, 0) & mask
-                if held != mask:
-                    gone = mask & ~held
-                    _record(out, bits, gone, depth * group)
-                    mask = held
-                    if not mask:
-                        break
-                depth += 1
-            if mask:
-                _record(out, bits, mask, depth * group)
-        return out
+        return out, list(by_group.items())
+
+    def _planned(self) -> _Plan:
+        zeros, groups = self._usable_groups(self._streams.items())
+        silent_requests = self.config.silent_requests
+        watch = [
+            (st, self._usable(st))
+            for st in self._streams.values()
+            if st.live and (self.now < st.relearn_until or st.unanswered >= silent_requests)
+        ]
+        return _Plan(self._liveness, self.now, zeros, groups, watch)
 
     def holds(self, backend: str) -> int:
         """Engine blocks indexed for `backend`."""
@@ -383,6 +422,33 @@ class KvIndex:
             if isinstance(node, int):
                 self._unhold(node, bit)
         st.nodes.clear()
+
+
+class _Plan:
+    """`match`'s usable streams for every backend, as of `liveness` and the clock `now`; `watch`:
+    the streams whose usability the clock alone may change, with their usability then."""
+
+    __slots__ = ("groups", "liveness", "now", "watch", "zeros")
+
+    def __init__(
+        self,
+        liveness: int,
+        now: float,
+        zeros: dict[str, int],
+        groups: list[tuple[int, int]],
+        watch: list[tuple[_Stream, bool]],
+    ) -> None:
+        self.liveness = liveness
+        self.now = now
+        self.zeros = zeros
+        self.groups = groups
+        self.watch = watch
+
+    def holds(self, index: KvIndex) -> bool:
+        """Still true at the index's clock."""
+        if index.now == self.now:
+            return True
+        return all(index._usable(st) == usable for st, usable in self.watch)
 
 
 def _record(out: dict[str, int], names: Mapping[int, str], mask: int, tokens: int) -> None:

@@ -59,6 +59,29 @@ class LoadModel:
             append(active)
         return out
 
+    def fits(self, backends: Sequence[BackendView], scores: Sequence[float], bound: float) -> list[bool]:
+        """Per backend: its score (`scores`, in order) + 1 is within `bound` and it is not
+        `saturated` (one call for a pool: the decision's hot loop, `saturated` inlined)."""
+        queue_high = self.queue_high
+        kv_high = self.kv_high
+        out: list[bool] = []
+        append = out.append
+        for backend, score in zip(backends, scores, strict=True):
+            if not score + 1.0 <= bound:
+                append(False)
+                continue
+            limit = backend.max_concurrency
+            queue = backend.queue_depth
+            kv = backend.kv_usage
+            append(
+                not (
+                    (limit is not None and backend.in_flight >= limit)
+                    or (queue_high is not None and queue is not None and queue > queue_high)
+                    or (kv_high is not None and kv is not None and kv > kv_high)
+                )
+            )
+        return out
+
     def saturated(self, backend: BackendView) -> bool:
         """At its configured concurrency, or its engine queue or KV use is over the thresholds."""
         if backend.max_concurrency is not None and backend.in_flight >= backend.max_concurrency:

@@ -260,8 +260,8 @@ class PrefixAffinity(BackendPolicy):
         load = self._load
         scores = load.scores(ranked)
         bound = math.ceil((1.0 + config.load_factor) * (sum(scores) + 1.0) / n) + config.load_slack
-        saturated = load.saturated
-        fits = [s + 1.0 <= bound and not saturated(b) for s, b in zip(scores, ranked, strict=True)]
+        fits = load.fits(ranked, scores, bound)
+        names = [b.name for b in ranked]
 
         # Expected warm blocks per backend (see the module docstring, 3).
         group = g > 0
@@ -270,37 +270,40 @@ class PrefixAffinity(BackendPolicy):
         warm: list[float] = [0] * n
         indexed = self._index.max_entries > 0
         deep = known = False
-        # the engines' events: exact warm blocks for backends with a usable stream (5.)
-        exact = self._exact(ranked, features)
+        # the engines' events: exact warm blocks for backends with a usable stream (5.), by
+        # position in `ranked` (None: no usable stream); `exact`: some backend has one
+        held_by = self.holders(features)
+        exact: list[float | None] = list(map(held_by.get, names)) if held_by else [None] * n
+        lacking = exact.count(None)
         fresh: str | None = None
-        if exact:
+        if lacking < n:
             pend = self._pending.get(key)
             if pend is not None and self._kv.now - pend[1] < config.pending_s:
                 fresh = pend[0]
         # this replica's memory is read only when some backend lacks events (or has a fresh decision)
-        # (`exact`'s names are some of `ranked`'s: fewer means some backend lacks a usable stream)
-        recall = not exact or fresh is not None or len(exact) < n
-        if indexed and features.block_hashes and recall:
-            depths = self._index.depths(
-                features.block_hashes, {b.name: None for b in ranked}, above=max(0, preamble - 1)
-            )
-            if exact and depths:
-                # this replica's memory of where it sent prefixes yields to what engines hold
-                depths = {k: v for k, v in depths.items() if k not in exact or k == fresh}
+        if indexed and features.block_hashes and (lacking or fresh is not None):
+            depths = self._index.depths(features.block_hashes, names, above=max(0, preamble - 1))
             if depths:
-                known = True
+                deepest = 0
                 for i in range(n):
-                    d = depths.get(ranked[i].name, 0)
+                    d = depths.get(names[i])
+                    # this replica's memory of where it sent prefixes yields to what engines hold
+                    if d is None or (exact[i] is not None and names[i] != fresh):
+                        continue
+                    known = True
+                    if d > deepest:
+                        deepest = d
                     if d > base:
                         warm[i] = d - base
-                deep = max(depths.values()) > preamble
-        if exact:
+                deep = deepest > preamble
+        if lacking < n:
             top = 0.0
             for i in range(n):
-                held = exact.get(ranked[i].name)
+                held = exact[i]
                 if held is None:
                     continue
-                top = max(top, held)
+                if held > top:
+                    top = held
                 if held - base > warm[i]:
                     warm[i] = held - base
             if top > preamble:
@@ -312,23 +315,23 @@ class PrefixAffinity(BackendPolicy):
         # backend may run above it by `warm_slack` x its held blocks' worth in requests - unless
         # the group is hot, whose load the bound and the spread must share.
         if (
-            exact
+            lacking < n
             and config.warm_slack
             and not (group and self._demand.hot(pool.name, key, n, 1.0 + config.load_factor))
         ):
             extra = config.warm_slack * self._value
+            saturated = load.saturated
             for i in range(n):
-                if not fits[i]:
-                    b = ranked[i]
-                    held = exact.get(b.name)
-                    if (
-                        held is not None
-                        and scores[i] + 1.0 <= bound + extra * (held - base)
-                        and not saturated(b)
-                    ):
-                        fits[i] = True
+                held = exact[i]
+                if (
+                    not fits[i]
+                    and held is not None
+                    and scores[i] + 1.0 <= bound + extra * (held - base)
+                    and not saturated(ranked[i])
+                ):
+                    fits[i] = True
         # working sets: a group's placement, its next holder and the tie-break all compare them
-        sizes = [self._sets.size(b.name) for b in ranked] if group else [0] * n
+        sizes = self._sets.sizes(names) if group else [0] * n
         placed = -1  # a new group's placement among its first choices
         spread = -1  # a hot group's next holder
         if group:
@@ -362,9 +365,7 @@ class PrefixAffinity(BackendPolicy):
                         spread = min(room, key=sizes.__getitem__)
                         warm[spread] = preamble - 1
         elif (
-            not deep
-            and features.history_blocks - base > warm[0]
-            and (not exact or ranked[0].name not in exact or ranked[0].name == fresh)
+            not deep and features.history_blocks - base > warm[0] and (exact[0] is None or names[0] == fresh)
         ):
             # the home is assumed to hold the history, unless its engine says what it holds
             warm[0] = features.history_blocks - base
@@ -442,14 +443,6 @@ class PrefixAffinity(BackendPolicy):
             out = {name: tokens * scale for name, tokens in held.items()}
         self._held = (prompt, kv.version, kv.now, out)
         return out
-
-    def _exact(self, ranked: list[BackendView], features: RequestFeatures) -> dict[str, float] | None:
-        """Warm blocks (in the estimate's units) per backend of `ranked` whose events are usable, or None."""
-        held = self.holders(features)
-        if not held:
-            return None
-        out = {b.name: v for b in ranked if (v := held.get(b.name)) is not None}
-        return out or None
 
 
 def _position(ranked: list[BackendView], name: str | None) -> int:

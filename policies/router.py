@@ -92,7 +92,8 @@ class Router:
         sticky_key: int | None = None
         place: PlaceHook | None = None
         key = 0
-        if self.pool_choice == "sticky":
+        # (one pool: no key to hash, `choose_pool` uses it only to order several candidate pools)
+        if self.pool_choice == "sticky" and len(snapshot.pools) > 1:
             policy = self.policy
             if isinstance(policy, PrefixAffinity):  # its config is the key's (remembered for select)
                 g, key = policy.keyed(features)

@@ -15,7 +15,8 @@ take ~3 MB.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from itertools import repeat
 
 
 def first_within(sizes: Sequence[float], slack: float) -> int:
@@ -68,6 +69,10 @@ class WorkingSets:
     def size(self, backend: str) -> int:
         """The blocks recently sent to `backend` (summed over routing keys), 0 if none."""
         return self._sizes.get(backend, 0)
+
+    def sizes(self, backends: Iterable[str]) -> list[int]:
+        """`size` of each of `backends`, in order (one call for a pool)."""
+        return list(map(self._sizes.get, backends, repeat(0)))
 
     def clear(self) -> None:
         self._pairs.clear()

@@ -254,6 +254,80 @@ def test_matches_agree_with_a_model_of_the_engines(ops: list[tuple[str, int, int
         assert index.match(PromptBlocks(p)) == want  # every attached backend, the same answer
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("snnnttttlgcdaer"), st.integers(0, 1), st.floats(0.0, 4.0)), max_size=40
+    )
+)
+def test_the_remembered_usable_streams_follow_every_change(ops: list[tuple[str, int, float]]) -> None:
+    """`match` over every backend remembers which streams are usable: after any sequence of events,
+    routing notes, clock ticks, liveness changes, gaps, clears, detaches and attaches it answers as
+    a match naming every backend (which works them out afresh)."""
+    tokens = doc(48)
+    eng = Engine(16)
+    names = ["a", "b"]
+    index = live_index(*names, silent_requests=2, silent_s=3.0, relearn_s=5.0)
+    now = 0.0
+    for op, b, dt in ops:
+        name = names[b]
+        if op == "s":
+            eng.store(index, name, tokens)
+        elif op == "r":
+            index.removed(name, [])
+        elif op == "n":
+            index.note_routed(name)
+        elif op == "t":
+            now += dt
+            index.tick(now)
+        elif op == "l":
+            index.set_live(name, dt < 2.0)
+        elif op == "g":
+            index.gap(name)
+        elif op == "c":
+            index.cleared(name)
+        elif op == "d":
+            index.detach(name)
+        elif op == "a":
+            index.attach(name)
+        else:
+            index.stored(name, [1], None, tokens[:8], 8)  # another block size: a new key group
+        prompt = PromptBlocks(tokens)
+        assert index.match(prompt) == index.match(prompt, index.names)
+        assert set(index.match(prompt)) == {n for n in index.names if index.usable(n)}
+
+
+def test_the_clock_alone_silences_and_trusts_again() -> None:
+    """What `match` remembers of the streams follows the clock: a stream turns silent, and a gap's
+    distrust ends, with no other call between."""
+    index = live_index("a", "b", silent_requests=2, silent_s=3.0, relearn_s=5.0)
+    tokens = doc(32)
+    prompt = PromptBlocks(tokens)
+    Engine(16).store(index, "a", tokens)
+    assert index.match(prompt) == {"a": 32, "b": 0}
+    index.note_routed("b")
+    index.note_routed("b")
+    assert index.match(prompt) == {"a": 32, "b": 0}  # unanswered, not for long yet
+    index.tick(3.0)
+    assert index.match(prompt) == {"a": 32}
+    index.gap("a")
+    index.removed("b", [])  # b speaks again
+    assert index.match(prompt) == {"b": 0}
+    index.tick(8.0)
+    assert index.match(prompt) == {"a": 0, "b": 0}
+
+
+def test_a_silent_stream_is_trusted_as_soon_as_it_speaks() -> None:
+    index = live_index("a", silent_requests=2, silent_s=3.0)
+    prompt = PromptBlocks(doc(32))
+    index.note_routed("a")
+    index.note_routed("a")
+    index.tick(3.0)
+    assert index.match(prompt) == {}
+    index.removed("a", [])  # an event, the clock unchanged
+    assert index.match(prompt) == {"a": 0}
+
+
 def test_memory_per_block_is_bounded() -> None:
     """8 backends at a cap of 5,000 engine blocks each, sent 7,040 (640 of them shared by all): the
     cap holds and the bytes per engine block stay small."""

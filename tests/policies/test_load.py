@@ -60,3 +60,30 @@ def test_saturation_thresholds() -> None:
 def test_scores_are_score_of_each(backends: list[BackendView], queue_weight: float, kv_weight: float) -> None:
     model = LoadModel(queue_weight=queue_weight, kv_weight=kv_weight)
     assert model.scores(backends) == [model.score(b) for b in backends]
+
+
+@given(
+    st.lists(
+        st.builds(
+            BackendView,
+            name=st.text(min_size=1, max_size=3),
+            in_flight=st.integers(0, 20),
+            queue_depth=st.none() | st.integers(0, 12).map(float),
+            running=st.none() | st.integers(0, 12).map(float),
+            kv_usage=st.none() | st.sampled_from([0.0, 0.5, 0.9, 1.0]),
+            max_concurrency=st.none() | st.integers(1, 20),
+        ),
+        max_size=10,
+    ),
+    st.integers(0, 30).map(float),
+    st.none() | st.integers(0, 10).map(float),
+    st.none() | st.sampled_from([0.5, 0.9]),
+)
+def test_fits_is_within_the_bound_and_not_saturated(
+    backends: list[BackendView], bound: float, queue_high: float | None, kv_high: float | None
+) -> None:
+    model = LoadModel(queue_high=queue_high, kv_high=kv_high)
+    scores = model.scores(backends)
+    assert model.fits(backends, scores, bound) == [
+        s + 1.0 <= bound and not model.saturated(b) for s, b in zip(scores, backends, strict=True)
+    ]

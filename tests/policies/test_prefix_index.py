@@ -105,7 +105,22 @@ def test_bytes_per_entry_is_as_documented() -> None:
     size = sum(s.size_diff for s in after.compare_to(before, "filename"))
     per_entry = size / n
     assert len(index) == n
-    assert per_entry < 250, per_entry  # docs: about 200 bytes per entry
+    assert per_entry < 140, per_entry  # docs: ~107 bytes per entry (holder tuples shared)
+
+
+def test_entries_share_their_holders_tuple() -> None:
+    index = PrefixIndex(10_000, max_holders=2)
+    index.insert([1, 2, 3], "a")
+    index.insert([2, 3, 4], "b")
+    index.insert([5], "b")
+    held = index._entries
+    assert held[1] == ("a",) and held[2] == ("b", "a") and held[4] == ("b",)
+    assert held[2] is held[3]  # one tuple for ("b", "a")
+    assert held[4] is held[5]  # one tuple for ("b",)
+    for i in range(5000):  # past the sharing table's bound: values stay right
+        index.insert([100 + i], f"n{i}")
+    index.insert([2], "a")
+    assert index.longest_match([2], ALL) == (1, ("a", "b"))
 
 
 @given(

@@ -13,6 +13,7 @@ def test_sums_the_deepest_prompt_per_key_and_backend() -> None:
     sets.note(2, "a", 5)
     sets.note(1, "b", 3)  # a copy of key 1 elsewhere counts there
     assert (sets.size("a"), sets.size("b"), sets.size("c")) == (17, 3, 0)
+    assert sets.sizes(["c", "b", "a"]) == [0, 3, 17]
     assert len(sets) == 3
 
 
