@@ -11,7 +11,7 @@ Memory. One entry is an `OrderedDict` slot (hash table + linked node) and a 64-b
 its tuple of holder names is shared with every entry holding the same backends (`_tuples`; the name
 strings themselves are shared with the snapshot): measured with tracemalloc on CPython 3.11, ~107
 bytes per entry with one holder, ~123 with four rotating over 8 backends (155 and 191 with a tuple
-an entry; tests/policies/test_prefix_index.py asserts < 250). The default 65,536 entries take
+an entry; tests/policies/test_prefix_index.py asserts < 140). The default 65,536 entries take
 ~7 MB and, at 32 tokens per block, describe ~2M tokens of distinct prefixes. Size it to the fleet's total KV-cache
 capacity in blocks: entries ~ sum(KV tokens per backend) / block_tokens.
 
