@@ -123,7 +123,9 @@ def test_repeated_long_prompt_shows_cached_tokens(gateway: GatewayProcess, real_
     # ~1.5k tokens, unique per run so earlier runs' cache entries do not count
     prompt = f"{uuid.uuid4()} " + " ".join(f"cache block {i} of the repeated prompt." for i in range(100))
     with httpx.Client(base_url=gateway.base_url, timeout=60, headers=USER) as client:
-        first = client.post("/v1/chat/completions", json=chat(prompt)).json()["usage"]
+        answer = client.post("/v1/chat/completions", json=chat(prompt))
+        assert answer.status_code == 200, (answer.status_code, answer.headers, answer.text)
+        first = answer.json()["usage"]
         assert 1000 <= first["prompt_tokens"] <= 2000
         assert first["prompt_tokens_details"]["cached_tokens"] < 64  # nothing of it was cached
         before = httpx.get(gateway.base_url + "/metrics", timeout=10).text
