@@ -317,6 +317,7 @@ class PrefixAffinity(BackendPolicy):
         if (
             lacking < n
             and config.warm_slack
+            and not all(fits)
             and not (group and self._demand.hot(pool.name, key, n, 1.0 + config.load_factor))
         ):
             extra = config.warm_slack * self._value
