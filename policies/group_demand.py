@@ -65,10 +65,7 @@ class GroupDemand:
 
     def share(self, pool: str, key: int) -> float:
         """The group's fraction of the pool's recent requests, 0.0 when unknown."""
-        old = self._counts.get((pool, key))
-        if old is None:
-            return 0.0
-        return old[0] * math.exp(self._decay * (self._seen[pool] - old[1])) * self.alpha
+        return self._count(pool, key) * self.alpha
 
     def hot(self, pool: str, key: int, backends: int, headroom: float) -> bool:
         """The group brings more than one backend's worth of the pool's requests (its share x
@@ -76,13 +73,18 @@ class GroupDemand:
         `share`, a process that has seen few requests - one of many routing processes, early in a
         run - does not read a hot group as cold. Below `HOT_MIN_REQUESTS` requests' weight, the
         share is of that many (a pool's first request is not the whole pool)."""
+        count = self._count(pool, key)
+        if not count:
+            return False
+        total = -math.expm1(self._decay * self._seen[pool]) / self.alpha  # the decayed weight seen
+        return count / max(total, HOT_MIN_REQUESTS) * backends > headroom
+
+    def _count(self, pool: str, key: int) -> float:
+        """The group's decayed request count now, 0.0 when unknown."""
         old = self._counts.get((pool, key))
         if old is None:
-            return False
-        seen = self._seen[pool]
-        total = -math.expm1(self._decay * seen) / self.alpha  # the decayed weight of `seen` requests
-        share = old[0] * math.exp(self._decay * (seen - old[1])) / max(total, HOT_MIN_REQUESTS)
-        return share * backends > headroom
+            return 0.0
+        return old[0] * math.exp(self._decay * (self._seen[pool] - old[1]))
 
     def span(self, pool: str, key: int, backends: int, headroom: float) -> int:
         """How many backends the group should be warm on: its share of the pool in backends'

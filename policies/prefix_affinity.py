@@ -53,6 +53,12 @@ trades a warm cache against a queue, refined by a bounded local prefix index.
    ignored for it - except a decision of the last `pending_s` for the same key, whose blocks the
    engine may not have announced yet (a queued prefill). A group counts as known when a backend
    holds half of its blocks. Backends without a usable stream keep the approximate estimate above.
+   What an engine holds also stretches the bound for it: such a backend fits up to `warm_slack` x
+   its held blocks / `blocks_per_request` requests above it (a spill would copy the prefix onto a
+   cold engine, whose prefill every sequence there waits for, while a request in flight on a
+   batching engine is mostly a decode sequence sharing the steps) - unless the request's group is
+   hot (`GroupDemand.hot`), whose load the bound and the spread must share. Only the engines'
+   reports stretch it, never this process's memory: without events the bound is as in 4.
 
 Reasons: `affinity:hit` (home; the index knows a prefix of this request there, or the index is
 disabled), `affinity:miss` (home, or a new group's placement; nothing known there yet), `affinity:index` (a non-home backend the
@@ -311,9 +317,7 @@ class PrefixAffinity(BackendPolicy):
             if group and top >= g / 2:
                 known = True
         known_home = warm[0] > 0
-        # The bound yields to what an engine says it holds (see the module docstring, 4.): a warm
-        # backend may run above it by `warm_slack` x its held blocks' worth in requests - unless
-        # the group is hot, whose load the bound and the spread must share.
+        # The bound yields to what an engine says it holds (see the module docstring, 5.).
         if (
             lacking < n
             and config.warm_slack

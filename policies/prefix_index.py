@@ -24,6 +24,9 @@ from collections import OrderedDict
 from collections.abc import Container, Sequence
 from itertools import islice
 
+#: distinct holders tuples `PrefixIndex` shares before it starts sharing anew
+SHARED_TUPLES = 4096
+
 
 class PrefixIndex:
     """LRU map from block hash to the backends that were sent that prefix. Not thread-safe (the
@@ -74,7 +77,7 @@ class PrefixIndex:
         tuples = self._tuples
         shared = tuples.get(holders)
         if shared is None:
-            if len(tuples) >= 4096:
+            if len(tuples) >= SHARED_TUPLES:
                 tuples.clear()
             shared = tuples[holders] = holders
         return shared
