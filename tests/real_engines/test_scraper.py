@@ -129,9 +129,13 @@ def test_repeated_long_prompt_shows_cached_tokens(gateway: GatewayProcess, real_
         assert 1000 <= first["prompt_tokens"] <= 2000
         assert first["prompt_tokens_details"]["cached_tokens"] < 64  # nothing of it was cached
         before = httpx.get(gateway.base_url + "/metrics", timeout=10).text
-        second = client.post("/v1/chat/completions", json=chat(prompt)).json()["usage"]
+        answer = client.post("/v1/chat/completions", json=chat(prompt))
+        assert answer.status_code == 200, (answer.status_code, answer.headers, answer.text)
+        second = answer.json()["usage"]
         body = chat(prompt, stream=True, stream_options={"include_usage": True})
-        streamed = client.post("/v1/chat/completions", json=body).text
+        answer = client.post("/v1/chat/completions", json=body)
+        assert answer.status_code == 200, (answer.status_code, answer.headers, answer.text)
+        streamed = answer.text
     cached = second["prompt_tokens_details"]["cached_tokens"]
     n = second["prompt_tokens"]
     if real_engine.engine == "vllm":  # whole 32-token blocks, all but the one holding the last token
