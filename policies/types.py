@@ -109,7 +109,12 @@ class PoolView:
         return tuple(b for b in self.backends if b.routable)
 
     def has_routable_backend(self) -> bool:
-        return any(b.routable for b in self.backends)
+        # `BackendView.routable` inlined, and a loop rather than `any` over a generator: the pool
+        # choice asks this on every request
+        for b in self.backends:  # noqa: SIM110
+            if b.healthy and not b.draining and not b.circuit_open:
+                return True
+        return False
 
 
 @dataclass(frozen=True, slots=True)
