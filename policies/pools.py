@@ -33,6 +33,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from policies.hashing import NameHashes, mix64, unit_float
 from policies.types import FleetSnapshot, PoolView, RequestFeatures, RoutingError, ToolChoice
@@ -88,8 +89,7 @@ class PoolBalance:
     load_slack: float = 1.0
 
 
-@dataclass(frozen=True, slots=True)
-class PoolChoice:
+class PoolChoice(NamedTuple):
     pool: PoolView
     reason: str
     placed: str | None = None  # the pool the `place` hook named, if it was asked
