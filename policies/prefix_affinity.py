@@ -268,9 +268,14 @@ class PrefixAffinity(BackendPolicy):
             raise ValueError(f"pool {pool.name!r} has no routable backend")
         config = self._config
         load = self._load
-        scores = load.scores(ranked)
+        scores, any_saturated = load.loads(ranked)
         bound = math.ceil((1.0 + config.load_factor) * (sum(scores) + 1.0) / n) + config.load_slack
-        fits = load.fits(ranked, scores, bound)
+        if not any_saturated and max(scores) + 1.0 <= bound:  # every backend fits (`LoadModel.fits`)
+            fits = [True] * n
+            every_fit = True
+        else:
+            fits = load.fits(ranked, scores, bound)
+            every_fit = all(fits)
 
         # Expected warm blocks per backend (see the module docstring, 3).
         group = g > 0
@@ -319,7 +324,6 @@ class PrefixAffinity(BackendPolicy):
             if group and top >= g / 2:
                 known = True
         known_home = warm[0] > 0
-        every_fit = all(fits)
         # The bound yields to what an engine says it holds (see the module docstring, 5.).
         if (
             lacking < n
