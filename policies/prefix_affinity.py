@@ -70,7 +70,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import compress
@@ -285,44 +285,68 @@ class PrefixAffinity(BackendPolicy):
         indexed = self._index.max_entries > 0
         deep = known = False
         # the engines' events: exact warm blocks for backends with a usable stream (5.), by
-        # position in `ranked` (None: no usable stream); `exact`: some backend has one
-        exact = self._exact(features, names)
-        lacking = exact.count(None)
+        # position in `ranked` (None: no usable stream); `lacking`: the backends without one
+        exact: list[float | None]
+        held_tokens = self._held_tokens(features)
+        if held_tokens is None:
+            exact = [None] * n
+            lacking = n
+        else:
+            tokens, scale = held_tokens
+            get_tokens = tokens.get
+            exact = []
+            append = exact.append
+            lacking = 0
+            top = 0.0
+            for i, name in enumerate(names):
+                t = get_tokens(name)
+                if t is None:
+                    lacking += 1
+                    append(None)
+                    continue
+                held = t * scale
+                append(held)
+                if held > top:
+                    top = held
+                if held - base > 0:
+                    warm[i] = held - base
+            if top > preamble:
+                deep = True
+            if group and lacking < n and top >= g / 2:
+                known = True
         fresh: str | None = None
         if lacking < n:
             pend = self._pending.get(key)
             if pend is not None and self._kv.now - pend[1] < config.pending_s:
                 fresh = pend[0]
-        # this replica's memory is read only when some backend lacks events (or has a fresh decision)
+        # this replica's memory is read only when some backend lacks events (or has a fresh
+        # decision), and only for those backends: it yields to what engines hold (a backend's warm
+        # blocks are the larger of the two)
         if indexed and features.block_hashes and (lacking or fresh is not None):
             depths = self._index.depths(features.block_hashes, names, above=max(0, preamble - 1))
-            if depths:
+            if depths and lacking:
                 deepest = 0
                 get = depths.get
                 for i, name in enumerate(names):
                     d = get(name)
-                    # this replica's memory of where it sent prefixes yields to what engines hold
                     if d is None or (exact[i] is not None and name != fresh):
                         continue
                     known = True
                     if d > deepest:
                         deepest = d
-                    if d > base:
+                    if d - base > warm[i]:
                         warm[i] = d - base
-                deep = deepest > preamble
-        if lacking < n:
-            top = 0.0
-            for i, held in enumerate(exact):
-                if held is None:
-                    continue
-                if held > top:
-                    top = held
-                if held - base > warm[i]:
-                    warm[i] = held - base
-            if top > preamble:
-                deep = True
-            if group and top >= g / 2:
-                known = True
+                if deepest > preamble:
+                    deep = True
+            elif depths and fresh is not None:  # every backend has events: the fresh decision's alone
+                d = depths.get(fresh)
+                if d is not None:
+                    known = True
+                    i = names.index(fresh)
+                    if d - base > warm[i]:
+                        warm[i] = d - base
+                    if d > preamble:
+                        deep = True
         known_home = warm[0] > 0
         # The bound yields to what an engine says it holds (see the module docstring, 5.).
         if (
@@ -334,11 +358,11 @@ class PrefixAffinity(BackendPolicy):
             extra = config.warm_slack * self._value
             saturated = load.saturated
             for i in range(n):
-                held = exact[i]
+                blocks = exact[i]
                 if (
                     not fits[i]
-                    and held is not None
-                    and scores[i] + 1.0 <= bound + extra * (held - base)
+                    and blocks is not None
+                    and scores[i] + 1.0 <= bound + extra * (blocks - base)
                     and not saturated(ranked[i])
                 ):
                     fits[i] = True
@@ -445,15 +469,6 @@ class PrefixAffinity(BackendPolicy):
             return None
         tokens, scale = held
         return {name: t * scale for name, t in tokens.items()}
-
-    def _exact(self, features: RequestFeatures, names: Sequence[str]) -> list[float | None]:
-        """`holders` for each of `names`, by position (None: no usable stream)."""
-        held = self._held_tokens(features)
-        if held is None:
-            return [None] * len(names)
-        tokens, scale = held
-        get = tokens.get
-        return [None if (t := get(name)) is None else t * scale for name in names]
 
     def _held_tokens(self, features: RequestFeatures) -> tuple[dict[str, int], float] | None:
         """The engines' held tokens of the request's prompt per backend (`KvIndex.match`) and the
