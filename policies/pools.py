@@ -179,7 +179,8 @@ def _only(pool: PoolView, features: RequestFeatures, rules: Sequence[Rule]) -> P
     decide between one candidate."""
     if features.model not in pool.models:
         raise RoutingError("unknown_model", "no-pool-serves-model")
-    if not capable(pool, features):
+    # (a request with neither tools nor structured output is served by every pool)
+    if (features.has_tools or features.structured_output) and not capable(pool, features):
         raise RoutingError("unavailable", "no-capable-pool")
     if not (pool.weight > 0 and pool.has_routable_backend()):
         raise RoutingError("unavailable", "no-eligible-pool")

@@ -254,11 +254,13 @@ class PrefixAffinity(BackendPolicy):
 
     def _ranked(self, pool: PoolView, key: int) -> tuple[tuple[BackendView, ...], tuple[str, ...]]:
         """The pool's routable backends in the key's rendezvous order, and their names."""
+        backends = pool.backends
         # `BackendView.routable`, inlined: this runs for every backend of every decision
-        routable = [b for b in pool.backends if b.healthy and not b.draining and not b.circuit_open]
-        names = tuple([b.name for b in routable])
+        names = tuple([b.name for b in backends if b.healthy and not b.draining and not b.circuit_open])
         rank = self._orders.ranker(key, names)
-        return rank(routable), rank(names)
+        if len(names) == len(backends):  # all routable (the usual case)
+            return rank(backends), rank(names)
+        return rank([b for b in backends if b.healthy and not b.draining and not b.circuit_open]), rank(names)
 
     def select(self, pool: PoolView, features: RequestFeatures, rand: float) -> BackendChoice:
         g, key = self.keyed(features)
