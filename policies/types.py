@@ -3,8 +3,8 @@
 Everything here is an immutable value: the gateway builds a `FleetSnapshot` from its own state
 (admin weights, health, drain, in-flight counts, scraped engine metrics) and a `RequestFeatures` from
 the request (see `policies.features`), frozen slotted dataclasses, and the policies answer with a
-`BackendChoice` and a `Decision`, named tuples (built on every request: a third of a frozen
-dataclass's construction time). Nothing here does I/O.
+`BackendChoice` and a `Decision`, named tuples (built on every request: a third to a half of a
+frozen dataclass's construction time). Nothing here does I/O.
 
 Error tree (one, raised by `policies.pools` and `policies.router`)::
 
