@@ -59,6 +59,38 @@ class LoadModel:
             append(active)
         return out
 
+    def loads(self, backends: Sequence[BackendView]) -> tuple[list[float], bool]:
+        """`scores` of `backends`, and whether any of them is `saturated` (one pass: the decision's
+        hot loop; with none saturated, the ones that `fits` a bound are those whose score fits)."""
+        queue_weight = self.queue_weight
+        kv_weight = self.kv_weight
+        queue_high = self.queue_high
+        kv_high = self.kv_high
+        out: list[float] = []
+        append = out.append
+        saturated = False
+        for backend in backends:
+            in_flight = backend.in_flight
+            active = float(in_flight)
+            engine = backend.running or 0.0
+            queue = backend.queue_depth
+            if queue:
+                engine += queue_weight * queue
+            if engine > active:
+                active = engine
+            kv = backend.kv_usage
+            if kv:
+                active += kv_weight * kv
+            append(active)
+            limit = backend.max_concurrency
+            if (
+                (limit is not None and in_flight >= limit)
+                or (queue_high is not None and queue is not None and queue > queue_high)
+                or (kv_high is not None and kv is not None and kv > kv_high)
+            ):
+                saturated = True
+        return out, saturated
+
     def fits(self, backends: Sequence[BackendView], scores: Sequence[float], bound: float) -> list[bool]:
         """Per backend: its score (`scores`, in order) + 1 is within `bound` and it is not
         `saturated` (one call for a pool: the decision's hot loop, `saturated` inlined)."""

@@ -33,6 +33,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from policies.hashing import NameHashes, mix64, unit_float
 from policies.types import FleetSnapshot, PoolView, RequestFeatures, RoutingError, ToolChoice
@@ -88,8 +89,7 @@ class PoolBalance:
     load_slack: float = 1.0
 
 
-@dataclass(frozen=True, slots=True)
-class PoolChoice:
+class PoolChoice(NamedTuple):
     pool: PoolView
     reason: str
     placed: str | None = None  # the pool the `place` hook named, if it was asked
@@ -133,7 +133,10 @@ def choose_pool(
             raise RoutingError("unavailable", "pin:no-backend")
         return PoolChoice(pinned, "pin")
 
-    serving = [p for p in snapshot.pools if model in p.models]
+    pools = snapshot.pools
+    if len(pools) == 1 and prefer is None:
+        return _only(pools[0], features, rules)
+    serving = [p for p in pools if model in p.models]
     if not serving:
         raise RoutingError("unknown_model", "no-pool-serves-model")
     live = [p for p in serving if capable(p, features) and p.weight > 0 and p.has_routable_backend()]
@@ -168,6 +171,27 @@ def choose_pool(
     if placed is not None:  # the group's placed pool first, then the rendezvous order
         ordered.sort(key=lambda p: p.name != placed)
     return PoolChoice(_bounded(ordered, balance), f"{label}+weights", placed)
+
+
+def _only(pool: PoolView, features: RequestFeatures, rules: Sequence[Rule]) -> PoolChoice:
+    """`choose_pool` for a snapshot of one pool and no retry (the common deployment, on every
+    request): the same checks, errors and reasons, without the candidate lists; the weights never
+    decide between one candidate."""
+    if features.model not in pool.models:
+        raise RoutingError("unknown_model", "no-pool-serves-model")
+    # (a request with neither tools nor structured output is served by every pool)
+    if (features.has_tools or features.structured_output) and not capable(pool, features):
+        raise RoutingError("unavailable", "no-capable-pool")
+    if not (pool.weight > 0 and pool.has_routable_backend()):
+        raise RoutingError("unavailable", "no-eligible-pool")
+    for rule in rules:
+        if not rule.matches(features):
+            continue
+        if pool.name in rule.then_pools:
+            return PoolChoice(pool, f"rule:{rule.name}")
+        if rule.strict:
+            raise RoutingError("unavailable", f"rule:{rule.name}:no-eligible-pool")
+    return PoolChoice(pool, "default")
 
 
 def _cumulative(pools: Sequence[PoolView], rand: float) -> PoolView:

@@ -70,9 +70,10 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import Literal
 
 from policies.group_demand import GroupDemand
@@ -200,8 +201,8 @@ class PrefixAffinity(BackendPolicy):
         self._kv = KvIndex(config.kv)
         # routing key -> (backend, when): decisions whose blocks the engine may not have announced
         self._pending: OrderedDict[int, tuple[str, float]] = OrderedDict()
-        # the last `holders` answer: (prompt, index version, clock, answer)
-        self._held: tuple[object, int, float, dict[str, float] | None] = (None, -1, 0.0, None)
+        # the last `_held_tokens` answer: (prompt, index version, clock, answer)
+        self._held: tuple[object, int, float, tuple[dict[str, int], float] | None] = (None, -1, 0.0, None)
         # the last request's (features, group blocks, routing key), and rendezvous orders by key
         self._keyed: tuple[object, int, int] = (None, 0, 0)
         self._orders = HrwOrders(self._names)
@@ -249,25 +250,34 @@ class PrefixAffinity(BackendPolicy):
 
     def rank(self, pool: PoolView, features: RequestFeatures) -> list[BackendView]:
         """The pool's routable backends in rendezvous order for this request (home first)."""
-        return self._ranked(pool, self.keyed(features)[1])
+        return list(self._ranked(pool, self.keyed(features)[1])[0])
 
-    def _ranked(self, pool: PoolView, key: int) -> list[BackendView]:
-        routable = [b for b in pool.backends if b.routable]
-        order = self._orders.order(key, tuple([b.name for b in routable]))
-        return [routable[i] for i in order]
+    def _ranked(self, pool: PoolView, key: int) -> tuple[tuple[BackendView, ...], tuple[str, ...]]:
+        """The pool's routable backends in the key's rendezvous order, and their names."""
+        backends = pool.backends
+        # `BackendView.routable`, inlined: this runs for every backend of every decision
+        names = tuple([b.name for b in backends if b.healthy and not b.draining and not b.circuit_open])
+        rank = self._orders.ranker(key, names)
+        if len(names) == len(backends):  # all routable (the usual case)
+            return rank(backends), rank(names)
+        return rank([b for b in backends if b.healthy and not b.draining and not b.circuit_open]), rank(names)
 
     def select(self, pool: PoolView, features: RequestFeatures, rand: float) -> BackendChoice:
         g, key = self.keyed(features)
-        ranked = self._ranked(pool, key)
+        ranked, names = self._ranked(pool, key)
         n = len(ranked)
         if n == 0:
             raise ValueError(f"pool {pool.name!r} has no routable backend")
         config = self._config
         load = self._load
-        scores = load.scores(ranked)
+        scores, any_saturated = load.loads(ranked)
         bound = math.ceil((1.0 + config.load_factor) * (sum(scores) + 1.0) / n) + config.load_slack
-        fits = load.fits(ranked, scores, bound)
-        names = [b.name for b in ranked]
+        if not any_saturated and max(scores) + 1.0 <= bound:  # every backend fits (`LoadModel.fits`)
+            fits = [True] * n
+            every_fit = True
+        else:
+            fits = load.fits(ranked, scores, bound)
+            every_fit = all(fits)
 
         # Expected warm blocks per backend (see the module docstring, 3).
         group = g > 0
@@ -277,64 +287,88 @@ class PrefixAffinity(BackendPolicy):
         indexed = self._index.max_entries > 0
         deep = known = False
         # the engines' events: exact warm blocks for backends with a usable stream (5.), by
-        # position in `ranked` (None: no usable stream); `exact`: some backend has one
-        held_by = self.holders(features)
-        exact: list[float | None] = list(map(held_by.get, names)) if held_by else [None] * n
-        lacking = exact.count(None)
+        # position in `ranked` (None: no usable stream); `lacking`: the backends without one
+        exact: list[float | None]
+        held_tokens = self._held_tokens(features)
+        if held_tokens is None:
+            exact = [None] * n
+            lacking = n
+        else:
+            tokens, scale = held_tokens
+            get_tokens = tokens.get
+            exact = []
+            append = exact.append
+            lacking = 0
+            top = 0.0
+            for i, name in enumerate(names):
+                t = get_tokens(name)
+                if t is None:
+                    lacking += 1
+                    append(None)
+                    continue
+                held = t * scale
+                append(held)
+                if held > top:
+                    top = held
+                if held - base > 0:
+                    warm[i] = held - base
+            if top > preamble:
+                deep = True
+            if group and lacking < n and top >= g / 2:
+                known = True
         fresh: str | None = None
         if lacking < n:
             pend = self._pending.get(key)
             if pend is not None and self._kv.now - pend[1] < config.pending_s:
                 fresh = pend[0]
-        # this replica's memory is read only when some backend lacks events (or has a fresh decision)
+        # this replica's memory is read only when some backend lacks events (or has a fresh
+        # decision), and only for those backends: it yields to what engines hold (a backend's warm
+        # blocks are the larger of the two)
         if indexed and features.block_hashes and (lacking or fresh is not None):
             depths = self._index.depths(features.block_hashes, names, above=max(0, preamble - 1))
-            if depths:
+            if depths and lacking:
                 deepest = 0
-                for i in range(n):
-                    d = depths.get(names[i])
-                    # this replica's memory of where it sent prefixes yields to what engines hold
-                    if d is None or (exact[i] is not None and names[i] != fresh):
+                get = depths.get
+                for i, name in enumerate(names):
+                    d = get(name)
+                    if d is None or (exact[i] is not None and name != fresh):
                         continue
                     known = True
                     if d > deepest:
                         deepest = d
-                    if d > base:
+                    if d - base > warm[i]:
                         warm[i] = d - base
-                deep = deepest > preamble
-        if lacking < n:
-            top = 0.0
-            for i in range(n):
-                held = exact[i]
-                if held is None:
-                    continue
-                if held > top:
-                    top = held
-                if held - base > warm[i]:
-                    warm[i] = held - base
-            if top > preamble:
-                deep = True
-            if group and top >= g / 2:
-                known = True
+                if deepest > preamble:
+                    deep = True
+            elif depths and fresh is not None:  # every backend has events: the fresh decision's alone
+                d = depths.get(fresh)
+                if d is not None:
+                    known = True
+                    i = names.index(fresh)
+                    if d - base > warm[i]:
+                        warm[i] = d - base
+                    if d > preamble:
+                        deep = True
         known_home = warm[0] > 0
         # The bound yields to what an engine says it holds (see the module docstring, 5.).
         if (
             lacking < n
             and config.warm_slack
-            and not all(fits)
+            and not every_fit
             and not (group and self._demand.hot(pool.name, key, n, 1.0 + config.load_factor))
         ):
             extra = config.warm_slack * self._value
             saturated = load.saturated
             for i in range(n):
-                held = exact[i]
+                blocks = exact[i]
                 if (
                     not fits[i]
-                    and held is not None
-                    and scores[i] + 1.0 <= bound + extra * (held - base)
+                    and blocks is not None
+                    and scores[i] + 1.0 <= bound + extra * (blocks - base)
                     and not saturated(ranked[i])
                 ):
                     fits[i] = True
+            every_fit = all(fits)
         # working sets: a group's placement, its next holder and the tie-break all compare them
         sizes = self._sets.sizes(names) if group else [0] * n
         placed = -1  # a new group's placement among its first choices
@@ -347,7 +381,7 @@ class PrefixAffinity(BackendPolicy):
                 # replica's own, and near-ties sent one group to different backends from different
                 # replicas. Opening groups take the lightest (see the module docstring, 3).
                 # The fleet's shared store names the backend another process placed it on.
-                placed = _position(ranked, features.placed_on)
+                placed = _position(names, features.placed_on)
                 if placed < 0:
                     if opening_group(features, config):
                         slack = 0.0
@@ -375,7 +409,10 @@ class PrefixAffinity(BackendPolicy):
             # the home is assumed to hold the history, unless its engine says what it holds
             warm[0] = features.history_blocks - base
 
-        candidates = [i for i in range(n) if fits[i]]
+        if every_fit:
+            candidates: Iterable[int] = range(n)
+        else:
+            candidates = list(compress(range(n), fits))
         if not candidates:
             chosen = min(range(n), key=scores.__getitem__)
         else:
@@ -384,32 +421,29 @@ class PrefixAffinity(BackendPolicy):
             # request must not push a conversation off its home at low load (the engine's figures,
             # stale but global, bound the choice through `fits`)
             costs = [b.in_flight - value * w for b, w in zip(ranked, warm, strict=True)]
-            cheapest = costs[candidates[0]]
-            for i in candidates:
-                if costs[i] < cheapest:
-                    cheapest = costs[i]
-            limit = cheapest + config.tolerance
+            limit = min([costs[i] for i in candidates] if not every_fit else costs) + config.tolerance
             # HRW order: the warmest within the tolerance; on ties the earliest, or for a group the
             # one with the smallest working set (a cold copy evicts the least there)
             chosen = -1
+            top_warm = 0.0
             for i in candidates:
-                if costs[i] <= limit and (
-                    chosen < 0
-                    or warm[i] > warm[chosen]
-                    or (warm[i] == warm[chosen] and sizes[i] < sizes[chosen])
-                ):
-                    chosen = i
+                if costs[i] <= limit:
+                    w = warm[i]
+                    if chosen < 0 or w > top_warm or (w == top_warm and sizes[i] < sizes[chosen]):
+                        chosen = i
+                        top_warm = w
+        name = names[chosen]
         if chosen == placed and chosen > 0:
-            return BackendChoice(ranked[chosen].name, "affinity:miss", "miss")
+            return BackendChoice(name, "affinity:miss", "miss")
         if chosen == spread and chosen > 0:
-            return BackendChoice(ranked[chosen].name, "affinity:spread", "spill")
+            return BackendChoice(name, "affinity:spread", "spill")
         if chosen == 0:
             if known_home or not indexed:
-                return BackendChoice(ranked[0].name, "affinity:hit", "hit")
-            return BackendChoice(ranked[0].name, "affinity:miss", "miss")
+                return BackendChoice(name, "affinity:hit", "hit")
+            return BackendChoice(name, "affinity:miss", "miss")
         if warm[chosen] > warm[0]:
-            return BackendChoice(ranked[chosen].name, "affinity:index", "hit")
-        return BackendChoice(ranked[chosen].name, "affinity:spill", "spill")
+            return BackendChoice(name, "affinity:index", "hit")
+        return BackendChoice(name, "affinity:spill", "spill")
 
     def on_routed(self, pool: PoolView, features: RequestFeatures, choice: BackendChoice) -> None:
         # The preamble's last block (it identifies the whole preamble: which backends were sent this
@@ -431,8 +465,18 @@ class PrefixAffinity(BackendPolicy):
 
     def holders(self, features: RequestFeatures) -> dict[str, float] | None:
         """Warm blocks (in the estimate's units) per backend of the fleet whose events are usable, or
-        None (no tokens, no streams). One scan of the index for every backend at once, remembered
-        until the index or the clock changes: the pool choice and the backend choice both ask."""
+        None (no tokens, no streams)."""
+        held = self._held_tokens(features)
+        if held is None:
+            return None
+        tokens, scale = held
+        return {name: t * scale for name, t in tokens.items()}
+
+    def _held_tokens(self, features: RequestFeatures) -> tuple[dict[str, int], float] | None:
+        """The engines' held tokens of the request's prompt per backend (`KvIndex.match`) and the
+        factor to the estimate's blocks, or None (no tokens, no streams, nothing usable). One scan of
+        the index for every backend at once, remembered until the index or the clock changes: the
+        pool choice and the backend choice both ask."""
         prompt = features.prompt
         kv = self._kv
         if prompt is None or not kv.streams or not prompt.tokens:
@@ -441,19 +485,16 @@ class PrefixAffinity(BackendPolicy):
         if memo[0] is prompt and memo[1] == kv.version and memo[2] == kv.now:
             return memo[3]
         held = kv.match(prompt)
-        out: dict[str, float] | None = None
+        out: tuple[dict[str, int], float] | None = None
         if held:
             # real tokens -> estimated blocks: the request's estimated tokens per real token
-            scale = features.prompt_tokens / (prompt.length * self._config.block_tokens)
-            out = {name: tokens * scale for name, tokens in held.items()}
+            out = held, features.prompt_tokens / (prompt.length * self._config.block_tokens)
         self._held = (prompt, kv.version, kv.now, out)
         return out
 
 
-def _position(ranked: list[BackendView], name: str | None) -> int:
-    """The index of backend `name` in `ranked`, -1 when absent (or `name` is None)."""
-    if name is not None:
-        for i, b in enumerate(ranked):
-            if b.name == name:
-                return i
+def _position(names: tuple[str, ...], name: str | None) -> int:
+    """The index of backend `name` in `names`, -1 when absent (or `name` is None)."""
+    if name is not None and name in names:
+        return names.index(name)
     return -1

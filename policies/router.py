@@ -116,17 +116,13 @@ class Router:
             prefer=prefer,
         )
         pool = pool_choice.pool
-        choice = self.policy.select(pool, features, rand)
+        policy = self.policy
+        choice = policy.select(pool, features, rand)
         if not dry_run:
-            self.policy.on_routed(pool, features, choice)
+            policy.on_routed(pool, features, choice)
             if pool_choice.placed is not None:
                 self._groups.note(key, pool_choice.placed, pool.name, features)
-        return Decision(
-            pool=pool.name,
-            backend=choice.backend,
-            reason=f"{pool_choice.reason}+{choice.reason}",
-            affinity=choice.affinity,
-        )
+        return Decision(pool.name, choice.backend, f"{pool_choice.reason}+{choice.reason}", choice.affinity)
 
     def _place(self, order: Sequence[PoolView], features: RequestFeatures, key: int) -> str:
         """The pool a prefix group goes to among `order` (its candidate pools in rendezvous order):

@@ -44,6 +44,10 @@ def test_hrw_orders_are_the_rendezvous_sort_whatever_is_remembered(key: int, nam
     # another set of names under the same key is another order, not the remembered one
     fewer = tuple(names[1:])
     assert [fewer[i] for i in orders.order(key, fewer)] == [n for n in expected if n != names[0]]
+    # the ranker puts the names, and anything aligned with them, in that order (one name: as is)
+    rank = orders.ranker(key, tuple(names))
+    assert list(rank(names)) == expected
+    assert list(rank([(n,) for n in names])) == [(n,) for n in expected]
 
 
 def test_hrw_orders_memo_is_bounded() -> None:

@@ -87,3 +87,32 @@ def test_fits_is_within_the_bound_and_not_saturated(
     assert model.fits(backends, scores, bound) == [
         s + 1.0 <= bound and not model.saturated(b) for s, b in zip(scores, backends, strict=True)
     ]
+
+
+@given(
+    st.lists(
+        st.builds(
+            BackendView,
+            name=st.text(min_size=1, max_size=3),
+            in_flight=st.integers(0, 20),
+            queue_depth=st.none() | st.floats(0, 12),
+            running=st.none() | st.floats(0, 12),
+            kv_usage=st.none() | st.floats(0, 1),
+            max_concurrency=st.none() | st.integers(1, 20),
+        ),
+        max_size=10,
+    ),
+    st.floats(0, 4),
+    st.floats(0, 8),
+    st.none() | st.integers(0, 10).map(float),
+    st.none() | st.sampled_from([0.5, 0.9]),
+)
+def test_loads_are_the_scores_and_whether_any_is_saturated(
+    backends: list[BackendView],
+    queue_weight: float,
+    kv_weight: float,
+    queue_high: float | None,
+    kv_high: float | None,
+) -> None:
+    model = LoadModel(queue_weight=queue_weight, kv_weight=kv_weight, queue_high=queue_high, kv_high=kv_high)
+    assert model.loads(backends) == (model.scores(backends), any(model.saturated(b) for b in backends))

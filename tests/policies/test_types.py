@@ -25,8 +25,10 @@ def test_snapshot_lookup_and_serves() -> None:
 
 def test_values_are_frozen() -> None:
     d = Decision("p", "b", "default+rr", "none")
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         d.pool = "q"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        BackendView("a").in_flight = 1  # type: ignore[misc]
 
 
 def test_needs_tool_parser() -> None:
