@@ -21,7 +21,8 @@ Steps, in order:
    split over many conversations follows the weights, and a weight change moves only the share that
    must move); without one, the cumulative weights against `rand`. With a `place` hook (a prefix
    group's placement, `policies.pool_placement`), the pool it names among these candidates goes
-   first in that order; the load bound still applies.
+   first in that order; the load bound still applies, stretched for a pool by a `stretch` hook (the
+   requests' worth of the group its engines hold, `PrefixAffinity.pool_stretch`).
 
 The reason is `pin`, or `rule:<name>` / `default`, followed by `+weights` when weights decided;
 `retry` when a retry stayed in its pool.
@@ -98,6 +99,8 @@ class PoolChoice(NamedTuple):
 # Given the candidate pools (two or more, after rules) in the key's rendezvous order, the one a
 # prefix group should go to, or None for no preference.
 PlaceHook = Callable[[Sequence[PoolView]], str | None]
+# Requests a pool may carry above its bound because its engines hold the request's group.
+StretchHook = Callable[[PoolView], float]
 
 
 def capable(pool: PoolView, features: RequestFeatures) -> bool:
@@ -119,6 +122,7 @@ def choose_pool(
     balance: PoolBalance | None = None,
     place: PlaceHook | None = None,
     prefer: str | None = None,
+    stretch: StretchHook | None = None,
 ) -> PoolChoice:
     """The pool for this request (see the module docstring); raises `RoutingError`. `prefer`: the
     pool a retry comes from (kept while it is a candidate)."""
@@ -170,7 +174,7 @@ def choose_pool(
     placed = place(ordered) if place is not None else None
     if placed is not None:  # the group's placed pool first, then the rendezvous order
         ordered.sort(key=lambda p: p.name != placed)
-    return PoolChoice(_bounded(ordered, balance), f"{label}+weights", placed)
+    return PoolChoice(_bounded(ordered, balance, stretch), f"{label}+weights", placed)
 
 
 def _only(pool: PoolView, features: RequestFeatures, rules: Sequence[Rule]) -> PoolChoice:
@@ -205,8 +209,11 @@ def _cumulative(pools: Sequence[PoolView], rand: float) -> PoolView:
     return pools[-1]
 
 
-def _bounded(ordered: Sequence[PoolView], balance: PoolBalance | None) -> PoolView:
-    """The first pool of `ordered` within the load bound (see the module docstring, 6)."""
+def _bounded(
+    ordered: Sequence[PoolView], balance: PoolBalance | None, warm: StretchHook | None = None
+) -> PoolView:
+    """The first pool of `ordered` within the load bound, stretched by `warm` for a pool whose
+    engines hold the request's group (see the module docstring, 6)."""
     if balance is None:
         return ordered[0]
     loads: list[float] = []
@@ -226,7 +233,7 @@ def _bounded(ordered: Sequence[PoolView], balance: PoolBalance | None) -> PoolVi
     stretch = 1.0 + balance.load_factor
     for i, p in enumerate(ordered):
         bound = stretch * total * max(p.weight / weights, sizes[i] / size) + balance.load_slack
-        if loads[i] + 1.0 <= bound:
+        if loads[i] + 1.0 <= bound or (warm is not None and loads[i] + 1.0 <= bound + warm(p)):
             return p
     # every pool is over its share and busier than average: the least loaded per backend
     return ordered[min(range(len(ordered)), key=lambda i: (loads[i] + 1.0) / sizes[i])]

@@ -463,6 +463,25 @@ class PrefixAffinity(BackendPolicy):
             if len(pending) > self._config.demand_entries:
                 pending.popitem(last=False)
 
+    def pool_stretch(self, pool: PoolView, features: RequestFeatures) -> float:
+        """Requests `pool` may carry above the pools' bound because one of its engines holds the
+        request's group (its events: at least half of the group), as `warm_slack` stretches the
+        backend bound (5.); 0 for a hot group, without events or without a group."""
+        config = self._config
+        held = self.holders(features) if config.warm_slack else None
+        if not held:
+            return 0.0
+        g, key = self.keyed(features)
+        most = 0.0
+        n = 0
+        for b in pool.backends:
+            if b.routable:
+                n += 1
+                most = max(most, held.get(b.name, 0.0))
+        if not g or most < g / 2 or self._demand.hot(pool.name, key, n, 1.0 + config.load_factor):
+            return 0.0
+        return config.warm_slack * self._value * most
+
     def holders(self, features: RequestFeatures) -> dict[str, float] | None:
         """Warm blocks (in the estimate's units) per backend of the fleet whose events are usable, or
         None (no tokens, no streams)."""

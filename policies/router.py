@@ -18,7 +18,7 @@ from policies.hashing import NameHashes, mix64
 from policies.kv_index import KvIndex
 from policies.policy import BackendPolicy
 from policies.pool_placement import PoolPlacement
-from policies.pools import PlaceHook, PoolBalance, Rule, choose_pool
+from policies.pools import PlaceHook, PoolBalance, Rule, StretchHook, choose_pool
 from policies.prefix_affinity import DEFAULT_CONFIG as DEFAULT_AFFINITY_CONFIG
 from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig, group_blocks, routing_key
 from policies.types import Decision, FleetSnapshot, PoolView, RequestFeatures, RoutingError
@@ -91,6 +91,7 @@ class Router:
             snapshot = _without(snapshot, exclude)
         sticky_key: int | None = None
         place: PlaceHook | None = None
+        stretch: StretchHook | None = None
         key = 0
         # (one pool: no key to hash, `choose_pool` uses it only to order several candidate pools)
         if self.pool_choice == "sticky" and len(snapshot.pools) > 1:
@@ -103,6 +104,8 @@ class Router:
             sticky_key = mix64(key ^ _POOL_SALT)
             if pin is None and prefer is None and g:
                 place = functools.partial(self._place, features=features, key=key)
+                if isinstance(policy, PrefixAffinity):
+                    stretch = functools.partial(policy.pool_stretch, features=features)
         pool_choice = choose_pool(
             snapshot,
             features,
@@ -114,6 +117,7 @@ class Router:
             balance=self._balance,
             place=place,
             prefer=prefer,
+            stretch=stretch,
         )
         pool = pool_choice.pool
         policy = self.policy

@@ -4,7 +4,13 @@ Every `interval_s` each backend's dialect health path is probed (200 → healthy
 timeout → unhealthy; a failed probe also counts against the circuit breaker). A probe that times out
 while the backend completed answers says nothing and changes nothing: an engine whose API server is
 busy (vLLM's on a starved CPU) answers its health path late but is serving, and marking the only
-backend of a pool unhealthy for that would refuse every request until the next probe. Every
+backend of a pool unhealthy for that would refuse every request until the next probe. Nor does the
+first timed-out probe of a *busy* backend (requests of this process in flight there, or its last
+scrape, since the previous probe, showing requests running or waiting): SGLang's `/health` is a
+one-token generation that waits behind the engine's work, so a long prefill with nothing decoding
+(documents arriving cold) times it out while the engine computes; taking such a backend out sent
+its warm documents to cold engines (bench/ANALYSIS.md, issue #18 stop 26). Only the second timed-out
+probe in a row (no probe answered in between) marks it unhealthy. Every
 `scrape_interval_s` each backend's `/metrics` is read and parsed by its dialect into `EngineLoad`,
 which routing uses while it is fresher than `scrape_stale_s`.
 """
@@ -40,6 +46,8 @@ class HealthChecker:
         self._scrape_interval = scrape_interval_s
         self._on_change = on_change
         self._tasks: list[asyncio.Task[None]] = []
+        #: backends whose last probe timed out while they were busy (forgiven once)
+        self._timed_out: set[str] = set()
 
     async def start(self) -> None:
         """Probe once (so readiness is known at once), then keep probing in the background."""
@@ -72,6 +80,7 @@ class HealthChecker:
         dialect = self._fleet.pools[backend.pool].dialect
         ok = False
         answered = backend.circuit.successes
+        tic = time.monotonic()
         try:
             async with asyncio.timeout(self._timeout):
                 resp = await self._transport.request("GET", backend.url + dialect.health_path, headers={})
@@ -82,11 +91,19 @@ class HealthChecker:
                 ok = resp.status == 200
         except TimeoutError:
             if backend.circuit.successes != answered:
+                self._timed_out.discard(backend.name)
                 log.info("backend %s: health probe timed out while it completed answers", backend.name)
+                return
+            if backend.name not in self._timed_out and self._busy(backend, tic):
+                self._timed_out.add(backend.name)
+                log.info("backend %s: health probe timed out while it was busy", backend.name)
                 return
             ok = False
         except UpstreamError:
             ok = False
+            self._timed_out.discard(backend.name)
+        else:
+            self._timed_out.discard(backend.name)
         now = time.monotonic()
         if ok and backend.circuit.state == "open" and backend.healthy is False:
             # A backend that comes back is given its trial at once.
@@ -99,6 +116,18 @@ class HealthChecker:
             backend.healthy = ok
             if self._on_change is not None:
                 self._on_change(backend)
+
+    def _busy(self, backend: Backend, tic: float) -> bool:
+        """Work is under way on `backend`: requests of this process in flight, or its engine's
+        metrics, scraped since the previous probe, report requests running or waiting."""
+        if backend.in_flight > 0:
+            return True
+        load = backend.load
+        return (
+            load is not None
+            and backend.load_at >= tic - self._interval
+            and ((load.running or 0.0) > 0 or (load.waiting or 0.0) > 0)
+        )
 
     async def _scrape(self, backend: Backend) -> None:
         dialect = self._fleet.pools[backend.pool].dialect

@@ -11,8 +11,9 @@ from engines.sim.prompt import render_chat
 from policies.kv_blocks import PromptBlocks
 from policies.kv_index import KvIndexConfig
 from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig
-from policies.types import BackendChoice, PoolView, RequestFeatures
-from tests.policies.fleet import conversation, features, grow, pool, text
+from policies.router import Router
+from policies.types import BackendChoice, FleetSnapshot, PoolView, RequestFeatures
+from tests.policies.fleet import conversation, features, fleet, grow, pool, text
 from tests.policies.test_kv_index import Engine
 
 
@@ -235,3 +236,41 @@ def test_a_hot_group_gets_no_warm_slack() -> None:
     key = proc.key(last)
     assert proc._demand.span(p.name, key, 4, 1.25) == 1  # no spread
     assert proc.select(busy, last, 0.0).backend == bound_only.select(busy, last, 0.0).backend != home
+
+
+def test_a_pool_whose_engine_holds_the_document_keeps_it_above_the_pools_bound() -> None:
+    """The pool bound yields to what an engine holds, as the backend bound does (`warm_slack`): a
+    document held by an idle engine of its pool is not moved to the other pool (a cold copy) because
+    another backend there runs many requests; with `warm_slack` 0, or far past the stretch, it is."""
+    rng = random.Random(8)
+    document = text(rng, 1500)
+    ask = with_prompt([{"role": "user", "content": document + " which one?"}])
+    quiet = fleet(pool("vllm", 4), pool("sglang", 4, dialect="sglang"))
+
+    def router(**config: Any) -> Router:
+        r = Router(policy_config=PrefixAffinityConfig(**config))
+        assert r.kv_index is not None
+        for p in quiet.pools:
+            for b in p.backends:
+                r.kv_index.attach(b.name)
+                r.kv_index.set_live(b.name, True)
+        return r
+
+    ours, bound_only = router(), router(warm_slack=0.0)
+    first = ours.decide(quiet, ask, 0.0)
+    for r in (ours, bound_only):
+        assert isinstance(r.policy, PrefixAffinity)
+        engine_stores([r.policy], first.backend, ask)
+    home = next(p for p in quiet.pools if p.name == first.pool)
+    other = next(p for p in quiet.pools if p.name != first.pool)
+    busy_one = next(b.name for b in home.backends if b.name != first.backend)
+
+    def with_load(in_flight: int) -> FleetSnapshot:
+        # the pool bound: 1.25 x (in_flight + 4 + 1) x 0.5 + 6; the holder is idle
+        return fleet(load(home, busy_one, in_flight), load(other, other.backends[0].name, 4))
+
+    snap = with_load(40)  # 41 > 1.25 x 45 x 0.5 + 6 = 34.1; the held document stretches it by ~18
+    assert bound_only.decide(snap, ask, 0.0).pool == other.name
+    kept = ours.decide(snap, ask, 0.0)
+    assert (kept.pool, kept.backend) == (first.pool, first.backend)
+    assert ours.decide(with_load(400), ask, 0.0).pool == other.name

@@ -5,15 +5,22 @@ transport and simulators are exercised by tests/reliability)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from typing import Any
 
+import httpx
 import pytest
 
+from engines.base import EngineLoad
+from engines.sglang import SGLangDialect
 from gateway.core.circuit import CircuitBreaker
 from gateway.core.fleet import Backend
+from gateway.demo import SERVED
+from gateway.upstream.h1 import H1Transport
 from gateway.upstream.health import HealthChecker
 from gateway.upstream.transport import ConnectFailed
+from tests.conftest import fast_sim
 
 
 class _Dialect:
@@ -25,9 +32,11 @@ class _Pool:
 
 
 class _Fleet:
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, dialect: Any = None) -> None:
         self.backends = {backend.name: backend}
         self.pools = {backend.pool: _Pool()}
+        if dialect is not None:
+            self.pools[backend.pool].dialect = dialect
 
 
 class _Response:
@@ -99,3 +108,91 @@ async def test_a_200_brings_it_back() -> None:
     backend.healthy = False
     await _checker(backend, _Transport(hang=0)).probe_all()
     assert backend.healthy is True
+
+
+async def test_a_busy_backend_is_marked_unhealthy_only_at_its_second_timed_out_probe_in_a_row() -> None:
+    backend = _backend()
+    backend.in_flight = 2  # requests of this process under way there (a long prefill, nothing answered yet)
+    checker = _checker(backend, _Transport(hang=1.0))
+    await checker.probe_all()
+    assert backend.healthy is True and backend.circuit._failures == 0
+    await checker.probe_all()
+    assert backend.healthy is False and backend.circuit._failures == 1
+
+
+async def test_an_answered_probe_between_two_timeouts_of_a_busy_backend_starts_the_count_again() -> None:
+    backend = _backend()
+    backend.in_flight = 1
+    slow, quick = _Transport(hang=1.0), _Transport(hang=0)
+    checker = _checker(backend, slow)
+    await checker.probe_all()
+    checker._transport = quick  # type: ignore[assignment]
+    await checker.probe_all()
+    checker._transport = slow  # type: ignore[assignment]
+    await checker.probe_all()
+    assert backend.healthy is True
+
+
+async def test_a_busy_engine_by_its_scraped_load_gets_the_same_grace() -> None:
+    backend = _backend()  # nothing of this process in flight; the engine says it runs requests
+    backend.load, backend.load_at = EngineLoad(running=3.0, waiting=5.0), time.monotonic()
+    await _checker(backend, _Transport(hang=1.0)).probe_all()
+    assert backend.healthy is True
+
+
+async def test_a_real_sglang_simulator_prefilling_a_long_prompt_stays_healthy() -> None:
+    """The simulator's `/health` is SGLang's `health_generate` (docs/simulators.md): a one-token
+    generation that waits behind a long prefill. Pure prefill for ~1.5 s (nothing decoding, so
+    nothing answered) times a 0.3 s probe out; the backend, with this request in flight, stays
+    routable (it took warm backends out at the bench's cold start: bench/ANALYSIS.md, stop 26)."""
+    flags = [
+        "--prefill-us-per-token",
+        "1000",
+        "--max-num-batched-tokens",
+        "256",
+        "--chunked-prefill-size",
+        "256",
+    ]
+    with fast_sim("sglang", *flags) as sim:
+        transport = H1Transport(connect_timeout_s=1.0)
+        backend = Backend("s0", sim.base_url, "sglang", CircuitBreaker(3, 10.0))
+        checker = HealthChecker(
+            _Fleet(backend, SGLangDialect()),  # type: ignore[arg-type]
+            transport,  # type: ignore[arg-type]
+            interval_s=60,
+            timeout_s=0.3,
+            scrape_interval_s=0,
+        )
+        try:
+            await checker.probe_all()
+            assert backend.healthy is True
+            body = {
+                "model": SERVED["sglang"],
+                "messages": [{"role": "user", "content": " ".join(f"w{i}" for i in range(1500))}],
+                "max_tokens": 2,
+                "stream": True,
+            }
+            url = sim.base_url + "/v1/chat/completions"
+            async with httpx.AsyncClient(timeout=30) as http, http.stream("POST", url, json=body) as resp:
+                backend.in_flight += 1  # as the proxy counts it
+                await asyncio.sleep(0.2)  # the prefill is under way
+                tic = time.monotonic()
+                await checker.probe_all()
+                assert time.monotonic() - tic >= 0.3, "the probe was expected to time out"
+                assert backend.healthy is True
+                text = (await resp.aread()).decode()
+                backend.in_flight -= 1
+            assert resp.status_code == 200 and "data: [DONE]" in text
+            await checker.probe_all()
+            assert backend.healthy is True
+        finally:
+            await transport.aclose()
+
+
+async def test_a_busy_backend_whose_probes_keep_timing_out_counts_each_against_its_circuit() -> None:
+    backend = _backend()
+    backend.in_flight = 1
+    checker = _checker(backend, _Transport(hang=1.0))
+    for _ in range(4):
+        await checker.probe_all()
+    assert backend.healthy is False and backend.circuit._failures == 3
