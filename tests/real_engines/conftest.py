@@ -7,7 +7,10 @@ vLLM makes one span per finished request, a child of the `traceparent` it was se
 Each takes 16-30 s to become healthy and ~3 GB of memory, so they are started in the background as soon
 as collection has finished, and only when a collected test asks for them: their startup overlaps the
 tests that run before `tests/real_engines/`. The fixtures wait for health (bounded) and hand out the
-running server; the session stops them by process group at its end. Logs: `.engines/logs/<engine>.log`.
+running server. Each is stopped (by process group) as soon as the last collected test that uses it has
+finished, not at the session's end: an idle vLLM or SGLang still polls (~half a core between them),
+and `make test` runs other parts after this folder in the same process. The session's end stops
+whatever is left. Logs: `.engines/logs/<engine>.log`.
 
 A server that cannot start fails the tests that use it, with its log's tail; nothing is skipped.
 """
@@ -83,10 +86,25 @@ def _watch(engine: str, server: EngineServer) -> None:
         _errors[engine] = exc
 
 
+_last_user: dict[str, str] = {}  # engine -> node id of the last collected test that uses it
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     wanted = _wanted(session.items)
+    _last_user.clear()
+    for item in session.items:
+        for engine in _wanted([item]):
+            _last_user[engine] = item.nodeid
     if wanted:
         _launch(wanted)
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    """After the last test that uses an engine (its teardown included): stop that engine."""
+    done = [engine for engine, last in _last_user.items() if last == nodeid]
+    for engine in done:
+        del _last_user[engine]
+    _retire([engine for engine in done if engine in _servers])
 
 
 def _running(engine: str) -> EngineServer:
@@ -141,8 +159,11 @@ def real_engine(request: pytest.FixtureRequest) -> EngineServer:
 _summary: list[str] = []
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    for engine, server in sorted(_servers.items()):
+def _retire(engines: list[str]) -> None:
+    """Stop `engines`' servers (a line of the summary each); a later test that asks for one of them
+    starts it again (`_running`)."""
+    servers = [(engine, _servers.pop(engine)) for engine in sorted(engines)]
+    for engine, server in servers:
         first = _first_startup.get(engine)
         startup = f"healthy {first:.1f}s after its start" if first is not None else "never healthy"
         if server.startup_s is not None and server.startup_s != first:
@@ -152,11 +173,16 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             f"(process group), log {server.log_path}"
         )
     # SIGTERM every group first so they shut down together, then wait for (or SIGKILL) each.
-    for server in _servers.values():
+    for _, server in servers:
         server.terminate()
-    for server in _servers.values():
+    for _, server in servers:
         server.stop()
-    _servers.clear()
+    for engine, _ in servers:
+        _watchers.pop(engine, None)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _retire(list(_servers))
     while _receiver:
         _receiver.pop().stop()
 

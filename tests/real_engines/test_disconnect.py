@@ -59,10 +59,10 @@ def _disconnect_mid_stream(gateway: GatewayProcess, real_engine: EngineServer) -
             if line.startswith("data: {") and orjson.loads(line[6:])["choices"][0]["delta"].get("content"):
                 break  # content: the engine is generating
         closed = time.monotonic()
-    # leaving the `with` closed the connection mid-stream
-    wait_until(lambda: running(real_engine) == 0, 1.0, 0.02, "a scrape begun within 1 s showing 0")
+    # leaving the `with` closed the connection mid-stream; the engine's API server notices it late
+    # on 2 busy cores (a full suite once read the gauge at 0 only after 1 s), so up to 5 s
+    wait_until(lambda: running(real_engine) == 0, 5.0, 0.02, "the running gauge at 0 within 5 s of the close")
     took = time.monotonic() - closed
-    assert took < 5, f"the running gauge took {took:.1f}s to read 0"
     if real_engine.engine == "sglang":
         wait_until(lambda: aborted(real_engine) == aborted_before + 1, 5, 0.05, "SGLang's abort counter")
     generated = engine_metric(real_engine, GENERATED[real_engine.engine]) - generated_before
