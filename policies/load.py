@@ -42,26 +42,13 @@ class LoadModel:
         return active
 
     def scores(self, backends: Sequence[BackendView]) -> list[float]:
-        """`score` of each of `backends` (one call for a pool: the decision's hot loop)."""
-        queue_weight = self.queue_weight
-        kv_weight = self.kv_weight
-        out: list[float] = []
-        append = out.append
-        for backend in backends:
-            active = float(backend.in_flight)
-            engine = backend.running or 0.0
-            if backend.queue_depth:
-                engine += queue_weight * backend.queue_depth
-            if engine > active:
-                active = engine
-            if backend.kv_usage:
-                active += kv_weight * backend.kv_usage
-            append(active)
-        return out
+        """`score` of each of `backends` (`loads` without its saturation answer)."""
+        return self.loads(backends)[0]
 
     def loads(self, backends: Sequence[BackendView]) -> tuple[list[float], bool]:
-        """`scores` of `backends`, and whether any of them is `saturated` (one pass: the decision's
-        hot loop; with none saturated, the ones that `fits` a bound are those whose score fits)."""
+        """`score` of each of `backends`, and whether any of them is `saturated` (one pass for a pool:
+        the decision's hot loop, both inlined; with none saturated, the ones that `fits` a bound are
+        those whose score fits)."""
         queue_weight = self.queue_weight
         kv_weight = self.kv_weight
         queue_high = self.queue_high

@@ -42,18 +42,25 @@ def test_saturation_thresholds() -> None:
     assert not off.saturated(BackendView("a", queue_depth=1e9, kv_usage=1.0))
 
 
-@given(
-    st.lists(
+def _views(figures: float, limits: bool) -> st.SearchStrategy[list[BackendView]]:
+    """Up to 10 backends: in-flight counts and engine figures up to `figures`, KV use in [0, 1],
+    and a concurrency limit when `limits`."""
+    return st.lists(
         st.builds(
             BackendView,
             name=st.text(min_size=1, max_size=3),
-            in_flight=st.integers(0, 50),
-            queue_depth=st.none() | st.floats(0, 50),
-            running=st.none() | st.floats(0, 50),
+            in_flight=st.integers(0, int(figures)),
+            queue_depth=st.none() | st.floats(0, figures),
+            running=st.none() | st.floats(0, figures),
             kv_usage=st.none() | st.floats(0, 1),
+            max_concurrency=st.none() | st.integers(1, 20) if limits else st.none(),
         ),
         max_size=10,
-    ),
+    )
+
+
+@given(
+    _views(50, limits=False),
     st.floats(0, 4),
     st.floats(0, 8),
 )
@@ -90,18 +97,7 @@ def test_fits_is_within_the_bound_and_not_saturated(
 
 
 @given(
-    st.lists(
-        st.builds(
-            BackendView,
-            name=st.text(min_size=1, max_size=3),
-            in_flight=st.integers(0, 20),
-            queue_depth=st.none() | st.floats(0, 12),
-            running=st.none() | st.floats(0, 12),
-            kv_usage=st.none() | st.floats(0, 1),
-            max_concurrency=st.none() | st.integers(1, 20),
-        ),
-        max_size=10,
-    ),
+    _views(12, limits=True),
     st.floats(0, 4),
     st.floats(0, 8),
     st.none() | st.integers(0, 10).map(float),
