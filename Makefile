@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench soak services engines venv clean
+.PHONY: demo test lint bench soak services engines venv native clean
 
 venv: $(STAMP)
 
@@ -14,14 +14,19 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+# policies/ compiled with mypyc (scripts/build_policies.py; docs/architecture.md): a no-op when up to
+# date; the sources are used wherever the build is missing or older than them.
+native: $(STAMP)
+	$(PY) scripts/build_policies.py
+
+demo: native
 	$(VENV)/bin/gateway demo
 
 # Installs the servers the tests need (redis-server, prometheus) when missing, and the real engines
 # (vLLM, SGLang: one cached environment each in .engines/), then runs the suite: tests/real_engines/
 # and the rest side by side (scripts/test.sh; PYTEST_ARGS go to both).
-test: $(STAMP) services engines
-	VENV=$(VENV) scripts/test.sh $(PYTEST_ARGS)
+test: native services engines
+	VENV=$(VENV) GATEWAY_POLICIES=native scripts/test.sh $(PYTEST_ARGS)
 
 services:
 	scripts/ensure-services.sh
@@ -35,13 +40,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-bench: $(STAMP) services
+bench: native services
 	$(PY) -m bench $(BENCH_ARGS)
 
 # Bounded soak (not in CI): 10 minutes, 500 concurrent streams, churn and faults; figures in docs/soak/.
 # Shorter: make soak SOAK_ARGS="--minutes 3"
-soak: $(STAMP)
+soak: native
 	$(PY) scripts/soak.py $(SOAK_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache policies/_native

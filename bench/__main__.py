@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -129,18 +130,31 @@ def kv(quick: bool, log: Progress) -> dict[str, str]:
     """KV-event routing's own figures: bench.kv_micro and bench.replay's tables, as printed."""
     out: dict[str, str] = {}
     micro = ["-m", "bench.kv_micro", *(["--quick"] if quick else [])]
-    runs: dict[str, list[str]] = {"bench/kv_micro.py": micro}
+    # (args, GATEWAY_POLICIES): the decision's table again with the policies' sources rather than
+    # their compiled build (policies/__init__.py), in the same run for the ratio
+    runs: dict[str, tuple[list[str], str]] = {
+        "bench/kv_micro.py": (micro, "native"),
+        "bench/kv_micro.py: the decision, policies from their sources": (
+            [*micro, "--section", "2"],
+            "python",
+        ),
+    }
     for label, args in REPLAYS:
         seeds = "1" if quick else "2"
-        runs[f"bench/replay.py: {label}"] = [
+        runs[f"bench/replay.py: {label}"] = ([
             "-m", "bench.replay", *args, *REPLAY_POINTS, "--seeds", seeds, "--events", "5", "--shared", "--table",
-        ]  # fmt: skip
-    for name, args in runs.items():
+        ], "native")  # fmt: skip
+    for name, (args, policies) in runs.items():
         log(f"kv: {name}")
         t0 = time.monotonic()
         try:
             p = subprocess.run(
-                [sys.executable, *args], capture_output=True, text=True, timeout=3600, cwd=str(ROOT)
+                [sys.executable, *args],
+                capture_output=True,
+                text=True,
+                timeout=3600,
+                cwd=str(ROOT),
+                env={**os.environ, "GATEWAY_POLICIES": policies},
             )
             text = (
                 p.stdout
@@ -149,7 +163,7 @@ def kv(quick: bool, log: Progress) -> dict[str, str]:
             )
         except subprocess.TimeoutExpired:
             text = "timed out after 3600 s"
-        cmd = f"`python {' '.join(args)}` ({time.monotonic() - t0:.0f} s)"
+        cmd = f"`GATEWAY_POLICIES={policies} python {' '.join(args)}` ({time.monotonic() - t0:.0f} s)"
         out[name] = f"{cmd}\n\n{text}"
     return out
 

@@ -441,7 +441,13 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     events = args.events or (100_000 if args.quick else 1_000_000)
     sections = set(args.section or (1, 2, 3, 4))
-    print(f"bench.kv_micro on Python {sys.version.split()[0]}, {time.strftime('%Y-%m-%d %H:%M')}")
+    import policies
+
+    compiled = "compiled (mypyc)" if policies.NATIVE else "from their sources"
+    print(
+        f"bench.kv_micro on Python {sys.version.split()[0]}, {time.strftime('%Y-%m-%d %H:%M')},"
+        f" policies {compiled}"
+    )
     if sections & {1, 2, 4}:
         with tempfile.TemporaryDirectory() as tmp:
             tok = build_tokenizer(Path(tmp))
