@@ -116,6 +116,10 @@ class PrefixAffinityConfig:
     load: LoadModel = AFFINITY_LOAD_MODEL
     index_entries: int = 65536
     index_max_holders: int = 4
+    #: a prompt routed to a backend whose engine's events are usable is recorded in the index at
+    #: every `index_stride`-th block (`PrefixIndex.insert`): there the index only stands in for the
+    #: events until they confirm a decision (`pending_s`), and for a stream that falls silent
+    index_stride: int = 4
     working_set_entries: int = 16384
     session_in_key: bool = False
     demand_window: int = 32
@@ -141,8 +145,8 @@ class PrefixAffinityConfig:
             raise ValueError(
                 "load_factor, load_slack, warm_slack, tolerance, pool_load_factor and the placement slacks must be >= 0"
             )
-        if self.group_min_blocks < 1 or self.group_choices < 1:
-            raise ValueError("group_min_blocks and group_choices must be >= 1")
+        if self.group_min_blocks < 1 or self.group_choices < 1 or self.index_stride < 1:
+            raise ValueError("group_min_blocks, group_choices and index_stride must be >= 1")
         if self.demand_window < 2 or self.demand_entries < 0:
             raise ValueError("demand_window must be >= 2 and demand_entries >= 0")
         if not self.blocks_per_request > 0:
@@ -451,10 +455,11 @@ class PrefixAffinity(BackendPolicy):
         g, key = self.keyed(features)
         shared = g or features.preamble_blocks
         start = shared - 1 if shared else 0
-        self._index.insert(features.block_hashes, choice.backend, start)
+        kv = self._kv
+        stride = self._config.index_stride if kv.streams and kv.usable(choice.backend) else 1
+        self._index.insert(features.block_hashes, choice.backend, start, stride)
         self._sets.note(key, choice.backend, len(features.block_hashes))
         self._demand.note(pool.name, key if g else None)
-        kv = self._kv
         if kv.attached(choice.backend):
             kv.note_routed(choice.backend)
             pending = self._pending

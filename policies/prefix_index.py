@@ -21,7 +21,7 @@ Lookups never change the index (dry runs are safe); `insert` refreshes recency.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Container, Sequence
+from collections.abc import Container, Iterable, Sequence
 from itertools import islice
 
 #: distinct holders tuples `PrefixIndex` shares before it starts sharing anew
@@ -49,10 +49,15 @@ class PrefixIndex:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def insert(self, block_hashes: Sequence[int], backend: str, start: int = 0) -> None:
-        """Record that every prefix in `block_hashes[start:]` was sent to `backend` (most recent
-        holder)."""
-        if self.max_entries == 0:
+    def insert(self, block_hashes: Sequence[int], backend: str, start: int = 0, stride: int = 1) -> None:
+        """Record that the prefixes of `block_hashes[start:]` were sent to `backend` (most recent
+        holder): all of them with a `stride` of 1; else the first (`start`, e.g. the preamble's
+        last block), those whose length is a multiple of `stride` and the whole prompt, so that a
+        lookup finds a shared prefix up to `stride - 1` blocks short, for a `stride`-th of the work
+        and of the entries (the affinity policy's choice for backends whose engines report what
+        they hold: `policies.prefix_affinity`)."""
+        n = len(block_hashes)
+        if self.max_entries == 0 or start >= n:
             return
         entries = self._entries
         keep = self.max_holders - 1
@@ -60,7 +65,17 @@ class PrefixIndex:
         get = entries.get
         move = entries.move_to_end
         solo = self._shared((backend,))
-        for h in islice(block_hashes, start, None) if start else block_hashes:
+        hashes: Iterable[int]
+        if stride <= 1:
+            hashes = islice(block_hashes, start, None) if start else block_hashes
+        else:
+            # 0-based positions: `start`, those ending a multiple of `stride` blocks, the last
+            first = ((start + 1) // stride + 1) * stride - 1
+            positions = [start, *range(first, n - 1, stride)]
+            if n - 1 > start:
+                positions.append(n - 1)
+            hashes = map(block_hashes.__getitem__, positions)
+        for h in hashes:
             holders = get(h)
             if holders is None:
                 entries[h] = solo

@@ -274,3 +274,19 @@ def test_a_pool_whose_engine_holds_the_document_keeps_it_above_the_pools_bound()
     kept = ours.decide(snap, ask, 0.0)
     assert (kept.pool, kept.backend) == (first.pool, first.backend)
     assert ours.decide(with_load(400), ask, 0.0).pool == other.name
+
+
+def test_a_backend_with_usable_events_is_recorded_at_every_stride_th_block() -> None:
+    """The process's own index records a prompt sent to a backend whose engine reports its blocks
+    sparsely (`index_stride`), and fully where the engine does not: there it is all there is."""
+    rng = random.Random(7)
+    p = pool("a", 4)
+    long = with_prompt([{"role": "user", "content": text(rng, 3000)}])
+    blocks = len(long.block_hashes)
+    assert blocks > 64
+    reporting = process(p)
+    route(reporting, p, long)
+    silent = PrefixAffinity(PrefixAffinityConfig())
+    route(silent, p, long)
+    assert len(silent.index) > 3 * len(reporting.index)
+    assert len(reporting.index) <= (blocks + 3) // 4 + 2

@@ -138,3 +138,32 @@ def test_insert_from_start_is_insert_of_the_slice(
         a.insert(tuple(hashes), name, start)
         b.insert(tuple(hashes[start:]), name)
         assert list(a._entries.items()) == list(b._entries.items())
+
+
+def test_a_strided_insert_records_the_first_every_stride_th_and_the_whole_prefix() -> None:
+    index = PrefixIndex(100)
+    hashes = list(range(1, 12))  # 11 blocks
+    index.insert(hashes, "a", start=2, stride=4)
+    # depths 3 (the start), 4 and 8 (multiples of the stride) and 11 (the whole prompt)
+    assert sorted(index._entries) == [3, 4, 8, 11]
+    # a longer prompt sharing the first 10 blocks is found 2 blocks short (at 8), never deeper
+    assert index.depths([*hashes[:10], 99, 98], ALL, above=2) == {"a": 8}
+    assert index.depths([*hashes[:3], 99], ALL, above=2) == {"a": 3}
+    index.insert(hashes, "b", start=10, stride=4)  # only the last block: start and whole
+    assert index.depths(hashes, ALL, above=2) == {"b": 11, "a": 11}  # (both sent the whole)
+    index.insert(hashes, "c", start=11, stride=4)  # nothing past the prompt
+    assert len(index) == 4
+
+
+@given(st.integers(0, 40), st.integers(1, 6), st.integers(0, 40))
+def test_a_strided_insert_finds_a_shared_prefix_less_than_a_stride_short(
+    n: int, stride: int, shared: int
+) -> None:
+    index = PrefixIndex(1000)
+    hashes = list(range(1, n + 1))
+    index.insert(hashes, "a", 0, stride)
+    shared = min(shared, n)
+    probe = [*hashes[:shared], -1, -2]
+    found = index.depths(probe, ALL).get("a", 0)
+    assert found <= shared and (shared == 0 or found > shared - stride)
+    assert len(index) <= (n + stride - 1) // stride + 2 if n else len(index) == 0
