@@ -204,6 +204,12 @@ class Gateway:
             resp.close()
         return orjson.loads(body) if resp.status == 200 else None
 
+    def _in_flight_elsewhere(self, backend: str) -> int:
+        """The other routing processes' requests in flight on `backend`, as last heard (the health
+        checker's sign of a busy backend)."""
+        shared = self.route.shared if self.route is not None else None
+        return shared.others().get(backend, 0) if shared is not None else 0
+
     def _on_decision(self, decision: Any) -> None:
         self.metrics.observe_decision(decision)
 
@@ -231,15 +237,16 @@ class Gateway:
         self.pipelines = self.build_pipelines(self._transport)
         self.pipeline = self.pipelines["chat"]
         await self.control.start(store)
+        assert self.route is not None
         self._health = HealthChecker(
             self.fleet,
             self._transport,
             interval_s=up.health.interval_s,
             timeout_s=up.health.timeout_s,
             scrape_interval_s=self.settings.routing.scrape_interval_s,
+            elsewhere=self._in_flight_elsewhere if self.route.shared is not None else None,
         )
         await self._health.start()
-        assert self.route is not None
         self.kv_events = build_kv_sync(
             self.route.router.kv_index, self.fleet, self.base_pools, self._get_json
         )

@@ -5,8 +5,10 @@ timeout → unhealthy; a failed probe also counts against the circuit breaker). 
 while the backend completed answers says nothing and changes nothing: an engine whose API server is
 busy (vLLM's on a starved CPU) answers its health path late but is serving, and marking the only
 backend of a pool unhealthy for that would refuse every request until the next probe. Nor does the
-first timed-out probe of a *busy* backend (requests of this process in flight there, or its last
-scrape, since the previous probe, showing requests running or waiting): SGLang's `/health` is a
+first timed-out probe of a *busy* backend (requests of this process in flight there, or of the
+other routing processes as last heard through the shared store - `elsewhere`, which the root hands in
+when routing processes share their load -, or its last scrape, since the previous probe, showing
+requests running or waiting): SGLang's `/health` is a
 one-token generation that waits behind the engine's work, so a long prefill with nothing decoding
 (documents arriving cold) times it out while the engine computes; taking such a backend out sent
 its warm documents to cold engines (bench/ANALYSIS.md, issue #18 stop 26). Only the second timed-out
@@ -38,6 +40,7 @@ class HealthChecker:
         timeout_s: float,
         scrape_interval_s: float,
         on_change: Callable[[Backend], None] | None = None,
+        elsewhere: Callable[[str], int] | None = None,
     ) -> None:
         self._fleet = fleet
         self._transport = transport
@@ -45,6 +48,8 @@ class HealthChecker:
         self._timeout = timeout_s
         self._scrape_interval = scrape_interval_s
         self._on_change = on_change
+        #: requests of the other routing processes in flight on a backend, as last heard (or None)
+        self._elsewhere = elsewhere
         self._tasks: list[asyncio.Task[None]] = []
         #: backends whose last probe timed out while they were busy (forgiven once)
         self._timed_out: set[str] = set()
@@ -118,9 +123,11 @@ class HealthChecker:
                 self._on_change(backend)
 
     def _busy(self, backend: Backend, tic: float) -> bool:
-        """Work is under way on `backend`: requests of this process in flight, or its engine's
-        metrics, scraped since the previous probe, report requests running or waiting."""
-        if backend.in_flight > 0:
+        """Work is under way on `backend`: requests of this process or (as last heard) of the other
+        routing processes in flight, or its engine's metrics, scraped since the previous probe,
+        report requests running or waiting. (With several processes, the one whose probe times out
+        often has nothing of its own there, and SGLang's gauges only move as it decodes.)"""
+        if backend.in_flight > 0 or (self._elsewhere is not None and self._elsewhere(backend.name) > 0):
             return True
         load = backend.load
         return (

@@ -133,6 +133,31 @@ async def test_an_answered_probe_between_two_timeouts_of_a_busy_backend_starts_t
     assert backend.healthy is True
 
 
+async def test_a_backend_busy_with_the_other_processes_requests_gets_the_same_grace() -> None:
+    """Four routing processes: the one whose probe times out may have nothing of its own in flight
+    there, while the others' requests (as the shared store last told it) are."""
+    backend = _backend()
+    elsewhere = {"b0": 0}
+    checker = HealthChecker(
+        _Fleet(backend),  # type: ignore[arg-type]
+        _Transport(hang=1.0),  # type: ignore[arg-type]
+        interval_s=60,
+        timeout_s=0.05,
+        scrape_interval_s=0,
+        elsewhere=elsewhere.__getitem__,
+    )
+    elsewhere["b0"] = 3
+    await checker.probe_all()
+    assert backend.healthy is True
+    await checker.probe_all()  # the second in a row still takes it out
+    assert backend.healthy is False
+    backend.healthy = True
+    checker._timed_out.clear()
+    elsewhere["b0"] = 0  # idle everywhere: out at the first
+    await checker.probe_all()
+    assert backend.healthy is False
+
+
 async def test_a_busy_engine_by_its_scraped_load_gets_the_same_grace() -> None:
     backend = _backend()  # nothing of this process in flight; the engine says it runs requests
     backend.load, backend.load_at = EngineLoad(running=3.0, waiting=5.0), time.monotonic()
