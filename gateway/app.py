@@ -27,6 +27,7 @@ from engines.errors import ApiError, model_not_found
 from gateway.admission import Admission
 from gateway.admission.intake import ParseStage, ValidateStage
 from gateway.apis import ApiRoute, Apis
+from gateway.control.admin import build_admin_app
 from gateway.control.store import MemoryStore, RedisStore, Store
 from gateway.control.verbs import FleetControl
 from gateway.core.context import Api, RequestContext
@@ -60,8 +61,6 @@ from gateway.upstream.proxy import ProxyStage
 from gateway.upstream.transport import AiohttpTransport, Transport
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
-
     from gateway.observability.tracing import Tracing
 
 log = logging.getLogger("gateway")
@@ -119,28 +118,17 @@ class Gateway:
         self.api_keys = self.admission.api_keys
         #: the operator's verbs (admin API): fleet changes, audit, reload; the store is bound at start-up
         self.control = FleetControl(self.fleet, self, MemoryStore())
-        self._admin: FastAPI | None = None  # built on first use (`_admin_app`)
+        self._admin_app = build_admin_app(
+            self.control,
+            self.admission.authorize_admin,
+            self.api_keys,
+            self.explain,
+            list(self.models),
+            known_models=lambda: self.models,
+            spend=self.admission.spend_report,
+        )
         for pool in self.fleet.pools.values():
             self.metrics.pool_weight.labels(pool.name).set(pool.weight)
-
-    @property
-    def _admin_app(self) -> FastAPI:
-        """The admin API (FastAPI), built at its first request: importing FastAPI and building the
-        app's routes and models is ~0.3 s of every gateway process's start-up, and most processes
-        (every worker of a multi-worker gateway, a replica nobody administers) never serve it."""
-        if self._admin is None:
-            from gateway.control.admin import build_admin_app
-
-            self._admin = build_admin_app(
-                self.control,
-                self.admission.authorize_admin,
-                self.api_keys,
-                self.explain,
-                list(self.models),
-                known_models=lambda: self.models,
-                spend=self.admission.spend_report,
-            )
-        return self._admin
 
     # -- assembly ---------------------------------------------------------------------------------
     def build_pipeline(self, transport: Transport) -> Pipeline:
