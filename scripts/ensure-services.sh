@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes sure the real servers the test suite talks to are installed (Debian packages): redis-server,
-# prometheus, nginx (the compose load balancer's config is run for real), wrk, and Chromium with its
-# chromedriver (the admin console's browser test, tests/gateway/control/test_console.py). Installs them with
+# prometheus, nginx (the compose load balancer's config is run for real), wrk, Chromium with its
+# chromedriver (the admin console's browser test, tests/gateway/control/test_console.py), and `ss`
+# (iproute2: tests/real_engines/test_disconnect.py reads the engine's sockets with it). Installs them with
 # apt-get when running as root; otherwise fails with a clear message. Tests never skip for a missing
 # server: they fail. After installing, every server is checked again: a package that installed nothing
 # usable is an error here, not a confusing test failure later.
@@ -15,6 +16,7 @@ missing() {
   command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || out+=(nginx)
   [ -x /usr/bin/chromium ]     || out+=(chromium)
   [ -x /usr/bin/chromedriver ] || out+=(chromium-driver)
+  command -v ss >/dev/null 2>&1 || out+=(iproute2)
   echo "${out[@]}"
 }
 

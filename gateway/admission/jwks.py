@@ -16,12 +16,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import orjson
 
 from gateway.admission.jwt_keys import VerifyKey, from_jwk
+
+if TYPE_CHECKING:  # imported when a JWKS URL is configured: it is ~0.1 s of every gateway's start-up
+    import httpx
 
 log = logging.getLogger("gateway.auth")
 
@@ -56,6 +58,8 @@ class JwksCache:
     async def start(self) -> None:
         """First fetch (failure is logged, not fatal: keys arrive with a later refresh) and the
         periodic refresher."""
+        import httpx
+
         self._client = httpx.AsyncClient(timeout=self._timeout_s, follow_redirects=False)
         await self.refresh()
         self._refresher = asyncio.get_running_loop().create_task(self._refresh_forever())

