@@ -26,7 +26,7 @@ def test_the_build_is_the_sources_and_is_in_use() -> None:
 def _replay(mode: str) -> str:
     """Two workloads of the replay (the real routers, two processes, KV events 5 ms late, the shared
     store), with every decision's reason counted, in a process whose policies are `mode`'s."""
-    args = ["long_document_qa", "shared_prefix", "--load", "0.8", "--replicas", "2", "--seconds", "6"]
+    args = ["long_document_qa", "shared_prefix", "--load", "0.8", "--replicas", "2", "--seconds", "4"]
     args += ["--seeds", "1", "--events", "5", "--shared", "--reasons"]
     env = {**os.environ, "GATEWAY_POLICIES": mode}
     done = subprocess.run(
