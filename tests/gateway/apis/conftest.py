@@ -8,13 +8,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import pytest
 from agents.models import get_default_model
 
 from gateway.admission.tokens import mint_token
 from gateway.demo import SERVED
 from tests.conftest import fast_sim, single_pool_config
-from tests.support import GatewayProcess
+from tests.support import GatewayProcess, wait_until
 
 SECRET = "apis-suite-secret-" + "y" * 32
 EMBED_MODEL = "test-embed"
@@ -70,4 +71,19 @@ def rig(engine: str) -> Iterator[Rig]:
         b = stack.enter_context(fast_sim(engine))
         e = stack.enter_context(embed_sim(engine))
         gw = stack.enter_context(GatewayProcess(apis_config(engine, [a.base_url, b.base_url], e.base_url)))
-        yield Rig(engine, gw, token("alice"), token("bob"))
+        rig = Rig(engine, gw, token("alice"), token("bob"))
+        # /readyz answers once any backend is healthy: the embedding pool's one backend may still be
+        # unprobed, or out after a first probe that timed out on a busy machine (seen once, 503)
+        wait_until(lambda: _embeds(rig), 30, 0.2, "the embedding pool to answer")
+        yield rig
+
+
+def _embeds(rig: Rig) -> bool:
+    r = httpx.post(
+        rig.base_url + "/v1/embeddings",
+        json={"model": EMBED_MODEL, "input": "ready?"},
+        headers={"authorization": f"Bearer {rig.alice}"},
+        timeout=10,
+        trust_env=False,
+    )
+    return r.status_code == 200
