@@ -22,8 +22,9 @@ import orjson
 import uvloop
 
 from engines.sim.launcher import SimProcess, free_port
+from gateway.upstream.aiohttp_transport import AiohttpTransport
 from gateway.upstream.h1 import H1Transport
-from gateway.upstream.transport import AiohttpTransport, Transport
+from gateway.upstream.transport import Transport
 
 _MESSAGES = [{"role": "user", "content": "hello there"}]
 BODY = orjson.dumps({"model": "m", "messages": _MESSAGES, "max_tokens": 16})

@@ -58,7 +58,7 @@ from gateway.settings import PoolSettings, Settings, load_settings
 from gateway.upstream.h1 import H1Transport
 from gateway.upstream.health import HealthChecker
 from gateway.upstream.proxy import ProxyStage
-from gateway.upstream.transport import AiohttpTransport, Transport
+from gateway.upstream.transport import Transport
 
 if TYPE_CHECKING:
     from gateway.observability.tracing import Tracing
@@ -68,8 +68,17 @@ log = logging.getLogger("gateway")
 Scope = dict[str, Any]
 
 _HOT: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+
+
+def _aiohttp_transport(**options: Any) -> Transport:
+    """`AiohttpTransport`, imported when chosen (aiohttp is ~0.1 s of a process's start-up)."""
+    from gateway.upstream.aiohttp_transport import AiohttpTransport
+
+    return AiohttpTransport(**options)
+
+
 #: `upstream.client` -> the transport class; each takes connect_timeout_s, max_per_host, keepalive_s
-TRANSPORTS: dict[str, Callable[..., Transport]] = {"h1": H1Transport, "aiohttp": AiohttpTransport}
+TRANSPORTS: dict[str, Callable[..., Transport]] = {"h1": H1Transport, "aiohttp": _aiohttp_transport}
 
 
 class Gateway:
@@ -204,12 +213,6 @@ class Gateway:
             resp.close()
         return orjson.loads(body) if resp.status == 200 else None
 
-    def _in_flight_elsewhere(self, backend: str) -> int:
-        """The other routing processes' requests in flight on `backend`, as last heard (the health
-        checker's sign of a busy backend)."""
-        shared = self.route.shared if self.route is not None else None
-        return shared.others().get(backend, 0) if shared is not None else 0
-
     def _on_decision(self, decision: Any) -> None:
         self.metrics.observe_decision(decision)
 
@@ -238,13 +241,14 @@ class Gateway:
         self.pipeline = self.pipelines["chat"]
         await self.control.start(store)
         assert self.route is not None
+        shared = self.route.shared
         self._health = HealthChecker(
             self.fleet,
             self._transport,
             interval_s=up.health.interval_s,
             timeout_s=up.health.timeout_s,
             scrape_interval_s=self.settings.routing.scrape_interval_s,
-            elsewhere=self._in_flight_elsewhere if self.route.shared is not None else None,
+            elsewhere=shared.elsewhere if shared is not None else None,
         )
         await self._health.start()
         self.kv_events = build_kv_sync(

@@ -102,6 +102,11 @@ class SharedLoad:
             return {}
         return self._others
 
+    def elsewhere(self, backend: str) -> int:
+        """The other processes' requests in flight on `backend`, as last heard (0 once a lease old):
+        the health checker's sign of a busy backend."""
+        return self.others().get(backend, 0)
+
     def snapshot(self, now: float | None = None) -> FleetSnapshot:
         """The fleet with the other processes' counts added to this process's own."""
         return with_others(self._fleet.snapshot(self._clock() if now is None else now), self.others())
