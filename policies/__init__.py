@@ -33,7 +33,7 @@ def source_digest() -> str:
     return digest.hexdigest()
 
 
-def _native_built() -> bool:
+def native_built() -> bool:
     try:
         return NATIVE_STAMP.read_text().strip() == source_digest()
     except OSError:
@@ -44,7 +44,7 @@ def _use_native() -> bool:
     mode = os.environ.get("GATEWAY_POLICIES", "")
     if mode == "python":
         return False
-    built = _native_built()
+    built = native_built()
     if mode == "native" and not built:
         raise ImportError(
             "GATEWAY_POLICIES=native but policies/_native/ is missing or older than the sources: "

@@ -456,7 +456,7 @@ class PrefixAffinity(BackendPolicy):
         shared = g or features.preamble_blocks
         start = shared - 1 if shared else 0
         kv = self._kv
-        stride = self._config.index_stride if kv.streams and kv.usable(choice.backend) else 1
+        stride = self._config.index_stride if kv.usable(choice.backend) else 1
         self._index.insert(features.block_hashes, choice.backend, start, stride)
         self._sets.note(key, choice.backend, len(features.block_hashes))
         self._demand.note(pool.name, key if g else None)

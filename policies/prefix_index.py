@@ -15,6 +15,10 @@ an entry; tests/policies/test_prefix_index.py asserts < 140). The default 65,536
 ~7 MB and, at 32 tokens per block, describe ~2M tokens of distinct prefixes. Size it to the fleet's total KV-cache
 capacity in blocks: entries ~ sum(KV tokens per backend) / block_tokens.
 
+A prompt may be recorded sparsely (`insert`'s `stride`: its first block, every `stride`-th and its last):
+the affinity policy does so for backends whose engines' KV events are usable, where the index only
+stands in for events not yet heard. Lookups scan every depth, so they find both kinds.
+
 Lookups never change the index (dry runs are safe); `insert` refreshes recency.
 """
 

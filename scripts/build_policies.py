@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     import policies
 
     digest = policies.source_digest()
-    if not args.force and policies._native_built():
+    if not args.force and policies.native_built():
         print(f"policies/_native: up to date ({digest[:12]})")
         return 0
     sources = sorted(

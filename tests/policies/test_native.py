@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_build_is_the_sources_and_is_in_use() -> None:
-    assert policies._native_built(), "policies/_native/ is missing or older than the sources: `make native`"
+    assert policies.native_built(), "policies/_native/ is missing or older than the sources: `make native`"
     compiled = policies.prefix_affinity.__file__ or ""
     if os.environ.get("GATEWAY_POLICIES") == "python":
         assert not policies.NATIVE and compiled.endswith(".py")

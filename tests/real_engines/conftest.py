@@ -6,8 +6,8 @@ vLLM makes one span per finished request, a child of the `traceparent` it was se
 
 Each takes 16-30 s to become healthy and ~3 GB of memory, so they are started in the background as soon
 as collection has finished, and only when a collected test asks for them: their startup overlaps the
-tests that run before `tests/real_engines/`. The spare starts only once the others are healthy (`LATER`). The fixtures wait for health (bounded) and hand out the
-running server. Each is stopped (by process group) as soon as the last collected test that uses it has
+tests that run before `tests/real_engines/`. The spare starts only once the others are healthy
+(`LATER`). The fixtures wait for health (bounded) and hand out the running server. Each is stopped (by process group) as soon as the last collected test that uses it has
 finished, not at the session's end: an idle vLLM or SGLang still polls (~half a core between them),
 and `make test` runs other parts after this folder in the same process. The session's end stops
 whatever is left. Logs: `.engines/logs/<engine>.log`.

@@ -58,12 +58,9 @@ def engine_connections(server: EngineServer) -> dict[int, str]:
     `TIME-WAIT` after a close the server began, ...). Read with `ss` (netlink: one consistent
     snapshot; /proc/net/tcp, read a page at a time, skips sockets while others come and go), so it
     does not wait for the server's event loop. Beside the full suite one `ss` once took more than
-    10 s (2026-12-02): it gets 30 s, and a second try."""
+    10 s (2026-12-02): it gets 60."""
     argv = ["ss", "-Htan", f"sport = :{server.port}"]
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout
-    except subprocess.TimeoutExpired:
-        out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
     found: dict[int, str] = {}
     for line in out.splitlines():
         fields = line.split()
