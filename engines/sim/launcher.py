@@ -4,7 +4,7 @@
         httpx.get(sim.base_url + "/health")
 
 `start()` launches `sys.executable -m engines.sim --engine E --host 127.0.0.1 --port P [extra]`, then
-waits until the port accepts TCP connections (default 15 s; pass `wait=False` for simulators started
+waits until the port accepts TCP connections (default 30 s: beside two engines starting and the test suite a start once took over 15 s; pass `wait=False` for simulators started
 with `--listen-delay` or `--refuse`). If the process exits or the wait times out, it is killed and
 `SimStartError` carries its stderr. `stop()` sends SIGTERM to the PID, then SIGKILL after `stop_timeout`.
 """
@@ -57,7 +57,7 @@ class SimProcess:
         extra: list[str] | None = None,
         *,
         host: str = "127.0.0.1",
-        start_timeout: float = 15.0,
+        start_timeout: float = 30.0,
         stop_timeout: float = 5.0,
         wait: bool = True,
     ) -> None:
