@@ -4,6 +4,8 @@
 #   builder  python:3.11 (compilers present in case a dependency has no wheel): a venv at /opt/venv with
 #            the project installed by the same pip commands as `make venv` (Makefile), minus `-e` and
 #            the `[dev]` extra — the same pyproject.toml, so the same dependency set as `make test`.
+#            Then `policies/` compiled with mypyc into the installed package, as `make native` does
+#            for the checkout (scripts/build_policies.py --installed; mypy uninstalled after it).
 #   runtime  python:3.11-slim, no compilers, no pip cache, the venv copied over, a non-root user.
 #
 # Configuration: the YAML at /etc/gateway/gateway.yaml (mount yours over it) plus environment
@@ -29,12 +31,23 @@ COPY policies ./policies
 RUN /opt/venv/bin/pip install -q --upgrade pip \
  && /opt/venv/bin/pip install -q '.' \
  && /opt/venv/bin/gateway --help >/dev/null
+# mypy as pinned by pyproject.toml's [dev] extra (tests/deploy/test_dockerfile.py checks it),
+# uninstalled in the same layer once the build is done: the runtime gets the compiled modules, not
+# the compiler. The import check (-I: not /src's sources) fails the build when the compiled router is
+# missing or not built from the installed sources.
+COPY scripts/build_policies.py ./scripts/
+RUN /opt/venv/bin/pip install -q 'mypy>=1.10' 'setuptools>=68' \
+ && /opt/venv/bin/python scripts/build_policies.py --installed \
+ && /opt/venv/bin/pip uninstall -q -y mypy mypy_extensions pathspec librt ast_serialize \
+ && GATEWAY_POLICIES=native /opt/venv/bin/python -I -c \
+    'assert __import__("policies.router").router.__file__.endswith(".so")'
 
 FROM python:${PYTHON_VERSION}-slim AS runtime
 LABEL org.opencontainers.image.title="llm-gateway" \
       org.opencontainers.image.description="One OpenAI-compatible front door for fleets of vLLM and SGLang servers" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV PATH=/opt/venv/bin:$PATH \
+    GATEWAY_POLICIES=native \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     GATEWAY_SERVER__HOST=0.0.0.0 \

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compiles `policies/` with mypyc into `policies/_native/` (git-ignored): `make native`.
 
-    .venv/bin/python scripts/build_policies.py [--force]
+    .venv/bin/python scripts/build_policies.py [--force] [--installed]
 
 Every module of `policies/` but `__init__` is compiled (the routing decision, the features, the
 KV-event index, admission and budget rules: they are typed for `mypy --strict`, which is what mypyc
@@ -29,23 +29,41 @@ GROUP = "policies_native"  # the compiled modules' shared runtime: `policies_nat
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="scripts/build_policies.py", description=__doc__.splitlines()[0])
     ap.add_argument("--force", action="store_true", help="build even when the build is up to date")
+    ap.add_argument(
+        "--installed",
+        action="store_true",
+        help="compile the installed `policies` (the one `import policies` finds without the checkout on"
+        " the path: the Docker image's venv) instead of the checkout's",
+    )
     args = ap.parse_args(argv)
     os.environ["GATEWAY_POLICIES"] = "python"  # (importing `policies` must not load an old build)
-    sys.path.insert(0, str(ROOT))
+    if not args.installed:
+        sys.path.insert(0, str(ROOT))
     import policies
+
+    base = Path(policies.__file__).resolve().parents[1]  # the directory that holds the package
 
     digest = policies.source_digest()
     if not args.force and policies.native_built():
         print(f"policies/_native: up to date ({digest[:12]})")
         return 0
     sources = sorted(
-        str(p.relative_to(ROOT)) for p in (ROOT / "policies").glob("*.py") if p.name != "__init__.py"
+        str(p.relative_to(base)) for p in (base / "policies").glob("*.py") if p.name != "__init__.py"
     )
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="build-policies-") as tmp:
         work = Path(tmp)
+        if args.installed:
+            # a copy of the package, compiled where mypy sees nothing else: in site-packages it would
+            # take every other top-level module beside it for the project's own (and refuse some)
+            shutil.copytree(
+                base / "policies",
+                work / "src" / "policies",
+                ignore=shutil.ignore_patterns("_native*", "__pycache__"),
+            )
+            base = work / "src"
         try:
-            _compile(sources, work)
+            _compile(sources, work, base)
         except (SystemExit, Exception) as exc:  # setuptools exits on a compiler error
             print(f"build_policies: mypyc failed ({exc}); the sources stay in use", file=sys.stderr)
             return 1
@@ -65,18 +83,20 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(policies.NATIVE_DIR, ignore_errors=True)
         staged.rename(policies.NATIVE_DIR)
     print(
-        f"policies/_native: {len(sources)} modules compiled in {time.monotonic() - started:.0f} s ({digest[:12]})"
+        f"{policies.NATIVE_DIR}: {len(sources)} modules compiled in {time.monotonic() - started:.0f} s"
+        f" ({digest[:12]})"
     )
     return 0
 
 
-def _compile(sources: list[str], work: Path) -> None:
-    """mypyc's C for `sources` (paths relative to the repository), compiled into `work / "lib"`."""
+def _compile(sources: list[str], work: Path, base: Path) -> None:
+    """mypyc's C for `sources` (paths relative to `base`, the directory holding `policies/`),
+    compiled into `work / "lib"`."""
     from mypyc.build import mypycify
     from setuptools import setup
 
     cwd = Path.cwd()
-    os.chdir(ROOT)  # module names follow the paths: policies/x.py is `policies.x`
+    os.chdir(base)  # module names follow the paths: policies/x.py is `policies.x`
     try:
         extensions = mypycify(sources, group_name=GROUP, opt_level="3", target_dir=str(work / "c"))
         setup(

@@ -76,7 +76,10 @@ def test_pip_install_matches_the_makefile() -> None:
     makefile = (ROOT / "Makefile").read_text()
     recipe = makefile.split("$(STAMP): pyproject.toml", 1)[1].split("\n\n", 1)[0]
     make_cmds = pip_commands(recipe)
-    docker_cmds = [c for run in BUILDER.all("RUN") for c in pip_commands(run)]
+    # (the builder's one other pip command installs mypy for the compiled policies: the test below)
+    docker_cmds = [
+        c for run in BUILDER.all("RUN") if "build_policies.py" not in run for c in pip_commands(run)
+    ]
     assert len(make_cmds) == 2 and len(docker_cmds) == 2, (make_cmds, docker_cmds)
 
     def runtime_form(args: list[str]) -> list[str]:
@@ -85,6 +88,32 @@ def test_pip_install_matches_the_makefile() -> None:
 
     assert [runtime_form(c) for c in make_cmds] == docker_cmds
     assert docker_cmds[0][-2:] == ["--upgrade", "pip"] and docker_cmds[1][-1] == "."
+
+
+def test_the_image_compiles_the_policies_as_make_native_does() -> None:
+    """The builder compiles the installed `policies` with scripts/build_policies.py and the mypy the
+    [dev] extra pins (what `make native` uses), uninstalls mypy and what it brought in the same
+    layer, and checks the compiled router imports from the venv (not from /src's sources); the
+    runtime requires the compiled modules (GATEWAY_POLICIES=native fails the import without them)."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    dev = pyproject["project"]["optional-dependencies"]["dev"]
+    (mypy_pin,) = [d for d in dev if re.match(r"mypy\b", d)]
+    runs = [run for run in BUILDER.all("RUN") if "build_policies.py" in run]
+    assert len(runs) == 1, runs
+    run = runs[0]
+    (install,) = pip_commands(run)
+    assert mypy_pin in install and any(a.startswith("setuptools") for a in install), install
+    steps = [step.strip() for step in run.split("&&")]
+    build = steps.index("/opt/venv/bin/python scripts/build_policies.py --installed")
+    uninstall = next(i for i, step in enumerate(steps) if "pip uninstall" in step)
+    assert build < uninstall and "mypy" in steps[uninstall].split()
+    check = steps[-1]
+    assert (
+        check.startswith("GATEWAY_POLICIES=native /opt/venv/bin/python -I -c") and '.endswith(".so")' in check
+    )
+    assert any(c.split()[0] == "scripts/build_policies.py" for c in BUILDER.all("COPY"))
+    assert _env(RUNTIME)["GATEWAY_POLICIES"] == "native"
+    assert "--installed" in (ROOT / "scripts/build_policies.py").read_text()
 
 
 def test_every_package_is_copied_and_data_files_are_declared() -> None:
