@@ -458,7 +458,7 @@ def replay(
                     ask = shares[replica].ask(snapshot(now, replica), f)
                     others[replica] = store.call(replica, own[replica])
                     if ask is not None:
-                        placed = store.place(ask.key, ask.proposal)
+                        placed = store.place(ask, now)
                         shares[replica].learn(ask.key, placed)
                         f = SharedRouting.placed(f, placed)
                 d = routers[replica].decide(snapshot(now, replica), f, rand.random())

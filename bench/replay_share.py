@@ -12,8 +12,10 @@ its stream for `KvIndexConfig.relearn_s` (`KvIndex.gap`).
 (gateway/admission/limits_redis.py, gateway/routing/shared_load.py). Each process reports its own
 in-flight counts when it calls the store - on every request's admission (before that request is routed,
 so the request itself is not in it) and on every request's finish - and reads the other processes'
-counts as they last reported them: the staleness the gateway has. A new prefix group's placement is
-`SET NX` at admission (the first process's proposal wins) and read by every later request of the group.
+counts as they last reported them: the staleness the gateway has. A new prefix group is placed at
+admission, once: on the one of the asking process's candidates with the fewest placed blocks
+(`policies.shared_load.PlacedBlocks`, the gateway script's rule), and that placement is read by every
+later request of the group.
 The store answers instantly (no round-trip time is modelled: on a LAN it is ~0.1-0.3 ms, against steps
 of 40 ms and more).
 """
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from policies.shared_load import Ask, PlacedBlocks
 
 
 @dataclass(frozen=True)
@@ -35,11 +39,12 @@ class EventFeed:
 class SharedStore:
     """The shared routing state of the replay's processes (see the module docstring)."""
 
-    __slots__ = ("_reported", "calls", "placements")
+    __slots__ = ("_placed", "_reported", "calls", "placements")
 
-    def __init__(self, processes: int) -> None:
+    def __init__(self, processes: int, placement_ttl_s: float = 600.0) -> None:
         self._reported: list[dict[str, int]] = [{} for _ in range(processes)]
         self.placements: dict[int, str] = {}
+        self._placed = PlacedBlocks(placement_ttl_s * 1000)
         self.calls = 0
 
     def call(self, process: int, own: Mapping[str, int]) -> dict[str, int]:
@@ -54,8 +59,12 @@ class SharedStore:
                 others[b] = others.get(b, 0) + n
         return others
 
-    def place(self, key: int, proposal: str | None) -> str | None:
-        """SET NX of a group's placement (when a proposal is given), then its value."""
-        if proposal is not None:
-            self.placements.setdefault(key, proposal)
-        return self.placements.get(key)
+    def place(self, ask: Ask, now: float) -> str | None:
+        """A group's placement, set when it has none and `ask` proposes one: to the candidate with
+        the fewest placed blocks (`PlacedBlocks`, as the gateway's Redis script); then its value."""
+        if ask.proposal is not None and ask.key not in self.placements:
+            chosen = (
+                self._placed.place(ask.candidates, ask.blocks, now * 1000) if ask.candidates else ask.proposal
+            )
+            self.placements[ask.key] = chosen
+        return self.placements.get(ask.key)

@@ -256,6 +256,16 @@ class PrefixAffinity(BackendPolicy):
         """The pool's routable backends in rendezvous order for this request (home first)."""
         return list(self._ranked(pool, self.keyed(features)[1])[0])
 
+    def placement_choices(self, pool: PoolView, features: RequestFeatures) -> tuple[str, ...]:
+        """The backends a new group of this request may be placed on in `pool`: of its first
+        `group_choices` routable backends in the group's rendezvous order (see `select`), those
+        whose working set is within `shared_placement_slack` groups of the lightest."""
+        g, key = self.keyed(features)
+        names = self._ranked(pool, key)[1][: self._config.group_choices]
+        sizes = self._sets.sizes(names)
+        limit = min(sizes, default=0) + self._config.shared_placement_slack * g
+        return tuple(n for n, size in zip(names, sizes, strict=True) if size <= limit)
+
     def _ranked(self, pool: PoolView, key: int) -> tuple[tuple[BackendView, ...], tuple[str, ...]]:
         """The pool's routable backends in the key's rendezvous order, and their names."""
         backends = pool.backends

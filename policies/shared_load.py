@@ -13,6 +13,19 @@ on what each engine *holds*; two things remain that only the process that did th
   first process to place a group sets its placement (`SET NX` semantics), every later request of the
   group reads it (`placed_on` of `RequestFeatures`), and prefix affinity places the group there
   instead of by this process's own working sets, and the pool choice takes that backend's pool.
+- **how many groups each backend was just given**: each process's working sets know only the
+  groups *it* placed, so at a burst of new groups (twelve documents in the first second) four
+  processes each put theirs on what looks empty to them, and one engine gets three cold prefills
+  while another gets none (the wall-clock bench, documents at 50 % x4: p99 8.5 s against x1's
+  6.4 s). So the store places a new group itself: the request carries the backends this process
+  would choose between (`Ask.candidates`, its own proposal first, then of the proposal's pool's
+  first `group_choices` backends in the group's rendezvous order those as light as the lightest by
+  its own working sets) and the group's size, and the store takes the candidate with the fewest
+  placed blocks (`PlacedBlocks`: blocks of the groups placed there, halving every `half_life_ms`),
+  ties to the proposal, and adds the group's blocks to it. Only within the pool: letting the store
+  choose across pools too made one process's documents and shared prefixes slower in the replay
+  (the pool choice's own working sets and bounds know more than the placed blocks). Placements are then
+  made one at a time with every earlier one known, as by a single process.
 
 `SharedRouting.ask` says what a request needs from the store: its group's key (None for requests
 without a group, or whose group the engines' events already show held) and a proposal - where this
@@ -24,6 +37,7 @@ behaviour).
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -35,11 +49,43 @@ from policies.types import FleetSnapshot, PoolView, RequestFeatures
 
 @dataclass(frozen=True, slots=True)
 class Ask:
-    """What one request asks of the store: the placement of group `key`, set to `proposal` when
-    there is none yet (None: only read it)."""
+    """What one request asks of the store: the placement of group `key`; when there is none yet,
+    the store sets it to the one of `candidates` (`proposal` first) with the fewest placed blocks
+    and adds the group's `blocks` there (`proposal` None: only read it)."""
 
     key: int
     proposal: str | None
+    candidates: tuple[str, ...] = ()
+    blocks: int = 0
+
+
+class PlacedBlocks:
+    """The store's placed blocks per backend, decaying (what the Redis script keeps and does, for
+    the offline replay and the tests): `place` is the script's choice for a new group."""
+
+    __slots__ = ("_loads", "half_life_ms")
+
+    def __init__(self, half_life_ms: float) -> None:
+        self.half_life_ms = half_life_ms
+        self._loads: dict[str, tuple[float, float]] = {}  # backend -> (blocks, as of ms)
+
+    def load(self, name: str, now_ms: float) -> float:
+        """`name`'s placed blocks now."""
+        got = self._loads.get(name)
+        if got is None:
+            return 0.0
+        blocks, at = got
+        return blocks * math.pow(0.5, (now_ms - at) / self.half_life_ms)
+
+    def place(self, candidates: tuple[str, ...], blocks: int, now_ms: float) -> str:
+        """The candidate with the fewest placed blocks (the first of equals), charged `blocks`."""
+        best, chosen = 0.0, ""
+        for name in candidates:
+            load = self.load(name, now_ms)
+            if not chosen or load < best:
+                best, chosen = load, name
+        self._loads[chosen] = (best + blocks, now_ms)
+        return chosen
 
 
 def with_others(snapshot: FleetSnapshot, others: Mapping[str, int]) -> FleetSnapshot:
@@ -98,10 +144,17 @@ class SharedRouting:
             return Ask(key, None)
         try:
             with policy.proposing():  # the store makes the processes agree: no slack needed
-                proposal = router.decide(snapshot, features, 0.5, dry_run=True).backend
+                decision = router.decide(snapshot, features, 0.5, dry_run=True)
         except Exception:  # no eligible backend: the decision proper reports it
             return Ask(key, None)
-        return Ask(key, proposal)
+        proposal = decision.backend
+        candidates = [proposal]
+        for pool in snapshot.pools:
+            if pool.name == decision.pool:
+                for name in policy.placement_choices(pool, features):
+                    if name != proposal:
+                        candidates.append(name)
+        return Ask(key, proposal, tuple(candidates), g)
 
     def learn(self, key: int, placed: str | None) -> None:
         """The store's placement for group `key` (None: it has none)."""
@@ -120,4 +173,4 @@ class SharedRouting:
         return features if placed == features.placed_on else replace(features, placed_on=placed)
 
 
-__all__ = ["Ask", "SharedRouting", "key_text", "with_others"]
+__all__ = ["Ask", "PlacedBlocks", "SharedRouting", "key_text", "with_others"]

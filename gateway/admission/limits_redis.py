@@ -30,6 +30,8 @@ Shared routing state rides in the same two scripts (gateway/core/shared_load.py;
     gw:rt:{rt}:load        hash    field = routing process, value = "<lease expiry ms>|" + msgpack
                                    map backend -> its in-flight requests (as of its last call)
     gw:rt:{rt}:g:<key>     string  the backend a prefix group was first placed on (SET NX, PX ttl)
+    gw:rt:{rt}:placed      hash    field = backend, value = "<blocks>|<as of ms>": the blocks of the
+                                   groups placed there, halving every placement ttl (`PlacedBlocks`)
 
 Every call of a process (a request's admission, its finish, the renewer while it has requests in
 flight and nothing else to say) rewrites its field and reads the others' live fields, summed per
@@ -65,12 +67,14 @@ _OUTAGE = (RedisConnectionError, RedisTimeoutError, OSError, WireDown)
 _TRANSIENT = ("LOADING", "BUSY", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERDOWN")
 
 # The shared routing state (see the module docstring), one Lua function both scripts include: `q` is
-# the index before its ARGV (process, lease_ms, msgpack counts, proposal or '', placement ttl_ms),
-# `load` and `group` its keys (group nil: no placement asked), `placing` whether a proposal may be
-# set. Returns the other live processes' counts as a flat name/count list, and the placement (false
-# when none).
+# the index before its ARGV (process, lease_ms, msgpack counts, proposal or '', placement ttl_ms,
+# and with a group: its blocks, C, C candidates), `load`, `group` and `placed_blocks` its keys (group
+# nil: no placement asked), `placing` whether a proposal may be set. A group without a placement goes to
+# the candidate with the fewest placed blocks (the first of equals; the proposal when C is 0), as
+# `policies.shared_load.PlacedBlocks.place` does. Returns the other live processes' counts as a flat
+# name/count list, and the placement (false when none).
 SHARE_LUA = """
-local function share(load, group, q, placing)
+local function share(load, group, q, placing, placed_blocks)
   local proc, lease, counts = ARGV[q + 1], tonumber(ARGV[q + 2]), ARGV[q + 3]
   if counts == '' then
     redis.call('HDEL', load, proc)
@@ -106,7 +110,25 @@ local function share(load, group, q, placing)
   local placed = false
   if group then
     local ttl = ARGV[q + 5]
-    if placing and ARGV[q + 4] ~= '' then redis.call('SET', group, ARGV[q + 4], 'NX', 'PX', ttl) end
+    if placing and ARGV[q + 4] ~= '' and redis.call('EXISTS', group) == 0 then
+      local choice, best = ARGV[q + 4], nil
+      local blocks, nc, half = tonumber(ARGV[q + 6] or '0'), tonumber(ARGV[q + 7] or '0'), tonumber(ttl)
+      for j = 1, nc do
+        local name, held = ARGV[q + 7 + j], 0
+        local v = redis.call('HGET', placed_blocks, name)
+        if v then
+          local bar = string.find(v, '|', 1, true)
+          local age = now - tonumber(string.sub(v, bar + 1))
+          held = tonumber(string.sub(v, 1, bar - 1)) * math.pow(0.5, age / half)
+        end
+        if best == nil or held < best then best, choice = held, name end
+      end
+      redis.call('SET', group, choice, 'NX', 'PX', ttl)
+      if best ~= nil then
+        redis.call('HSET', placed_blocks, choice, (best + blocks) .. '|' .. now)
+        redis.call('PEXPIRE', placed_blocks, ttl)
+      end
+    end
     placed = redis.call('GET', group)
     if placed then redis.call('PEXPIRE', group, ttl) end
   end
@@ -123,7 +145,8 @@ end
 # remaining_tok, reset_tok_ms, used, requested}; for a budget, scope is its index among the budgets
 # (calendar ones first) and retry_ms is set for rolling ones only. With shared routing state (the
 # budget part then present, zeros when there are no budgets): after the rolling budgets' keys the
-# load hash and optionally the group key, after their ARGV the share's (SHARE_LUA); the reply then
+# load hash and optionally the group key and the placed-blocks hash, after their ARGV the share's
+# (SHARE_LUA); the reply then
 # also holds the other processes' counts and the group's placement.
 ACQUIRE = (
     """
@@ -300,7 +323,7 @@ if add == 1 then
 end
 local q = ra + nr * 3
 if ARGV[q + 1] then
-  local flat, placed = share(KEYS[rk + nr * 2 + 1], KEYS[rk + nr * 2 + 2], q, add == 1)
+  local flat, placed = share(KEYS[rk + nr * 2 + 1], KEYS[rk + nr * 2 + 2], q, add == 1, KEYS[rk + nr * 2 + 3])
   return {fail, fail_scope, retry, lr, rr, sr, lt, rt, st, used, requested, flat, placed}
 end
 return {fail, fail_scope, retry, lr, rr, sr, lt, rt, st, used, requested}
@@ -371,7 +394,7 @@ if nl + nr > 0 then
   q = ra + nr
 end
 if ARGV[q + 1] then
-  local flat = share(KEYS[lk + nl + nr * 2 + 1], nil, q, false)
+  local flat = share(KEYS[lk + nl + nr * 2 + 1], nil, q, false, nil)
   return flat
 end
 return 1
@@ -387,7 +410,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
     + SHARE_LUA
     + """
-local flat = share(KEYS[1], nil, 0, false)
+local flat = share(KEYS[1], nil, 0, false, nil)
 return flat
 """
 )
@@ -492,18 +515,22 @@ def _text(value: Any) -> str:
 
 LOAD_KEY = "gw:rt:{rt}:load"
 GROUP_KEY = "gw:rt:{rt}:g:"
+PLACED_KEY = "gw:rt:{rt}:placed"
 
 
-def _share_args(share: LoadShare, counts: Mapping[str, int], proposal: str | None, args: list[Any]) -> None:
+def _share_args(share: LoadShare, counts: Mapping[str, int], ask: ShareAsk | None, args: list[Any]) -> None:
     """SHARE_LUA's ARGV (see the script): process, lease, packed counts (`LoadShare.counts()`: only
-    backends with requests in flight), proposal, placement ttl."""
+    backends with requests in flight), proposal, placement ttl; with `ask`'s group its blocks and
+    candidates."""
     args += (
         share.process,
         max(1, int(share.lease_s * 1000)),
         msgpack.packb(counts) if counts else b"",
-        proposal or "",
+        (ask.proposal or "") if ask is not None else "",
         max(1, int(share.placement_ttl_s * 1000)),
     )
+    if ask is not None and ask.group is not None:
+        args += (ask.blocks, len(ask.candidates), *ask.candidates)
 
 
 def _others(flat: Any) -> dict[str, int]:
@@ -583,8 +610,8 @@ class RedisLimiter:
                 args += (0, 0, 0, 0, 0)  # no budgets: the part the share's arguments follow
             keys.append(LOAD_KEY)
             if share.group is not None:
-                keys.append(GROUP_KEY + share.group)
-            _share_args(bound, share.counts, share.proposal, args)
+                keys += (GROUP_KEY + share.group, PLACED_KEY)
+            _share_args(bound, share.counts, share, args)
         observe = self._observe
         t0 = time.perf_counter()
         try:

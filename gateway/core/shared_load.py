@@ -35,16 +35,25 @@ class ShareReply:
 
 class ShareAsk:
     """What one call carries to the store (see the module docstring); `reply` is set by the limiter
-    when the store answered."""
+    when the store answered. A group without a placement is placed by the store on the one of
+    `candidates` (`proposal` first; just `proposal` when empty) with the fewest placed blocks, and
+    charged `blocks` there (`policies.shared_load`)."""
 
-    __slots__ = ("counts", "group", "proposal", "reply")
+    __slots__ = ("blocks", "candidates", "counts", "group", "proposal", "reply")
 
     def __init__(
-        self, counts: Mapping[str, int], group: str | None = None, proposal: str | None = None
+        self,
+        counts: Mapping[str, int],
+        group: str | None = None,
+        proposal: str | None = None,
+        candidates: tuple[str, ...] = (),
+        blocks: int = 0,
     ) -> None:
         self.counts = counts
         self.group = group
         self.proposal = proposal
+        self.candidates = candidates
+        self.blocks = blocks
         self.reply: ShareReply | None = None
 
 

@@ -73,7 +73,7 @@ class SharedLoad:
         if ask is None:
             return ShareAsk(counts)
         ctx.extras["share_ask"] = ask
-        return ShareAsk(counts, key_text(ask.key), ask.proposal)
+        return ShareAsk(counts, key_text(ask.key), ask.proposal, ask.candidates, ask.blocks)
 
     def told(self, ctx: RequestContext, ask: ShareAsk) -> None:
         reply = ask.reply

@@ -181,6 +181,27 @@ def test_a_proposal_to_the_shared_store_takes_the_lightest_of_its_choices() -> N
     ask = SharedRouting(router).ask(snapshot, f)
     assert ask is not None and ask.proposal is not None and ask.proposal != home  # slack 0
     assert router.decide(snapshot, f, 0.5, dry_run=True).backend == home  # the flag did not stay
+    # the store may place it on any of its first choices as light as the proposal: the proposal
+    # first, the home (one group heavier here) not among them
+    choices = [b.name for b in policy.rank(pool, f)][: policy.config.group_choices]
+    assert ask.candidates[0] == ask.proposal and set(ask.candidates) <= set(choices)
+    assert home not in ask.candidates and len(ask.candidates) == len(choices) - 1
+    assert ask.blocks > 0
+
+
+def test_the_store_places_a_new_group_on_the_candidate_with_the_fewest_placed_blocks() -> None:
+    """`PlacedBlocks`, the store's rule (the gateway's Redis script does the same): fewest placed
+    blocks, the first of equals (the proposal), the group's blocks charged there, halving with age."""
+    from policies.shared_load import PlacedBlocks
+
+    store = PlacedBlocks(half_life_ms=1000.0)
+    # a burst of three groups, every process proposing the same (empty-looking) home: spread
+    assert [store.place(("b0", "b1", "b2"), 100, 0.0) for _ in range(3)] == ["b0", "b1", "b2"]
+    assert store.place(("b2", "b0"), 50, 0.0) == "b2"  # equals: the first (the proposal)
+    assert store.load("b2", 0.0) == 150.0 and store.load("b0", 0.0) == 100.0
+    assert store.load("b2", 1000.0) == 75.0  # one half-life later
+    assert store.place(("b2", "b3"), 10, 1000.0) == "b3"  # never placed on: zero
+    assert store.place(("b1",), 10, 2000.0) == "b1"  # one candidate: it
 
 
 def test_a_holder_may_run_above_the_bound_by_the_prefill_its_engine_holds() -> None:

@@ -5,19 +5,21 @@ processes, and that the limits and budgets decide exactly as without it."""
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator, Mapping
 
 import pytest
 from redis.asyncio import Redis
 
 from gateway.admission.limits import Ticket
-from gateway.admission.limits_redis import LOAD_KEY, RedisLimiter
+from gateway.admission.limits_redis import LOAD_KEY, PLACED_KEY, RedisLimiter
 from gateway.core.context import RequestContext
 from gateway.core.redis_client import open_redis
 from gateway.core.redis_wire import RespClient
 from gateway.core.shared_load import ShareAsk
 from policies.admission import Outcome, ScopeLimits
 from policies.budgets import Budget, Charge
+from policies.shared_load import PlacedBlocks
 from tests.gateway.admission.test_budgets import calendar_meter, spend
 from tests.support import RedisServer
 
@@ -76,8 +78,9 @@ async def processes(
 
 
 async def admit(limiter: RedisLimiter, share: Share, group: str | None = None, proposal: str | None = None,
-                scopes: tuple[ScopeLimits, ...] = (), id: str = "r") -> tuple[Outcome, ShareAsk]:  # fmt: skip
-    ask = ShareAsk(share.counts(), group, proposal)
+                scopes: tuple[ScopeLimits, ...] = (), id: str = "r", candidates: tuple[str, ...] = (),
+                blocks: int = 0) -> tuple[Outcome, ShareAsk]:  # fmt: skip
+    ask = ShareAsk(share.counts(), group, proposal, candidates, blocks)
     verdict = await limiter.acquire(id, scopes, 10, None, ask)
     return verdict.outcome, ask
 
@@ -115,6 +118,51 @@ async def test_a_groups_first_proposal_wins_and_every_process_reads_it(
     assert ask.reply is not None and ask.reply.placed is None
     ttl = await redis.pttl("gw:rt:{rt}:g:00000000000000aa")
     assert 50_000 < ttl <= 60_000
+
+
+async def test_a_burst_of_new_groups_from_several_processes_is_spread(
+    processes: list[tuple[RedisLimiter, Share]], redis: Redis
+) -> None:
+    """Each process proposes the same backend for its new group (its own working sets are empty):
+    the store places each on the candidate with the fewest placed blocks, so the three land on
+    three backends; a fourth, between two equals (none placed), goes to its proposal."""
+    (la, a), (lb, b), _ = processes
+    three = ("s0", "s1", "s2")
+    placed = []
+    for i, (limiter, share) in enumerate(processes):
+        _, ask = await admit(limiter, share, f"000000000000010{i}", "s0", candidates=three, blocks=100)
+        assert ask.reply is not None
+        placed.append(ask.reply.placed)
+    assert placed == ["s0", "s1", "s2"]
+    _, ask = await admit(la, a, "0000000000000110", "s4", candidates=("s4", "s3"), blocks=7)
+    assert ask.reply is not None and ask.reply.placed == "s4"
+    _, ask = await admit(lb, b, "0000000000000101", "s0", candidates=three, blocks=100)
+    assert ask.reply is not None and ask.reply.placed == "s1"  # already placed: read, not charged
+    loads = {
+        k.decode(): float(v.decode().split("|")[0]) for k, v in (await redis.hgetall(PLACED_KEY)).items()
+    }
+    assert loads == pytest.approx({"s0": 100.0, "s1": 100.0, "s2": 100.0, "s4": 7.0}, rel=1e-6)
+    assert 50_000 < await redis.pttl(PLACED_KEY) <= 60_000
+
+
+async def test_the_store_places_as_policies_placed_blocks_does(
+    processes: list[tuple[RedisLimiter, Share]],
+) -> None:
+    """The script and `policies.shared_load.PlacedBlocks` (the replay's store) choose alike over a
+    random sequence of asks (the half-life, one placement ttl, is a minute: the test's second of
+    decay moves no choice, the blocks being distinct)."""
+    rng = random.Random(7)
+    mirror = PlacedBlocks(half_life_ms=60_000.0)
+    names = [f"b{i}" for i in range(5)]
+    for i in range(60):
+        limiter, share = processes[i % 3]
+        candidates = tuple(rng.sample(names, rng.randint(1, 4)))
+        blocks = rng.randint(1_000, 100_000)
+        _, ask = await admit(
+            limiter, share, f"{0x200 + i:016x}", candidates[0], candidates=candidates, blocks=blocks
+        )
+        assert ask.reply is not None
+        assert ask.reply.placed == mirror.place(candidates, blocks, 0.0), i
 
 
 async def test_a_rejected_request_reads_but_never_places(processes: list[tuple[RedisLimiter, Share]]) -> None:

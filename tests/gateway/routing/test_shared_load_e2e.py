@@ -148,21 +148,26 @@ def test_a_new_group_follows_the_first_process_placement_before_any_event(
     redis: RedisServer, shared: bool
 ) -> None:
     """Gateway B has sent another document to the document's home, so by its own working sets it
-    would place a new document on the other backend; gateway A (fresh) places it at home. The engine takes
-    ~2.5 s to prefill it (no event before that): B's request, sent meanwhile, follows A's placement
-    through Redis - and without the shared state it does not (the test's control)."""
+    would place a new document on the other backend; gateway A has sent a longer one to the other
+    backend, so it places the new document at home (and with the shared state the store agrees: it
+    holds more placed blocks on the other backend than at home). The engine takes ~2.5 s to prefill
+    it (no event before that): B's request, sent meanwhile, follows A's placement through Redis - and
+    without the shared state it does not (the test's control)."""
     slow = ("--prefill-us-per-token", "2000")
     with publishing_sim(*slow) as s0, publishing_sim(*slow) as s1:
         sims = [s0, s1]
         doc_body = next(with_home("vllm-0", lambda k: body(f"{document(100 + k)}\n\nQuestion?")))
         others = with_home("vllm-0", lambda k: body(document(500 + k, 1100)))
+        longer = with_home("vllm-1", lambda k: body(document(700 + k, 1400)))
         with (
             GatewayProcess(gateway_config(sims, redis, shared=shared)) as a,
             GatewayProcess(gateway_config(sims, redis, shared=shared)) as b,
         ):
             time.sleep(1.5)
-            # B's working set at vllm-0 grows by one document (opening groups go to the lightest)
+            # B's working set at vllm-0 grows by one document (opening groups go to the lightest),
+            # A's at vllm-1 by a longer one
             assert where(sims, b.base_url, next(others))[0] == "vllm-0"
+            assert where(sims, a.base_url, next(longer))[0] == "vllm-1"
             results: dict[str, httpx.Response] = {}
             first = threading.Thread(target=lambda: results.setdefault("a", post(a.base_url, doc_body)))
             before = served_by(sims)
