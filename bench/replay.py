@@ -458,9 +458,9 @@ def replay(
                     ask = shares[replica].ask(snapshot(now, replica), f)
                     others[replica] = store.call(replica, own[replica])
                     if ask is not None:
-                        placed = store.place(ask, now)
+                        placed, fresh = store.place(ask, now)
                         shares[replica].learn(ask.key, placed)
-                        f = SharedRouting.placed(f, placed)
+                        f = SharedRouting.placed(f, placed, not fresh)
                 d = routers[replica].decide(snapshot(now, replica), f, rand.random())
                 b, reason = d.backend, d.reason
             reasons[reason] += 1

@@ -59,12 +59,14 @@ class SharedStore:
                 others[b] = others.get(b, 0) + n
         return others
 
-    def place(self, ask: Ask, now: float) -> str | None:
+    def place(self, ask: Ask, now: float) -> tuple[str | None, bool]:
         """A group's placement, set when it has none and `ask` proposes one: to the candidate with
-        the fewest placed blocks (`PlacedBlocks`, as the gateway's Redis script); then its value."""
-        if ask.proposal is not None and ask.key not in self.placements:
+        the fewest placed blocks (`PlacedBlocks`, as the gateway's Redis script); then its value,
+        and whether this call set it."""
+        fresh = ask.proposal is not None and ask.key not in self.placements
+        if fresh:
             chosen = (
                 self._placed.place(ask.candidates, ask.blocks, now * 1000) if ask.candidates else ask.proposal
             )
             self.placements[ask.key] = chosen
-        return self.placements.get(ask.key)
+        return self.placements.get(ask.key), fresh

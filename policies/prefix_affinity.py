@@ -61,7 +61,9 @@ trades a warm cache against a queue, refined by a bounded local prefix index.
    reports stretch it, never this process's memory: without events the bound is as in 4.
 
 Reasons: `affinity:hit` (home; the index knows a prefix of this request there, or the index is
-disabled), `affinity:miss` (home, or a new group's placement; nothing known there yet), `affinity:index` (a non-home backend the
+disabled), `affinity:miss` (home, or a new group's placement; nothing known there yet),
+`affinity:placed` (the placement the processes' shared store made for an earlier request of the
+group, nothing known of it here yet: its first prefill is under way there), `affinity:index` (a non-home backend the
 index knows to be warmer than the home), `affinity:spill` (home skipped for load), `affinity:spread` (a
 hot group's next holder, taken for load).
 """
@@ -386,6 +388,7 @@ class PrefixAffinity(BackendPolicy):
         # working sets: a group's placement, its next holder and the tie-break all compare them
         sizes = self._sets.sizes(names) if group else [0] * n
         placed = -1  # a new group's placement among its first choices
+        stored = False  # ... made for an earlier request by the processes' shared store
         spread = -1  # a hot group's next holder
         if group:
             if not known:
@@ -396,6 +399,7 @@ class PrefixAffinity(BackendPolicy):
                 # replicas. Opening groups take the lightest (see the module docstring, 3).
                 # The fleet's shared store names the backend another process placed it on.
                 placed = _position(names, features.placed_on)
+                stored = placed >= 0 and features.placed_before
                 if placed < 0:
                     if opening_group(features, config):
                         slack = 0.0
@@ -447,6 +451,10 @@ class PrefixAffinity(BackendPolicy):
                         chosen = i
                         top_warm = w
         name = names[chosen]
+        if chosen == placed and stored:
+            # the group's placement, made by an earlier request through the store: its prefill is
+            # under way there (nothing of it known here yet: no event, no decision of this process)
+            return BackendChoice(name, "affinity:placed", "hit")
         if chosen == placed and chosen > 0:
             return BackendChoice(name, "affinity:miss", "miss")
         if chosen == spread and chosen > 0:

@@ -168,9 +168,12 @@ class SharedRouting:
             known.popitem(last=False)
 
     @staticmethod
-    def placed(features: RequestFeatures, placed: str | None) -> RequestFeatures:
-        """`features` with the store's placement of its group."""
-        return features if placed == features.placed_on else replace(features, placed_on=placed)
+    def placed(features: RequestFeatures, placed: str | None, before: bool = False) -> RequestFeatures:
+        """`features` with the store's placement of its group (`before`: set by an earlier request)."""
+        before = before and placed is not None
+        if placed == features.placed_on and before == features.placed_before:
+            return features
+        return replace(features, placed_on=placed, placed_before=before)
 
 
 __all__ = ["Ask", "PlacedBlocks", "SharedRouting", "key_text", "with_others"]

@@ -45,7 +45,9 @@ class RequestFeatures:
     tokenizer), with their block keys, when the gateway tokenizes for KV-event routing; None
     otherwise (the estimated blocks above are used alone).
     `placed_on` is the backend the fleet's shared store names for the request's prefix group (the
-    first routing process to place the group set it; `policies.shared_load`), None without one.
+    first routing process to place the group set it; `policies.shared_load`), None without one;
+    `placed_before` says the store had it before this request (another request placed it), so the
+    group's first prefill is under way there rather than this request's to pay.
     """
 
     model: str
@@ -62,6 +64,7 @@ class RequestFeatures:
     anchor_blocks: int = 0
     prompt: PromptBlocks | None = field(default=None, compare=False, repr=False)
     placed_on: str | None = None
+    placed_before: bool = False
 
     @property
     def needs_tool_parser(self) -> bool:

@@ -72,7 +72,7 @@ _TRANSIENT = ("LOADING", "BUSY", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERD
 # nil: no placement asked), `placing` whether a proposal may be set. A group without a placement goes to
 # the candidate with the fewest placed blocks (the first of equals; the proposal when C is 0), as
 # `policies.shared_load.PlacedBlocks.place` does. Returns the other live processes' counts as a flat
-# name/count list, and the placement (false when none).
+# name/count list, the placement (false when none) and 1 when this call set it (else 0).
 SHARE_LUA = """
 local function share(load, group, q, placing, placed_blocks)
   local proc, lease, counts = ARGV[q + 1], tonumber(ARGV[q + 2]), ARGV[q + 3]
@@ -107,7 +107,7 @@ local function share(load, group, q, placing, placed_blocks)
     flat[#flat + 1] = name
     flat[#flat + 1] = sums[name]
   end
-  local placed = false
+  local placed, fresh = false, 0
   if group then
     local ttl = ARGV[q + 5]
     if placing and ARGV[q + 4] ~= '' and redis.call('EXISTS', group) == 0 then
@@ -123,7 +123,7 @@ local function share(load, group, q, placing, placed_blocks)
         end
         if best == nil or held < best then best, choice = held, name end
       end
-      redis.call('SET', group, choice, 'NX', 'PX', ttl)
+      if redis.call('SET', group, choice, 'NX', 'PX', ttl) then fresh = 1 end
       if best ~= nil then
         redis.call('HSET', placed_blocks, choice, (best + blocks) .. '|' .. now)
         redis.call('PEXPIRE', placed_blocks, ttl)
@@ -132,7 +132,7 @@ local function share(load, group, q, placing, placed_blocks)
     placed = redis.call('GET', group)
     if placed then redis.call('PEXPIRE', group, ttl) end
   end
-  return flat, placed
+  return flat, placed, fresh
 end
 """
 
@@ -323,8 +323,8 @@ if add == 1 then
 end
 local q = ra + nr * 3
 if ARGV[q + 1] then
-  local flat, placed = share(KEYS[rk + nr * 2 + 1], KEYS[rk + nr * 2 + 2], q, add == 1, KEYS[rk + nr * 2 + 3])
-  return {fail, fail_scope, retry, lr, rr, sr, lt, rt, st, used, requested, flat, placed}
+  local flat, placed, fresh = share(KEYS[rk + nr * 2 + 1], KEYS[rk + nr * 2 + 2], q, add == 1, KEYS[rk + nr * 2 + 3])
+  return {fail, fail_scope, retry, lr, rr, sr, lt, rt, st, used, requested, flat, placed, fresh}
 end
 return {fail, fail_scope, retry, lr, rr, sr, lt, rt, st, used, requested}
 """
@@ -630,7 +630,8 @@ class RedisLimiter:
         if share is not None and bound is not None and len(r) > 11:
             self._shared_at = time.monotonic()
             placed = r[12] if len(r) > 12 else None
-            share.reply = ShareReply(_others(r[11]), _text(placed) if placed else None)
+            fresh = len(r) > 13 and int(r[13]) == 1
+            share.reply = ShareReply(_others(r[11]), _text(placed) if placed else None, fresh)
             self._start_reporter()
         if con and verdict.outcome is Outcome.ADMITTED:
             self._held[id] = con

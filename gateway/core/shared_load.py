@@ -27,10 +27,12 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True)
 class ShareReply:
     """What the store answered: the other live processes' in-flight counts per backend (summed),
-    and the placement of the request's group (None: no group asked, or none set)."""
+    the placement of the request's group (None: no group asked, or none set), and whether this call
+    set it (False: an earlier one did)."""
 
     others: Mapping[str, int]
     placed: str | None = None
+    fresh: bool = False
 
 
 class ShareAsk:

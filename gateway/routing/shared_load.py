@@ -85,6 +85,7 @@ class SharedLoad:
             self._routing.learn(mine.key, reply.placed)
             if reply.placed is not None:
                 ctx.extras["placed_on"] = reply.placed
+                ctx.extras["placed_before"] = not reply.fresh
                 self.placements += 1
 
     def counts(self) -> dict[str, int]:
@@ -113,7 +114,9 @@ class SharedLoad:
 
     def features(self, ctx: RequestContext, features: RequestFeatures) -> RequestFeatures:
         """`features` with the store's placement of the request's group, if it named one."""
-        return SharedRouting.placed(features, ctx.extras.get("placed_on"))
+        return SharedRouting.placed(
+            features, ctx.extras.get("placed_on"), bool(ctx.extras.get("placed_before", False))
+        )
 
     def describe(self) -> dict[str, object]:
         """For the explain endpoint: the view of the others and its age."""

@@ -189,6 +189,26 @@ def test_a_proposal_to_the_shared_store_takes_the_lightest_of_its_choices() -> N
     assert ask.blocks > 0
 
 
+def test_a_group_the_store_placed_for_an_earlier_request_is_labelled_placed() -> None:
+    """A new group's placement taken from the shared store: `affinity:placed` (affinity `hit`: its
+    first prefill is under way there) when an earlier request set it, `affinity:miss` when this
+    request's own ask did; a placement in another pool is neither (the group's own placement here)."""
+    from policies.shared_load import SharedRouting
+
+    p = pool("vllm", 4)
+    system = " ".join(f"rule-{k}" for k in range(800))
+    f = features([{"role": "system", "content": system}, {"role": "user", "content": "q"}])
+    policy = PrefixAffinity()
+    second = policy.rank(p, f)[1].name
+    choice = policy.select(p, SharedRouting.placed(f, second, before=True), 0.0)
+    assert (choice.backend, choice.reason, choice.affinity) == (second, "affinity:placed", "hit")
+    choice = policy.select(p, SharedRouting.placed(f, second), 0.0)
+    assert (choice.backend, choice.reason, choice.affinity) == (second, "affinity:miss", "miss")
+    choice = policy.select(p, SharedRouting.placed(f, "sglang-9", before=True), 0.0)
+    assert choice.reason != "affinity:placed"
+    assert SharedRouting.placed(f, None, before=True).placed_before is False
+
+
 def test_the_store_places_a_new_group_on_the_candidate_with_the_fewest_placed_blocks() -> None:
     """`PlacedBlocks`, the store's rule (the gateway's Redis script does the same): fewest placed
     blocks, the first of equals (the proposal), the group's blocks charged there, halving with age."""

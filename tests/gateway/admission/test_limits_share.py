@@ -109,11 +109,11 @@ async def test_a_groups_first_proposal_wins_and_every_process_reads_it(
 ) -> None:
     (la, a), (lb, b), (lc, c) = processes
     _, ask = await admit(la, a, "00000000000000aa", "sglang-2")
-    assert ask.reply is not None and ask.reply.placed == "sglang-2"
+    assert ask.reply is not None and ask.reply.placed == "sglang-2" and ask.reply.fresh
     _, ask = await admit(lb, b, "00000000000000aa", "vllm-1")  # too late: a placed it
-    assert ask.reply is not None and ask.reply.placed == "sglang-2"
+    assert ask.reply is not None and ask.reply.placed == "sglang-2" and not ask.reply.fresh
     _, ask = await admit(lc, c, "00000000000000aa", None)  # only reading
-    assert ask.reply is not None and ask.reply.placed == "sglang-2"
+    assert ask.reply is not None and ask.reply.placed == "sglang-2" and not ask.reply.fresh
     _, ask = await admit(lc, c, "00000000000000bb", None)  # nobody placed this one
     assert ask.reply is not None and ask.reply.placed is None
     ttl = await redis.pttl("gw:rt:{rt}:g:00000000000000aa")
