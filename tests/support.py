@@ -20,6 +20,9 @@ import yaml
 
 from engines.sim.launcher import free_port, port_open
 
+#: seconds a test gateway has to answer /readyz (`GatewayProcess.start`)
+START_S = 40.0
+
 __all__ = ["GatewayProcess", "RedisServer", "free_port", "wait_until"]
 
 
@@ -73,7 +76,9 @@ class GatewayProcess:
             stderr=subprocess.STDOUT,
             env=env,
         )
-        deadline = time.monotonic() + 20
+        # a healthy start takes 1-2 s; 40 s because a gateway started beside the real engines'
+        # start-up (both cores busy for ~50 s) once printed nothing in 20 s (13 setup errors)
+        deadline = time.monotonic() + START_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"gateway exited with {self.proc.returncode}:\n{self.log()}")
@@ -87,7 +92,7 @@ class GatewayProcess:
                     pass
             time.sleep(0.05)
         self.stop()
-        raise RuntimeError(f"gateway not ready within 20s:\n{self.log()}")
+        raise RuntimeError(f"gateway not ready within {START_S:.0f}s:\n{self.log()}")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
