@@ -365,7 +365,9 @@ def test_named_tool_choice_finish_reason(client: openai.OpenAI, pool: Pool, stre
     SGLang constrains to a JSON array of calls and returns a call only when it parses. So for them:
     the name is the forced one whenever a call comes, vLLM always sends one, and "length" comes
     exactly when the output was cut — otherwise "stop" and arguments that are a JSON object."""
-    kwargs: dict[str, Any] = {"max_tokens": TOOL_MAX_TOKENS}
+    # greedy: a real engine's random weights then write the same call every run (sampled, real
+    # SGLang once streamed the arguments '""' - text its grammar did not hold to - and "stop")
+    kwargs: dict[str, Any] = {"max_tokens": TOOL_MAX_TOKENS, "temperature": 0.0}
     if stream:
         with client.chat.completions.stream(
             model=MODEL,
