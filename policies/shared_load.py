@@ -29,8 +29,9 @@ on what each engine *holds*; two things remain that only the process that did th
 
 `SharedRouting.ask` says what a request needs from the store: its group's key (None for requests
 without a group, or whose group the engines' events already show held) and a proposal - where this
-process would place the group (a dry run of its own decision) - when it does not know a placement
-for it yet, so the dry run costs a decision once per group and process. `learn` records the store's
+process would place the group (a dry run of its own decision), with the candidates the store may
+take instead - when it does not know a placement for it yet, so the dry run costs a decision once
+per group and process. `learn` records the store's
 answer. Without a store, nothing here is used and every process routes on its own (today's
 behaviour).
 """

@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="build-policies-") as tmp:
         work = Path(tmp)
+        root = base  # where the package is compiled from
         if args.installed:
             # a copy of the package, compiled where mypy sees nothing else: in site-packages it would
             # take every other top-level module beside it for the project's own (and refuse some)
@@ -61,9 +62,9 @@ def main(argv: list[str] | None = None) -> int:
                 work / "src" / "policies",
                 ignore=shutil.ignore_patterns("_native*", "__pycache__"),
             )
-            base = work / "src"
+            root = work / "src"
         try:
-            _compile(sources, work, base)
+            _compile(sources, work, root)
         except (SystemExit, Exception) as exc:  # setuptools exits on a compiler error
             print(f"build_policies: mypyc failed ({exc}); the sources stay in use", file=sys.stderr)
             return 1

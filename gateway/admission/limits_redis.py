@@ -29,7 +29,7 @@ Shared routing state rides in the same two scripts (gateway/core/shared_load.py;
 
     gw:rt:{rt}:load        hash    field = routing process, value = "<lease expiry ms>|" + msgpack
                                    map backend -> its in-flight requests (as of its last call)
-    gw:rt:{rt}:g:<key>     string  the backend a prefix group was first placed on (SET NX, PX ttl)
+    gw:rt:{rt}:g:<key>     string  the backend a prefix group was placed on (set once, PX ttl)
     gw:rt:{rt}:placed      hash    field = backend, value = "<blocks>|<as of ms>": the blocks of the
                                    groups placed there, halving every placement ttl (`PlacedBlocks`)
 
@@ -123,7 +123,8 @@ local function share(load, group, q, placing, placed_blocks)
         end
         if best == nil or held < best then best, choice = held, name end
       end
-      if redis.call('SET', group, choice, 'NX', 'PX', ttl) then fresh = 1 end
+      redis.call('SET', group, choice, 'PX', ttl)  -- (the script is atomic: none exists)
+      fresh = 1
       if best ~= nil then
         redis.call('HSET', placed_blocks, choice, (best + blocks) .. '|' .. now)
         redis.call('PEXPIRE', placed_blocks, ttl)
@@ -146,8 +147,8 @@ end
 # (calendar ones first) and retry_ms is set for rolling ones only. With shared routing state (the
 # budget part then present, zeros when there are no budgets): after the rolling budgets' keys the
 # load hash and optionally the group key and the placed-blocks hash, after their ARGV the share's
-# (SHARE_LUA); the reply then
-# also holds the other processes' counts and the group's placement.
+# (SHARE_LUA); the reply then also holds the other processes' counts, the group's placement and
+# whether this call set it.
 ACQUIRE = (
     """
 if redis.replicate_commands then redis.replicate_commands() end

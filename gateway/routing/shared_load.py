@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from gateway.core.context import RequestContext
 from gateway.core.fleet import Fleet
-from gateway.core.shared_load import ShareAsk
+from gateway.core.shared_load import ShareAsk, ShareReply
 from gateway.routing.settings import SharedSettings
 from policies.router import Router
 from policies.shared_load import Ask, SharedRouting, key_text, with_others
@@ -84,8 +84,7 @@ class SharedLoad:
         if mine is not None:
             self._routing.learn(mine.key, reply.placed)
             if reply.placed is not None:
-                ctx.extras["placed_on"] = reply.placed
-                ctx.extras["placed_before"] = not reply.fresh
+                ctx.extras["share_reply"] = reply
                 self.placements += 1
 
     def counts(self) -> dict[str, int]:
@@ -114,9 +113,10 @@ class SharedLoad:
 
     def features(self, ctx: RequestContext, features: RequestFeatures) -> RequestFeatures:
         """`features` with the store's placement of the request's group, if it named one."""
-        return SharedRouting.placed(
-            features, ctx.extras.get("placed_on"), bool(ctx.extras.get("placed_before", False))
-        )
+        reply: ShareReply | None = ctx.extras.get("share_reply")
+        if reply is None:
+            return SharedRouting.placed(features, None)
+        return SharedRouting.placed(features, reply.placed, not reply.fresh)
 
     def describe(self) -> dict[str, object]:
         """For the explain endpoint: the view of the others and its age."""
