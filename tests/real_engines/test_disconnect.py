@@ -29,7 +29,11 @@ ended, and the old test failed with "3800 tokens generated" on such runs. Closed
 generated, the gateway's close within 0.1 s). An attempt whose client has the answer's `[DONE]`
 together with its first event is not counted; nor is one in which the gateway closed the connection at
 once (1. held) but vLLM's API server, starved the same way, noticed only after its stream had ended:
-no gateway could have done more. Step 1 is asserted in every attempt in which the client left a
+no gateway could have done more; nor one whose first event came after the engine had decoded every
+token (later than 3.8 s, all 3,800 generated) and in which the gateway's connection stayed open: the
+gateway may have read that answer to its end and pooled the connection before the client left (CI,
+2026-12-02: no close seen within 3 s; which of this or a slow `ss` it was, its output does not say;
+`wait_until` now looks once more after its deadline). Step 1 is asserted in every attempt in which the client left a
 running stream, so a gateway that ignores disconnects fails at its first such attempt (checked: with
 the relay's upstream close removed, both engines fail at step 1); the test passes only when an
 attempt shows both.
@@ -75,6 +79,8 @@ def gateway(real_engine: EngineServer) -> Iterator[GatewayProcess]:
 @dataclass
 class Attempt:
     ended_first: bool = False  # the client had the whole answer with its first event
+    first_event_s: float = 0.0  # request sent -> the client's first whole event
+    finished_first: bool = False  # the engine had decoded the whole answer before the client left
     upstream_closed_s: float | None = None  # client's close -> the gateway's upstream close
     idle_s: float = 0.0  # client's close -> the engine's running gauge read 0
     generated: float = 0.0  # tokens the engine generated for the request
@@ -83,6 +89,11 @@ class Attempt:
     def __str__(self) -> str:
         if self.ended_first:
             return "the answer had ended before the client could leave"
+        if self.finished_first:
+            return (
+                f"the engine had decoded all {LONG} tokens before the first event reached the client "
+                f"({self.first_event_s:.1f} s)"
+            )
         return (
             f"gateway closed upstream after {self.upstream_closed_s}s, engine idle after {self.idle_s:.2f}s, "
             f"{self.generated:.0f} tokens generated, engine-side abort: {self.engine_aborted}"
@@ -93,6 +104,18 @@ def _vllm_aborts(server: EngineServer) -> int:
     return len(VLLM_ABORTED.findall(server.log_path.read_text(errors="replace")))
 
 
+def _finished_before_first_event(engine: EngineServer, result: Attempt, generated_before: float) -> bool:
+    """Whether the engine had the whole answer decoded before the client's first event: it generated
+    all `LONG` tokens, and the first event came later than any engine decodes them (1 ms a token;
+    ~1.3 ms measured). The gateway may then have read the answer to its end and pooled the
+    connection before the client left: no close to see. A gateway that ignores a disconnect in an
+    attempt whose first event came at once is not excused."""
+    if result.first_event_s < LONG * 0.001:
+        return False
+    wait_until(lambda: running(engine) == 0, 30.0, 0.05, "the running gauge at 0 within 30 s of the close")
+    return engine_metric(engine, GENERATED[engine.engine]) - generated_before >= LONG
+
+
 def _attempt(gateway: GatewayProcess, engine: EngineServer) -> Attempt:
     """One long stream, closed at its first event."""
     wait_until(lambda: running(engine) == 0, 30, 0.1, "the engine idle before the attempt")
@@ -101,6 +124,7 @@ def _attempt(gateway: GatewayProcess, engine: EngineServer) -> Attempt:
     generated_before = engine_metric(engine, GENERATED[engine.engine])
     body = chat("Write for a long time.", max_tokens=LONG, ignore_eos=True, stream=True)
     result = Attempt()
+    sent = time.monotonic()
     with (
         httpx.Client(base_url=gateway.base_url, timeout=60, trust_env=False) as client,
         client.stream("POST", "/v1/chat/completions", json=body) as response,
@@ -116,6 +140,7 @@ def _attempt(gateway: GatewayProcess, engine: EngineServer) -> Attempt:
         # the engine's end of the gateway's connections while the stream runs (the stream's is one)
         streams = {port for port, state in engine_connections(engine).items() if state == "ESTAB"}
         closed = time.monotonic()
+        result.first_event_s = closed - sent
     # leaving the `with` closed the client's connection mid-stream
     if not result.ended_first:
         assert streams, f"no connection from the gateway to the engine during the stream: {received!r}"
@@ -124,7 +149,13 @@ def _attempt(gateway: GatewayProcess, engine: EngineServer) -> Attempt:
             now = engine_connections(engine)
             return any(now.get(port, "gone") in ("CLOSE-WAIT", "LAST-ACK", "gone") for port in streams)
 
-        wait_until(gateway_closed, 3.0, 0.01, "the gateway's close of its upstream connection (3 s)")
+        try:
+            wait_until(gateway_closed, 3.0, 0.01, "the gateway's close of its upstream connection (3 s)")
+        except AssertionError:
+            if not _finished_before_first_event(engine, result, generated_before):
+                raise
+            result.finished_first = True
+            return result
         result.upstream_closed_s = round(time.monotonic() - closed, 3)
     # a starved vLLM may decode to the end first: up to 3,800 tokens at a few ms each
     wait_until(lambda: running(engine) == 0, 30.0, 0.05, "the running gauge at 0 within 30 s of the close")
