@@ -60,6 +60,18 @@ class PoolPlacement:
         slack = 0.0 if opening_group(features, self._config) else float(len(features.block_hashes))
         return order[first_within(loads, slack)].name
 
+    def as_light(self, pools: Sequence[PoolView], features: RequestFeatures) -> list[PoolView]:
+        """Of `pools` (the first the one this process chose for a new group), those a placement may
+        take instead when several processes route: for a long preamble's group, those whose working
+        set per unit of weight is within `place`'s slack (one group) of the first's; for an opening
+        group, which `place` gives the strictly lightest pool by what this process alone sent, all."""
+        if opening_group(features, self._config):
+            return list(pools)
+        mean_weight = math.fsum(p.weight for p in pools) / len(pools)
+        loads = [self._sets.size(p.name) * mean_weight / p.weight for p in pools]
+        slack = float(len(features.block_hashes))
+        return [p for p, load in zip(pools, loads, strict=True) if load <= loads[0] + slack]
+
     def note(self, key: int, placed: str, routed: str, features: RequestFeatures) -> None:
         """Record the group's placed pool and what was sent to the pool that served it."""
         if self._max == 0:

@@ -140,28 +140,7 @@ def choose_pool(
     pools = snapshot.pools
     if len(pools) == 1 and prefer is None:
         return _only(pools[0], features, rules)
-    serving = [p for p in pools if model in p.models]
-    if not serving:
-        raise RoutingError("unknown_model", "no-pool-serves-model")
-    live = [p for p in serving if capable(p, features) and p.weight > 0 and p.has_routable_backend()]
-    if not live:
-        if not any(capable(p, features) for p in serving):
-            raise RoutingError("unavailable", "no-capable-pool")
-        raise RoutingError("unavailable", "no-eligible-pool")
-
-    label = "default"
-    candidates = live
-    for rule in rules:
-        if not rule.matches(features):
-            continue
-        narrowed = [p for p in live if p.name in rule.then_pools]
-        if narrowed:
-            label = f"rule:{rule.name}"
-            candidates = narrowed
-            break
-        if rule.strict:
-            raise RoutingError("unavailable", f"rule:{rule.name}:no-eligible-pool")
-
+    candidates, label = _candidates(pools, features, rules)
     if prefer is not None:
         for p in candidates:
             if p.name == prefer:
@@ -175,6 +154,41 @@ def choose_pool(
     if placed is not None:  # the group's placed pool first, then the rendezvous order
         ordered.sort(key=lambda p: p.name != placed)
     return PoolChoice(_bounded(ordered, balance, stretch), f"{label}+weights", placed)
+
+
+def _candidates(
+    pools: Sequence[PoolView], features: RequestFeatures, rules: Sequence[Rule]
+) -> tuple[list[PoolView], str]:
+    """Steps 1 and 3-5: the live pools the rules leave for the request, and the reason's label."""
+    model = features.model
+    serving = [p for p in pools if model in p.models]
+    if not serving:
+        raise RoutingError("unknown_model", "no-pool-serves-model")
+    live = [p for p in serving if capable(p, features) and p.weight > 0 and p.has_routable_backend()]
+    if not live:
+        if not any(capable(p, features) for p in serving):
+            raise RoutingError("unavailable", "no-capable-pool")
+        raise RoutingError("unavailable", "no-eligible-pool")
+    for rule in rules:
+        if not rule.matches(features):
+            continue
+        narrowed = [p for p in live if p.name in rule.then_pools]
+        if narrowed:
+            return narrowed, f"rule:{rule.name}"
+        if rule.strict:
+            raise RoutingError("unavailable", f"rule:{rule.name}:no-eligible-pool")
+    return live, "default"
+
+
+def candidate_pools(
+    snapshot: FleetSnapshot, features: RequestFeatures, rules: Sequence[Rule]
+) -> list[PoolView]:
+    """The pools `choose_pool` chooses among by weight for the request (no pin, no retry), in the
+    snapshot's order; empty when it has none (`choose_pool` says why)."""
+    try:
+        return _candidates(snapshot.pools, features, rules)[0]
+    except RoutingError:
+        return []
 
 
 def _only(pool: PoolView, features: RequestFeatures, rules: Sequence[Rule]) -> PoolChoice:

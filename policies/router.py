@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Collection, Sequence
 from typing import Literal
 
@@ -18,7 +19,7 @@ from policies.hashing import NameHashes, mix64
 from policies.kv_index import KvIndex
 from policies.policy import BackendPolicy
 from policies.pool_placement import PoolPlacement
-from policies.pools import PlaceHook, PoolBalance, Rule, StretchHook, choose_pool
+from policies.pools import PlaceHook, PoolBalance, Rule, StretchHook, candidate_pools, choose_pool
 from policies.prefix_affinity import DEFAULT_CONFIG as DEFAULT_AFFINITY_CONFIG
 from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig, group_blocks, routing_key
 from policies.types import Decision, FleetSnapshot, PoolView, RequestFeatures, RoutingError
@@ -154,6 +155,26 @@ class Router:
                 if any(b.name == placed and b.routable for b in pool.backends):
                     return pool.name
         return self._groups.place(order, features, key)
+
+    def other_pools(self, snapshot: FleetSnapshot, features: RequestFeatures, chosen: str) -> list[PoolView]:
+        """For a new prefix group this process would place in pool `chosen`: the request's other
+        candidate pools (`policies.pools.candidate_pools`) that this process finds about as light
+        (`PoolPlacement.as_light`) and whose weight per backend is `chosen`'s, so one backend's placed
+        blocks weigh the same in each. The shared store may place the group there instead when
+        several processes route (`policies.shared_load`)."""
+        pools = candidate_pools(snapshot, features, self.rules)
+        home = next((p for p in pools if p.name == chosen), None)
+        if home is None or len(pools) < 2 or not home.backends:
+            return []
+        per = home.weight / len(home.backends)
+        same = [home] + [
+            p
+            for p in pools
+            if p is not home and p.backends and math.isclose(p.weight / len(p.backends), per, rel_tol=1e-9)
+        ]
+        if len(same) < 2:
+            return []
+        return self._groups.as_light(same, features)[1:]
 
 
 def _without(snapshot: FleetSnapshot, exclude: Collection[str]) -> FleetSnapshot:

@@ -22,10 +22,14 @@ on what each engine *holds*; two things remain that only the process that did th
   first `group_choices` backends in the group's rendezvous order those as light as the lightest by
   its own working sets) and the group's size, and the store takes the candidate with the fewest
   placed blocks (`PlacedBlocks`: blocks of the groups placed there, halving every `half_life_ms`),
-  ties to the proposal, and adds the group's blocks to it. Only within the pool: letting the store
-  choose across pools too made one process's documents and shared prefixes slower in the replay
-  (the pool choice's own working sets and bounds know more than the placed blocks). Placements are then
-  made one at a time with every earlier one known, as by a single process.
+  ties to the proposal, and adds the group's blocks to it. Placements are then made one at a time
+  with every earlier one known, as by a single process. Across pools only while other processes
+  route (their counts came with the last answer): then the candidates also hold those of the
+  request's other pools of the same weight per backend (`Router.other_pools`: every one for a
+  document, those this process finds within a group of its choice for a long preamble), since
+  this process's pool choice went by its own part of the traffic. Alone, the process's pool choice
+  stands: its working sets and the pool bound know more than placed blocks (the store choosing
+  across pools for one process made its documents and shared prefixes slower in the replay).
 
 `SharedRouting.ask` says what a request needs from the store: its group's key (None for requests
 without a group, or whose group the engines' events already show held) and a proposal - where this
@@ -126,8 +130,11 @@ class SharedRouting:
         policy = self.router.policy
         return isinstance(policy, PrefixAffinity) and group_blocks(features, policy.config) > 0
 
-    def ask(self, snapshot: FleetSnapshot, features: RequestFeatures) -> Ask | None:
-        """The store's part in routing this request, or None when it has none."""
+    def ask(self, snapshot: FleetSnapshot, features: RequestFeatures, others: bool = False) -> Ask | None:
+        """The store's part in routing this request, or None when it has none. `others`: other
+        routing processes have requests in flight (their counts came with the last answer), so what
+        this process sent is only its part of the traffic: a new group's candidates then include
+        the backends of the request's other pools this process finds as light (`Router.other_pools`)."""
         router = self.router
         policy = router.policy
         if not isinstance(policy, PrefixAffinity):
@@ -150,11 +157,13 @@ class SharedRouting:
             return Ask(key, None)
         proposal = decision.backend
         candidates = [proposal]
-        for pool in snapshot.pools:
-            if pool.name == decision.pool:
-                for name in policy.placement_choices(pool, features):
-                    if name != proposal:
-                        candidates.append(name)
+        pools = [p for p in snapshot.pools if p.name == decision.pool]
+        if others and pools:
+            pools += router.other_pools(snapshot, features, decision.pool)
+        for pool in pools:
+            for name in policy.placement_choices(pool, features):
+                if name not in candidates:
+                    candidates.append(name)
         return Ask(key, proposal, tuple(candidates), g)
 
     def learn(self, key: int, placed: str | None) -> None:

@@ -248,3 +248,21 @@ def test_chosen_pool_always_has_positive_weight(weights: list[float], rand: floa
         return
     assert choose_pool(snap, F, (), rand).pool.weight > 0
     assert choose_pool(snap, F, (), rand, sticky_key=mix64(int(rand * 1e9))).pool.weight > 0
+
+
+def test_candidate_pools_are_those_the_weights_choose_among() -> None:
+    """`candidate_pools`: the live pools the rules leave (what `choose_pool` weighs), none when
+    `choose_pool` would fail."""
+    from policies.pools import candidate_pools
+
+    a, b, c = pool("a"), pool("b"), pool("c", weight=0.0)
+    f = dataclasses.replace(F, prompt_tokens=5000)
+    snap = fleet(a, b, c)
+    assert [p.name for p in candidate_pools(snap, f, [])] == ["a", "b"]  # c: weight 0
+    long_to_b = Rule("long", ("b",), prompt_tokens_gte=4000)
+    assert [p.name for p in candidate_pools(snap, f, [long_to_b])] == ["b"]
+    assert candidate_pools(snap, dataclasses.replace(f, model="other"), []) == []
+    strict = Rule("only-c", ("c",), strict=True)
+    assert candidate_pools(snap, f, [strict]) == []
+    with pytest.raises(RoutingError):
+        choose_pool(snap, f, [strict], 0.5)

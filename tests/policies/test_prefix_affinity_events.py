@@ -189,6 +189,39 @@ def test_a_proposal_to_the_shared_store_takes_the_lightest_of_its_choices() -> N
     assert ask.blocks > 0
 
 
+def test_with_other_processes_routing_a_new_group_may_be_placed_in_another_pool() -> None:
+    """While other processes have requests in flight, what this process sent is only its part: the
+    store may place a new group in any of the request's pools of the same weight per backend - for
+    a document (an opening group) any, for a long preamble's group those this process finds within
+    one group of its own pool choice. Alone, only the chosen pool's backends are candidates."""
+    from policies.pool_placement import PoolPlacement
+    from policies.shared_load import SharedRouting
+
+    rng = random.Random(5)
+    a, b, c = pool("a", 4), pool("b", 4), pool("c", 2, weight=1.0)  # c: twice a's weight per backend
+    snapshot = fleet(a, b, c)
+    router = Router()
+    document = features([{"role": "user", "content": text(rng, 900) + " What is it about?"}])
+    alone = SharedRouting(router).ask(snapshot, document)
+    assert alone is not None and alone.proposal is not None
+    chosen = next(p for p in (a, b, c) if any(x.name == alone.proposal for x in p.backends))
+    assert {n.split("-")[0] for n in alone.candidates} == {chosen.name}
+    shared = SharedRouting(router).ask(snapshot, document, others=True)
+    assert shared is not None and shared.candidates[: len(alone.candidates)] == alone.candidates
+    pools = {n.split("-")[0] for n in shared.candidates}
+    same = {"a", "b"} if chosen.name != "c" else {"c"}  # equal weight per backend only
+    assert pools == same
+    assert router.other_pools(snapshot, document, "nowhere") == []
+    # a long preamble's group: only pools within one group of the chosen one, by this process's sets
+    placement = PoolPlacement(PrefixAffinityConfig())
+    preamble = features(conversation(rng, system=text(rng, 900)))
+    for i in range(3):
+        placement.note(i, "b", "b", preamble)
+    assert [p.name for p in placement.as_light([a, b], preamble)] == ["a"]
+    assert [p.name for p in placement.as_light([b, a], preamble)] == ["b", "a"]
+    assert [p.name for p in placement.as_light([a, b], document)] == ["a", "b"]  # an opening group
+
+
 def test_a_group_the_store_placed_for_an_earlier_request_is_labelled_placed() -> None:
     """A new group's placement taken from the shared store: `affinity:placed` (affinity `hit`: its
     first prefill is under way there) when an earlier request set it, `affinity:miss` when this

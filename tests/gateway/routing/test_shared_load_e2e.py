@@ -13,6 +13,7 @@ publish their own KV-cache events (`--kv-events-config`).
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import random
 import threading
@@ -28,7 +29,7 @@ from engines.sim.launcher import SimProcess, free_port
 from gateway.demo import SERVED
 from policies.features import FeatureConfig, extract_features
 from policies.prefix_affinity import PrefixAffinity
-from policies.types import BackendView, PoolView
+from policies.types import BackendView, FleetSnapshot, PoolView
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.support import GatewayProcess, RedisServer, wait_until
 
@@ -218,6 +219,62 @@ def test_another_process_streams_steer_the_choice_and_a_killed_process_counts_ex
     assert [w for w, _ in steered] == ["vllm-1"] * 3, steered
     assert lingering[0] == "vllm-1", lingering
     assert [w for w, _ in home] == ["vllm-0"] * 3, home
+
+
+def test_with_another_process_busy_a_new_document_may_be_placed_in_the_other_pool(redis: RedisServer) -> None:
+    """Two pools of one backend each, equal weights, three gateways sharing Redis. A places a document
+    on a-0. Alone (nothing in flight elsewhere), B places another document whose pool by its own
+    (empty) working sets is `a` there too: the store chooses only among that pool's backends. While A
+    has a stream in flight, C - which has heard A's counts - proposes pool `a` for a third document
+    and the store places it on b-0, the backend with no placed blocks: what C sent itself is only its
+    part of the fleet's traffic (docs/routing.md, *Shared load*)."""
+    from policies.router import Router
+
+    slow = ("--itl-ms", "200", "--min-output-tokens", "200", "--max-output-tokens", "200")
+    pools = [PoolView(n, "vllm", 1.0, frozenset({MODEL}), True, True, (BackendView(f"{n}-0"),)) for n in "ab"]
+    snapshot = FleetSnapshot(tuple(pools))
+
+    def pool_of(b: dict[str, Any]) -> str:  # the pool a process that has sent nothing picks
+        return Router().decide(snapshot, extract_features(b, FeatureConfig()), 0.5, dry_run=True).pool
+
+    docs = (body(f"{document(1000 + k)}\n\nQuestion?", 1) for k in range(10_000))
+    in_a = (d for d in docs if pool_of(d) == "a")
+    x1, x2, x3 = next(in_a), next(in_a), next(in_a)
+    with publishing_sim(*slow) as sa, publishing_sim(*slow) as sb:
+        sims = [sa, sb]
+        config = gateway_config(sims, redis, lease_s=1.0)
+        config["pools"] = [
+            dict(config["pools"][0], name=n, backends=[{"name": f"{n}-0", "url": s.base_url}])
+            for n, s in (("a", sa), ("b", sb))
+        ]
+        with contextlib.ExitStack() as stack:
+            # (a config each: a gateway writes its port into it)
+            a, b, c = (stack.enter_context(GatewayProcess(copy.deepcopy(config))) for _ in range(3))
+            time.sleep(1.0)
+            placed = [_served(sims, a.base_url, x1)]
+            # two leases: A's count for x1 has expired in Redis, and B's view of it (as its renewer
+            # last heard it, kept for a lease) with it
+            time.sleep(2.2)
+            placed.append(_served(sims, b.base_url, x2))
+            threading.Thread(
+                target=_stream, args=(a.base_url, body("hello", 200, stream=True)), daemon=True
+            ).start()
+            wait_until(lambda: sum(served_by(sims)) == 3, 10, what="A's stream on an engine")
+            time.sleep(0.6)  # A's renewer (every lease / 3) has reported it
+            assert post(c.base_url, body("hi", 1)).status_code == 200  # C hears the others' counts
+            third = _served(sims, c.base_url, x3)
+    assert placed == ["a-0", "a-0"], placed
+    assert third == "b-0", f"the third document went to {third}"
+
+
+def _served(sims: list[SimProcess], url: str, b: dict[str, Any]) -> str:
+    """Send `b` alone and return the name of the backend (pool `a` or `b`, one backend each) that served it."""
+    before = served_by(sims)
+    r = post(url, b)
+    assert r.status_code == 200, r.text
+    after = served_by(sims)
+    (k,) = [i for i in range(len(sims)) if after[i] > before[i]]
+    return ["a-0", "b-0"][k]
 
 
 def _stream(url: str, b: dict[str, Any]) -> None:
