@@ -362,11 +362,13 @@ def test_named_tool_choice_finish_reason(client: openai.OpenAI, pool: Pool, stre
     Real engines with random weights: vLLM constrains the output to the tool's parameters (with the
     servers' `disable_any_whitespace` structured-output setting the arguments open as an object), so
     the forced call always comes back, but the model may write the string value until max_tokens;
-    SGLang constrains to a JSON array of calls and returns a call only when it parses. So for them:
-    the name is the forced one whenever a call comes, vLLM always sends one, and "length" comes
-    exactly when the output was cut — otherwise "stop" and arguments that are a JSON object."""
-    # greedy: a real engine's random weights then write the same call every run (sampled, real
-    # SGLang once streamed the arguments '""' - text its grammar did not hold to - and "stop")
+    SGLang 0.5.23 forces the name and holds the arguments to *a* JSON value, not the tool's object
+    (measured 2026-12-02: 60 sampled requests straight to it, all cut at max_tokens, the arguments
+    numbers, booleans, arrays, strings; once, through the gateway, `""` and then the end of the
+    turn: "stop"), and returns a call only when it parses. So for them: the name is the forced one
+    whenever a call comes, vLLM always sends one, and "length" comes exactly when the output was
+    cut — otherwise "stop" and arguments that are JSON (an object but from real SGLang)."""
+    # greedy: a real engine's random weights then write the same call every run
     kwargs: dict[str, Any] = {"max_tokens": TOOL_MAX_TOKENS, "temperature": 0.0}
     if stream:
         with client.chat.completions.stream(
@@ -398,7 +400,10 @@ def test_named_tool_choice_finish_reason(client: openai.OpenAI, pool: Pool, stre
             assert calls[0].function.arguments.startswith("{")  # the grammar opened the object
     else:
         assert choice.finish_reason == "stop"
-        assert calls and isinstance(_model_json(calls[0].function.arguments), dict)
+        assert calls
+        arguments = _model_json(calls[0].function.arguments)  # JSON, whichever engine
+        if not (pool.real and pool.dialect == "sglang"):
+            assert isinstance(arguments, dict)
 
 
 def test_json_object_response_format(client: openai.OpenAI, pool: Pool) -> None:
