@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import functools
 import heapq
 import itertools
 import math
@@ -455,7 +456,9 @@ def replay(
                 if store is not None:
                     # the admission's call: this process's counts out, the others' in, and the
                     # placement of the request's group (set to this process's proposal if none)
-                    ask = shares[replica].ask(snapshot(now, replica), f, bool(others[replica]))
+                    ask = shares[replica].ask(
+                        functools.partial(snapshot, now, replica), f, bool(others[replica])
+                    )
                     others[replica] = store.call(replica, own[replica])
                     if ask is not None:
                         placed, fresh = store.place(ask, now)

@@ -54,11 +54,9 @@ class PoolPlacement:
         if placed is not None and any(p.name == placed for p in order):
             self._placed.move_to_end(key)
             return placed
-        mean_weight = math.fsum(p.weight for p in order) / len(order)
-        loads = [self._sets.size(p.name) * mean_weight / p.weight for p in order]
         # one group of this size for a long preamble; none for an opening group, as inside a pool
         slack = 0.0 if opening_group(features, self._config) else float(len(features.block_hashes))
-        return order[first_within(loads, slack)].name
+        return order[first_within(self._loads(order), slack)].name
 
     def as_light(self, pools: Sequence[PoolView], features: RequestFeatures) -> list[PoolView]:
         """Of `pools` (the first the one this process chose for a new group), those a placement may
@@ -67,10 +65,14 @@ class PoolPlacement:
         group, which `place` gives the strictly lightest pool by what this process alone sent, all."""
         if opening_group(features, self._config):
             return list(pools)
+        loads = self._loads(pools)
+        limit = loads[0] + len(features.block_hashes)
+        return [p for p, load in zip(pools, loads, strict=True) if load <= limit]
+
+    def _loads(self, pools: Sequence[PoolView]) -> list[float]:
+        """Each pool's working set per unit of weight (scaled by the pools' mean weight)."""
         mean_weight = math.fsum(p.weight for p in pools) / len(pools)
-        loads = [self._sets.size(p.name) * mean_weight / p.weight for p in pools]
-        slack = float(len(features.block_hashes))
-        return [p for p, load in zip(pools, loads, strict=True) if load <= loads[0] + slack]
+        return [self._sets.size(p.name) * mean_weight / p.weight for p in pools]
 
     def note(self, key: int, placed: str, routed: str, features: RequestFeatures) -> None:
         """Record the group's placed pool and what was sent to the pool that served it."""

@@ -164,7 +164,7 @@ class Router:
         several processes route (`policies.shared_load`)."""
         pools = candidate_pools(snapshot, features, self.rules)
         home = next((p for p in pools if p.name == chosen), None)
-        if home is None or len(pools) < 2 or not home.backends:
+        if home is None or not home.backends:
             return []
         per = home.weight / len(home.backends)
         same = [home] + [
@@ -172,9 +172,7 @@ class Router:
             for p in pools
             if p is not home and p.backends and math.isclose(p.weight / len(p.backends), per, rel_tol=1e-9)
         ]
-        if len(same) < 2:
-            return []
-        return self._groups.as_light(same, features)[1:]
+        return self._groups.as_light(same, features)[1:] if len(same) > 1 else []
 
 
 def _without(snapshot: FleetSnapshot, exclude: Collection[str]) -> FleetSnapshot:

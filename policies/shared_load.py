@@ -10,7 +10,7 @@ on what each engine *holds*; two things remain that only the process that did th
 - **where it just placed a new prefix group**: the engine announces the group's blocks only once it
   has computed them (after its queue and its prefill, seconds at load), and meanwhile another process
   that gets the group places it by its own working sets, elsewhere, and the group is cached twice. The
-  first process to place a group sets its placement (`SET NX` semantics), every later request of the
+  first process to place a group has it set, once, every later request of the
   group reads it (`placed_on` of `RequestFeatures`), and prefix affinity places the group there
   instead of by this process's own working sets, and the pool choice takes that backend's pool.
 - **how many groups each backend was just given**: each process's working sets know only the
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from policies.prefix_affinity import PrefixAffinity, group_blocks
@@ -130,11 +130,15 @@ class SharedRouting:
         policy = self.router.policy
         return isinstance(policy, PrefixAffinity) and group_blocks(features, policy.config) > 0
 
-    def ask(self, snapshot: FleetSnapshot, features: RequestFeatures, others: bool = False) -> Ask | None:
-        """The store's part in routing this request, or None when it has none. `others`: other
-        routing processes have requests in flight (their counts came with the last answer), so what
-        this process sent is only its part of the traffic: a new group's candidates then include
-        the backends of the request's other pools this process finds as light (`Router.other_pools`)."""
+    def ask(
+        self, snapshot: Callable[[], FleetSnapshot], features: RequestFeatures, others: bool = False
+    ) -> Ask | None:
+        """The store's part in routing this request, or None when it has none. `snapshot` is called
+        only for a proposal (once per group and process), not for the requests of a known group.
+        `others`: other routing processes have requests in flight (their counts came with the last
+        answer), so what this process sent is only its part of the traffic: a new group's candidates
+        then include the backends of the request's other pools this process finds as light
+        (`Router.other_pools`)."""
         router = self.router
         policy = router.policy
         if not isinstance(policy, PrefixAffinity):
@@ -150,16 +154,18 @@ class SharedRouting:
         if key in self._known:
             self._known.move_to_end(key)
             return Ask(key, None)
+        fleet = snapshot()
         try:
             with policy.proposing():  # the store makes the processes agree: no slack needed
-                decision = router.decide(snapshot, features, 0.5, dry_run=True)
+                decision = router.decide(fleet, features, 0.5, dry_run=True)
         except Exception:  # no eligible backend: the decision proper reports it
             return Ask(key, None)
         proposal = decision.backend
         candidates = [proposal]
-        pools = [p for p in snapshot.pools if p.name == decision.pool]
-        if others and pools:
-            pools += router.other_pools(snapshot, features, decision.pool)
+        chosen = fleet.pool(decision.pool)
+        pools = [chosen] if chosen is not None else []
+        if others and chosen is not None:
+            pools += router.other_pools(fleet, features, decision.pool)
         for pool in pools:
             for name in policy.placement_choices(pool, features):
                 if name not in candidates:

@@ -69,10 +69,7 @@ class SharedLoad:
         if features is None or not self._routing.grouped(features):
             return ShareAsk(counts)
         features = await self._prepare(ctx)  # the engines' events need the request's tokens
-        others = self.others()
-        ask = self._routing.ask(
-            with_others(self._fleet.snapshot(self._clock()), others), features, bool(others)
-        )
+        ask = self._routing.ask(self.snapshot, features, bool(self.others()))
         if ask is None:
             return ShareAsk(counts)
         ctx.extras["share_ask"] = ask

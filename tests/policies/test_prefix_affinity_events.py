@@ -178,7 +178,7 @@ def test_a_proposal_to_the_shared_store_takes_the_lightest_of_its_choices() -> N
     )
     router.decide(snapshot, other, 0.5)
     assert router.decide(snapshot, f, 0.5, dry_run=True).backend == home  # slack 2: home
-    ask = SharedRouting(router).ask(snapshot, f)
+    ask = SharedRouting(router).ask(lambda: snapshot, f)
     assert ask is not None and ask.proposal is not None and ask.proposal != home  # slack 0
     assert router.decide(snapshot, f, 0.5, dry_run=True).backend == home  # the flag did not stay
     # the store may place it on any of its first choices as light as the proposal: the proposal
@@ -202,11 +202,11 @@ def test_with_other_processes_routing_a_new_group_may_be_placed_in_another_pool(
     snapshot = fleet(a, b, c)
     router = Router()
     document = features([{"role": "user", "content": text(rng, 900) + " What is it about?"}])
-    alone = SharedRouting(router).ask(snapshot, document)
+    alone = SharedRouting(router).ask(lambda: snapshot, document)
     assert alone is not None and alone.proposal is not None
     chosen = next(p for p in (a, b, c) if any(x.name == alone.proposal for x in p.backends))
     assert {n.split("-")[0] for n in alone.candidates} == {chosen.name}
-    shared = SharedRouting(router).ask(snapshot, document, others=True)
+    shared = SharedRouting(router).ask(lambda: snapshot, document, others=True)
     assert shared is not None and shared.candidates[: len(alone.candidates)] == alone.candidates
     pools = {n.split("-")[0] for n in shared.candidates}
     same = {"a", "b"} if chosen.name != "c" else {"c"}  # equal weight per backend only
