@@ -23,10 +23,21 @@ matched with few keys: the scan's dict lookups are the decision's largest cost w
 group's parent key until the group is full; a page removed inside a group ends the held prefix only
 when the group's last page goes (its key), so holes are seen at the group's granularity.
 
-Matching is exact prefix semantics: a backend holds a prompt's first `d` blocks when every one of
-them is held (an engine cannot use a block whose parent it evicted), scanned from the first block with
-one bitmask of backends per key, stopping when no backend is left: cost proportional to the longest
-prefix held (a dict lookup and an `and` a block).
+Matching is prefix semantics: a backend holds a prompt's first `d` blocks when every one of them is
+held (an engine cannot use a block whose parent it evicted). The scan reads the first key, then the
+last key of each stretch of `scan_stride` keys, with one bitmask of backends per key, stopping when
+no backend is left; where some backends drop out at a stretch's last key, the stretch is scanned key
+by key for them, so where each backend's held prefix ends is found exactly. A backend that holds a
+stretch's last key is taken to hold the whole stretch: a *hole* inside it (a block removed while a
+later block of its chain stays held) is not seen. Engines evict leaves first (vLLM's free-block queue
+takes a finished request's last block first, and a block in use keeps its parents in use; SGLang's
+radix cache evicts leaves only), so their removals make no holes; the index's own ageing (`max_blocks`,
+oldest stored first) removes a chain from its first block, which is always read. A hole can come from an
+engine's recomputing a block after a lost removal and the like; it over-reports one backend until the
+engine stores the hole's block again. Cost: a dict lookup and an `and` per `scan_stride` keys, plus at
+most `scan_stride` per backend's end (`scan_stride` 1: every key, exact whatever the holes;
+bench/kv_micro.py measured a long document's 128 keys at ~100-250 ns a lookup on this machine, the
+decision's largest cost with events).
 
 Bounds and ageing (no clock here: a logical clock `now` is passed in by the caller, seconds in the
 gateway). Each backend keeps at most `max_blocks` engine blocks; beyond that the oldest stored are
@@ -67,13 +78,16 @@ class KvIndexConfig:
 
     max_blocks: int = 32768
     min_block_tokens: int = 64
+    #: `match` reads one key in `scan_stride` and scans a stretch key by key only where a backend's
+    #: held prefix ends in it (1: every key; see the module docstring, *Matching*)
+    scan_stride: int = 8
     silent_requests: int = 16
     silent_s: float = 10.0
     relearn_s: float = 30.0
 
     def __post_init__(self) -> None:
-        if self.max_blocks < 1 or self.min_block_tokens < 1 or self.silent_requests < 1:
-            raise ValueError("max_blocks, min_block_tokens and silent_requests must be >= 1")
+        if min(self.max_blocks, self.min_block_tokens, self.silent_requests, self.scan_stride) < 1:
+            raise ValueError("max_blocks, min_block_tokens, silent_requests and scan_stride must be >= 1")
         if self.silent_s < 0 or self.relearn_s < 0:
             raise ValueError("silent_s and relearn_s must be >= 0")
 
@@ -319,17 +333,37 @@ class KvIndex:
             out, groups = self._usable_groups((name, self._streams.get(name)) for name in names)
         get = self._holders.get
         bits = self._names
+        stride = self.config.scan_stride
         for group, mask in groups:
-            depth = 0
-            for key in prompt.keys(group):
-                held = get(key, 0) & mask
+            # the last key of each stretch of `stride` keys, with one bitmask of backends: those
+            # holding it are taken to hold the stretch; where some drop out, the stretch is scanned
+            # key by key for them (see the module docstring, *Matching*)
+            keys = prompt.keys(group)
+            n = len(keys)
+            depth = 0  # keys held by every backend in `mask`
+            while depth < n:
+                end = depth + stride - 1 if depth else 0  # the first key alone, then stretches
+                if end >= n:
+                    end = n - 1
+                held = get(keys[end], 0) & mask
                 if held != mask:
-                    if depth:  # (`out` already holds 0 tokens for every usable backend)
-                        _record(out, bits, mask & ~held, depth * group)
+                    dropped = mask & ~held
+                    d = depth
+                    while d < end:
+                        still = get(keys[d], 0) & dropped
+                        if still != dropped:
+                            if d:  # (`out` already holds 0 tokens for every usable backend)
+                                _record(out, bits, dropped & ~still, d * group)
+                            dropped = still
+                            if not dropped:
+                                break
+                        d += 1
+                    if dropped:
+                        _record(out, bits, dropped, end * group)
                     mask = held
                     if not mask:
                         break
-                depth += 1
+                depth = end + 1
             if mask:
                 _record(out, bits, mask, depth * group)
         return out
