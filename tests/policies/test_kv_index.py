@@ -6,6 +6,7 @@ import random
 import tracemalloc
 from collections.abc import Sequence
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -395,3 +396,11 @@ def test_memory_per_block_is_bounded() -> None:
     assert blocks == 8 * 5000  # the cap held
     per_block = (after - before) / blocks
     assert per_block < 320, per_block  # measured ~254 on CPython 3.11
+
+
+def test_bad_bounds_are_refused() -> None:
+    for field in ("max_blocks", "min_block_tokens", "silent_requests", "scan_stride"):
+        with pytest.raises(ValueError, match=field):
+            KvIndexConfig(**{field: 0})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="relearn_s"):
+        KvIndexConfig(relearn_s=-1.0)

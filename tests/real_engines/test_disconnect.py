@@ -40,8 +40,8 @@ the niceness below); the test passes only when an attempt shows both.
 
 While the attempts run, vLLM's engine core yields the CPU to its API server (`_engine_core_yields`):
 `make test` on a fresh machine failed with 4 attempts of 4 decoded to the end before the first event
-(2026-12-03); beside four busy loops and the gateway tests, 9 of 11 attempts did so (first event
-12-15 s after the request), and with the engine core's threads at nice 19, 5 runs of 5 passed at the
+(2026-12-03); beside four busy loops and the gateway tests, 6 of 8 attempts did so (first event
+12-15 s after the request; of 3 runs one failed, two passed at their second attempt), and with the engine core's threads at nice 19, 5 runs of 5 passed at the
 first attempt (first event 0.1-0.6 s).
 """
 
@@ -93,7 +93,7 @@ def _engine_core_yields(engine: EngineServer) -> Iterator[list[int]]:
     scheduling its processes share one group's weight and niceness orders them within it.
     On 2 cores shared with the rest of the suite, the engine core otherwise decodes all 3,800 tokens
     while the API server, starved, has not yet sent the first event: beside four busy loops and the
-    gateway tests (2026-12-03), 9 of 11 attempts had their first event 12-15 s after the request, all
+    gateway tests (2026-12-03), 6 of 8 attempts had their first event 12-15 s after the request, all
     3,800 tokens generated (3 of 3 runs failed or needed a second attempt; `make test` on a fresh
     machine failed so, 4 attempts of 4). At nice 19 the engine core decodes on what the rest leaves,
     so the client can leave a stream that is still running. SGLang's processes are left alone."""
