@@ -35,7 +35,8 @@ radix cache evicts leaves only), so their removals make no holes; the index's ow
 oldest stored first) removes a chain from its first block, which is always read. A hole can come from an
 engine's recomputing a block after a lost removal and the like; it over-reports one backend until the
 engine stores the hole's block again. Cost: a dict lookup and an `and` per `scan_stride` keys, plus at
-most `scan_stride` per backend's end (`scan_stride` 1: every key, exact whatever the holes;
+most `scan_stride - 1` per stretch in which backends drop out (`scan_stride` 1: every key, exact
+whatever the holes;
 bench/kv_micro.py measured a long document's 128 keys at ~100-250 ns a lookup on this machine, the
 decision's largest cost with events).
 
@@ -347,13 +348,14 @@ class KvIndex:
                     end = n - 1
                 held = get(keys[end], 0) & mask
                 if held != mask:
+                    # (here `depth` >= 1: the first key is a stretch of its own, and `out`
+                    # already holds 0 tokens for every usable backend)
                     dropped = mask & ~held
                     d = depth
                     while d < end:
                         still = get(keys[d], 0) & dropped
                         if still != dropped:
-                            if d:  # (`out` already holds 0 tokens for every usable backend)
-                                _record(out, bits, dropped & ~still, d * group)
+                            _record(out, bits, dropped & ~still, d * group)
                             dropped = still
                             if not dropped:
                                 break

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -97,6 +98,9 @@ class EngineServer:
     """One real engine server process on 127.0.0.1; a context manager, or start()/stop()."""
 
     engine = ""
+    #: how the engine's compute processes name themselves (`/proc/<pid>/comm` starts with it), the
+    #: ones `compute_yields` lowers; "" for none
+    compute_comm = ""
 
     def __init__(
         self,
@@ -254,6 +258,30 @@ class EngineServer:
             self._log = None
         self._proc = None
 
+    @contextlib.contextmanager
+    def compute_yields(self, nice: int = 19) -> Iterator[list[int]]:
+        """Within: every thread of the server's compute processes (`compute_comm`) at `nice`, each
+        thread's own niceness restored after; yields their thread ids. Niceness is per thread on
+        Linux, and the server's own session makes its processes one autogroup of the kernel's
+        scheduler, so this orders them among themselves: the compute processes run on what the API
+        server and the rest of the machine leave (tests/real_engines/test_disconnect.py)."""
+        changed: list[tuple[int, int]] = []  # (thread id, its niceness before)
+        if self.compute_comm:
+            for pid in group_members(self.pid):
+                with contextlib.suppress(OSError):  # a process gone meanwhile
+                    if not Path(f"/proc/{pid}/comm").read_text().startswith(self.compute_comm):
+                        continue
+                    for task in Path(f"/proc/{pid}/task").iterdir():
+                        tid = int(task.name)
+                        changed.append((tid, os.getpriority(os.PRIO_PROCESS, tid)))
+                        os.setpriority(os.PRIO_PROCESS, tid, nice)
+        try:
+            yield [tid for tid, _ in changed]
+        finally:
+            for tid, before in changed:
+                with contextlib.suppress(OSError):  # gone, or (not root) not allowed to raise it again
+                    os.setpriority(os.PRIO_PROCESS, tid, before)
+
     def rss_bytes(self) -> int:
         """Resident memory of the server's whole process group (leader and workers), from /proc."""
         if self._proc is None:
@@ -276,6 +304,7 @@ class VllmServer(EngineServer):
     (protobuf) there."""
 
     engine = "vllm"
+    compute_comm = "VLLM::"  # its engine core and model worker (`VLLM::EngineCore`, `VLLM::Worker`)
 
     def __init__(
         self,

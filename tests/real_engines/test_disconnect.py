@@ -38,7 +38,8 @@ running stream, so a gateway that ignores disconnects fails at its first such at
 the relay's upstream close removed, both engines fail at step 1; again for vLLM on 2026-12-03 with
 the niceness below); the test passes only when an attempt shows both.
 
-While the attempts run, vLLM's engine core yields the CPU to its API server (`_engine_core_yields`):
+While the attempts run, vLLM's engine core yields the CPU to its API server
+(`EngineServer.compute_yields`: its engine core's and worker's threads at nice 19, restored after):
 `make test` on a fresh machine failed with 4 attempts of 4 decoded to the end before the first event
 (2026-12-03); beside four busy loops and the gateway tests, 6 of 8 attempts did so (first event
 12-15 s after the request; of 3 runs one failed, two passed at their second attempt), and with the engine core's threads at nice 19, 5 runs of 5 passed at the
@@ -47,19 +48,16 @@ first attempt (first event 0.1-0.6 s).
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.real_engines.rig import aborted, chat, engine_connections, engine_metric, real_pool_config, running
-from tests.real_engines.servers import EngineServer, group_members
+from tests.real_engines.servers import EngineServer
 from tests.support import GatewayProcess, wait_until
 
 pytestmark = pytest.mark.timeout(300)  # the first test may wait for a server's startup
@@ -83,37 +81,6 @@ def gateway(real_engine: EngineServer) -> Iterator[GatewayProcess]:
     )
     with GatewayProcess(config) as gw:
         yield gw
-
-
-@contextlib.contextmanager
-def _engine_core_yields(engine: EngineServer) -> Iterator[list[int]]:
-    """vLLM: every thread of its engine core and model worker processes (`VLLM::EngineCore`,
-    `VLLM::Worker`) at nice 19 within, their own niceness restored after; the API server (the group's
-    leader) keeps its own. The server runs in a session of its own, so with the kernel's autogroup
-    scheduling its processes share one group's weight and niceness orders them within it.
-    On 2 cores shared with the rest of the suite, the engine core otherwise decodes all 3,800 tokens
-    while the API server, starved, has not yet sent the first event: beside four busy loops and the
-    gateway tests (2026-12-03), 6 of 8 attempts had their first event 12-15 s after the request, all
-    3,800 tokens generated (3 of 3 runs failed or needed a second attempt; `make test` on a fresh
-    machine failed so, 4 attempts of 4). At nice 19 the engine core decodes on what the rest leaves,
-    so the client can leave a stream that is still running. SGLang's processes are left alone."""
-    changed: list[tuple[int, int]] = []  # (thread id, its niceness before)
-    if engine.engine == "vllm":
-        for pid in group_members(engine.pid):
-            with contextlib.suppress(OSError):
-                if not Path(f"/proc/{pid}/comm").read_text().startswith("VLLM::"):
-                    continue
-                # niceness is per thread on Linux: every thread of the process (torch's included)
-                for task in Path(f"/proc/{pid}/task").iterdir():
-                    tid = int(task.name)
-                    changed.append((tid, os.getpriority(os.PRIO_PROCESS, tid)))
-                    os.setpriority(os.PRIO_PROCESS, tid, 19)
-    try:
-        yield [tid for tid, _ in changed]
-    finally:
-        for tid, nice in changed:
-            with contextlib.suppress(OSError):  # gone, or (not root) not allowed to raise it again
-                os.setpriority(os.PRIO_PROCESS, tid, nice)
 
 
 @dataclass
@@ -219,14 +186,15 @@ def test_client_disconnect_aborts_the_engine_request(
     gateway: GatewayProcess, real_engine: EngineServer
 ) -> None:
     attempts: list[Attempt] = []
-    with _engine_core_yields(real_engine) as niced:
-        if real_engine.engine == "vllm":
-            assert niced, "vLLM's engine core process was not found in its server's process group"
+    # vLLM's engine core yields the CPU to its API server (see the module docstring); SGLang's
+    # processes are left alone
+    with real_engine.compute_yields() as niced:
+        if real_engine.compute_comm:
+            assert niced, f"no {real_engine.compute_comm}* process in the {real_engine.engine} server's group"
         while len(attempts) < ATTEMPTS:
             attempt = _attempt(gateway, real_engine)
             attempts.append(attempt)
             if attempt.engine_aborted:
                 break
     report = "; ".join(f"{i + 1}: {a}" for i, a in enumerate(attempts))
-    print(f"attempts: {report}")
     assert attempts[-1].engine_aborted, f"no attempt showed the engine's abort ({report})"
