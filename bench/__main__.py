@@ -118,8 +118,14 @@ def micro(quick: bool, log: Progress, only: list[str] | None, date: str) -> dict
 # one seed is one schedule's sample)
 REPLAYS = (
     (
-        "prefix-heavy workloads, ours vs round robin",
-        ["shared_prefix", "long_document_qa", "multi_turn_chat", "agent_tool_loop"],
+        "prefix-heavy workloads, ours vs round robin and sglang-router cache_aware (modelled)",
+        [
+            "shared_prefix",
+            "long_document_qa",
+            "multi_turn_chat",
+            "agent_tool_loop",
+            *("--baseline", "round_robin", "--baseline", "sglang_cache_aware"),
+        ],
     ),
     ("uniform traffic, ours vs least load", ["uniform", "--baseline", "least_load"]),
 )

@@ -7,6 +7,8 @@ model of the bench fleet, in about a second per point instead of minutes.
     python -m bench.replay agent_tool_loop --load 0.5 --tail   the slowest first tokens taken apart
     python -m bench.replay multi_turn_chat --load 0.5 --policy clairvoyant --seeds 6
     python -m bench.replay --engine serial                   the serial fleet of before 2026-12
+    python -m bench.replay shared_prefix --baseline sglang_cache_aware --events 5 --shared
+                                                             ours beside sglang-router's cache_aware
 
 It replays the same seeded traces and Poisson schedules as bench/routing.py (same `FleetSpec`: 4 vLLM +
 4 SGLang simulators, two pools of weight 0.5), and routes each request with one of `replicas`
@@ -25,6 +27,15 @@ Use it to try a routing change and its knobs before the real bench (`make bench`
 measurement of record: on the workloads in bench/BENCHMARKS.md it lands within a few points of the
 real hit rates (it has no wall-clock noise, so a single seed is one sample, not the truth: compare
 several seeds). Not a test; nothing here is asserted.
+
+`sglang_cache_aware` is not a gateway policy either but a model of a peer, sglang-router's
+`cache_aware` with its default arguments (`bench.replay_peers`): one router process per replica, each
+with its own approximate tree of the text it sent, as running several of them behind a load balancer
+would be (the wall-clock bench runs the real router as one process: compare with its x1 rows). Against
+the real router's rows of the wall-clock matrix of 2026-12-03 (4 seeds here, one schedule there), its
+hit rates land within 1 point on six of the eight prefix-heavy points and its TTFT p99 within 1-9 % at
+50 % load; at 80 % the real router's p99 was 17-37 % lower (chat, agents) or 28-54 % higher (shared
+prefixes, documents) than the model's (bench/ANALYSIS.md, stop 31).
 
 `clairvoyant` is not a gateway policy but a reference for what routing could reach on a point: every
 request goes to the backend, of all eight, where its first token comes earliest, computed from what
@@ -53,6 +64,7 @@ from typing import Literal
 
 import yaml
 
+from bench.replay_peers import SGLANG_CACHE_AWARE, SglangCacheAware, text_chain
 from bench.replay_share import EventFeed, SharedStore
 from bench.routing import SERIAL, FleetSpec, _pct, make_point, prompt_ids
 from bench.workloads import WORKLOADS
@@ -82,13 +94,14 @@ MODEL = "bench-model"
 CLAIRVOYANT: Literal["clairvoyant"] = "clairvoyant"
 #: prefix affinity's exchange rate on the serial fleet, as it ran there (docs/routing.md)
 SERIAL_BLOCKS_PER_REQUEST = 8.0
-Policy = PolicyConfig | Literal["clairvoyant"]
+Policy = PolicyConfig | Literal["clairvoyant", "sglang_cache_aware"]
 POLICIES: dict[str, Policy] = {
     "prefix_affinity": PrefixAffinityConfig(),
     "least_load": LeastLoadConfig(),
     "round_robin": RoundRobinConfig(),
     "power_of_two": PowerOfTwoConfig(),
     CLAIRVOYANT: CLAIRVOYANT,
+    SGLANG_CACHE_AWARE: SGLANG_CACHE_AWARE,
 }
 
 
@@ -187,7 +200,14 @@ def replay(
     steppers = {b: _BatchEngine(spec, b.split("-")[0], feeds) for b in every} if batching else {}
     index = {b: k for k, b in enumerate(every)}
     routers = [] if isinstance(policy, str) else [Router(policy_config=policy) for _ in range(replicas)]
-    clairvoyant = not routers  # the yardstick routes by itself
+    clairvoyant = policy == CLAIRVOYANT  # the yardstick routes by itself
+    # sglang-router's cache_aware, modelled (`bench.replay_peers`): one router process per replica
+    peers = (
+        [SglangCacheAware(every, seed=seed + p) for p in range(replicas)]
+        if policy == SGLANG_CACHE_AWARE
+        else []
+    )
+    chains = [text_chain(r.messages) for r in trace] if peers else []
     indexes: list[KvIndex | None] = [r.kv_index if feeds else None for r in routers]
     for kv in indexes:
         if kv is not None:
@@ -448,6 +468,9 @@ def replay(
             reason: str = CLAIRVOYANT
             if clairvoyant:
                 b = earliest(i, now)
+            elif peers:
+                b, why_peer = peers[replica].select(chains[i], own[replica])
+                reason = f"cache_aware:{why_peer}"
             else:
                 kv = indexes[replica]
                 if kv is not None:
