@@ -59,6 +59,9 @@ trades a warm cache against a queue, refined by a bounded local prefix index.
    batching engine is mostly a decode sequence sharing the steps) - unless the request's group is
    hot (`GroupDemand.hot`), whose load the bound and the spread must share. Only the engines'
    reports stretch it, never this process's memory: without events the bound is as in 4.
+   When every backend's stream is usable, a short preamble (anchor mode) is no longer assumed warm
+   everywhere: its blocks an engine holds count at `preamble_weight` (a first turn prefers an engine
+   that holds its system prompt, unless that engine is busier than the prefill is worth).
 
 Reasons: `affinity:hit` (home; the index knows a prefix of this request there, or the index is
 disabled), `affinity:miss` (home, or a new group's placement; nothing known there yet),
@@ -132,6 +135,9 @@ class PrefixAffinityConfig:
     kv: KvIndexConfig = field(default_factory=KvIndexConfig)
     #: seconds a decision counts as warm on a backend with events before they confirm it
     pending_s: float = 10.0
+    #: with every engine's events usable, the share of a short preamble's blocks (anchor mode: not a
+    #: group) that counts as warm where an engine holds them; 0: assumed warm everywhere, as without
+    preamble_weight: float = 0.25
 
     def __post_init__(self) -> None:
         slacks = (
@@ -155,6 +161,8 @@ class PrefixAffinityConfig:
             raise ValueError("blocks_per_request must be > 0")
         if self.block_tokens < 1 or self.pending_s < 0:
             raise ValueError("block_tokens must be >= 1 and pending_s >= 0")
+        if not 0.0 <= self.preamble_weight <= 1.0:
+            raise ValueError("preamble_weight must be between 0 and 1")
 
 
 DEFAULT_CONFIG = PrefixAffinityConfig()
@@ -332,6 +340,14 @@ class PrefixAffinity(BackendPolicy):
                 deep = True
             if group and lacking < n and top >= g / 2:
                 known = True
+            if not lacking and not group and preamble and config.preamble_weight:
+                # every engine says what it holds: the short preamble is no longer assumed warm
+                # everywhere, its held blocks count at `preamble_weight` (5.)
+                weight = config.preamble_weight
+                for i in range(n):
+                    blocks_held = exact[i]
+                    if blocks_held:
+                        warm[i] += weight * (blocks_held if blocks_held < preamble else preamble)
         fresh: str | None = None
         if lacking < n:
             pend = self._pending.get(key)

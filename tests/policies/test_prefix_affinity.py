@@ -458,6 +458,10 @@ def test_config_validation() -> None:
         PrefixAffinityConfig(tolerance=-0.5)
     with pytest.raises(ValueError):
         PrefixAffinityConfig(placement_slack=-1.0)
+    with pytest.raises(ValueError, match="preamble_weight"):
+        PrefixAffinityConfig(preamble_weight=1.5)
+    with pytest.raises(ValueError, match="preamble_weight"):
+        PrefixAffinityConfig(preamble_weight=-0.1)
     with pytest.raises(ValueError, match="demand_window"):
         PrefixAffinityConfig(demand_window=1)
     with pytest.raises(ValueError, match="demand_entries"):

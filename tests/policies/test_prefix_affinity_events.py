@@ -364,3 +364,34 @@ def test_a_backend_with_usable_events_is_recorded_at_every_stride_th_block() -> 
     route(silent, p, long)
     assert len(silent.index) > 3 * len(reporting.index)
     assert len(reporting.index) <= (blocks + 3) // 4 + 2
+
+
+def test_a_first_turn_prefers_an_engine_that_holds_its_short_system_prompt() -> None:
+    """A short system prompt (no group: the conversation anchor is the key) is assumed warm on every
+    backend without events; once every engine reports what it holds, its held blocks count at
+    `preamble_weight`: a first turn goes where another conversation's turn left the system prompt,
+    unless that engine is busier than the saved prefill is worth; and with one stream unusable, the
+    assumption decides again (the conversation's rendezvous home)."""
+    rng = random.Random(11)
+    p = pool("a", 8)
+    system = text(rng, 300)
+    earlier = with_prompt(conversation(rng, system=system, words=60))
+    new = with_prompt(conversation(rng, system=system, words=60))
+    home = process(p, preamble_weight=0.0).select(p, new, 0.0).backend
+    holder = next(b.name for b in p.backends if b.name != home)
+    proc = process(p)
+    assert proc.config.preamble_weight == 0.25
+    engine_stores([proc], holder, earlier)
+    assert proc.select(p, new, 0.0).backend == holder
+    assert proc.select(load(p, holder, 4), new, 0.0).backend == home
+    # weight 0: the system prompt is assumed warm everywhere, events or not
+    blind = process(p, preamble_weight=0.0)
+    engine_stores([blind], holder, earlier)
+    assert blind.select(p, new, 0.0).backend == home
+    # one engine without a usable stream: no engine's report of the preamble counts
+    partial = process(p, kv=KvIndexConfig(silent_requests=1, silent_s=0.0))
+    engine_stores([partial], holder, earlier)
+    quiet = next(b.name for b in p.backends if b.name not in (home, holder))
+    partial.kv_index.note_routed(quiet)
+    assert not partial.kv_index.usable(quiet)
+    assert partial.select(p, new, 0.0).backend == home
