@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
+from itertools import takewhile
 from typing import Any
 
 from engines.sim import tokenizer
@@ -97,11 +98,7 @@ class SglangCacheAware:
             chosen, why = self._order[loads.index(low)], "imbalanced"
         else:
             tree = self._tree
-            depth = 0
-            for h in chain:
-                if h not in tree:
-                    break
-                depth += 1
+            depth = sum(1 for _ in takewhile(tree.__contains__, chain))  # the deepest match
             if chain and depth / len(chain) > self._threshold:
                 node = chain[depth - 1]
                 chosen = min(tree[node], key=lambda w: mix64(node & (2**64 - 1) ^ self._names[w]))
