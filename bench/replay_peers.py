@@ -27,12 +27,13 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from itertools import takewhile
-from typing import Any
+from typing import Any, Literal
 
 from engines.sim import tokenizer
-from policies.hashing import mix64, str_hash64
+from engines.sim.prefix_cache import PrefixCache
+from policies.hashing import MASK64, mix64, str_hash64
 
-SGLANG_CACHE_AWARE = "sglang_cache_aware"
+SGLANG_CACHE_AWARE: Literal["sglang_cache_aware"] = "sglang_cache_aware"
 
 
 def routing_text(messages: Sequence[Mapping[str, Any]]) -> str:
@@ -50,13 +51,9 @@ def routing_text(messages: Sequence[Mapping[str, Any]]) -> str:
 
 
 def text_chain(messages: Sequence[Mapping[str, Any]]) -> list[int]:
-    """The routing text's positions as chained hashes: position k names the text's first k + 1 words."""
-    out: list[int] = []
-    h = 0
-    for tok in tokenizer.encode(routing_text(messages)):
-        h = hash((h, tok))
-        out.append(h)
-    return out
+    """The routing text's positions as chained hashes (the simulators' block keys, one word a block):
+    position k names the text's first k + 1 words."""
+    return PrefixCache.block_keys(tokenizer.encode(routing_text(messages)), 1)
 
 
 class SglangCacheAware:
@@ -101,7 +98,7 @@ class SglangCacheAware:
             depth = sum(1 for _ in takewhile(tree.__contains__, chain))  # the deepest match
             if chain and depth / len(chain) > self._threshold:
                 node = chain[depth - 1]
-                chosen = min(tree[node], key=lambda w: mix64(node & (2**64 - 1) ^ self._names[w]))
+                chosen = min(tree[node], key=lambda w: mix64((node & MASK64) ^ self._names[w]))
                 why = "match"
             else:
                 sizes = self._sizes

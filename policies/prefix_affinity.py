@@ -15,7 +15,7 @@ trades a warm cache against a queue, refined by a bounded local prefix index.
    key's *home*, the rest its ordered fallbacks. Every replica with the same snapshot computes the same
    order without talking to the others; removing a backend only moves the keys whose home it was.
 3. Expected warm blocks. Anchor mode: only blocks past the preamble count (a short shared system
-   prompt is assumed warm everywhere); when this replica's `PrefixIndex` knows a prefix of the
+   prompt is assumed warm everywhere - unless every engine's events say where it is held, 5.); when this replica's `PrefixIndex` knows a prefix of the
    request past the preamble (an earlier turn, the same document, a spill) its depths are used,
    otherwise the home is assumed to hold the history (`history_blocks`) - the same assumption on every
    replica. Group mode: all blocks count; the index (which records the preamble's last block and
