@@ -5,6 +5,7 @@ Every wait here is bounded; a process that does not come up fails the test with 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -20,8 +21,12 @@ import yaml
 
 from engines.sim.launcher import free_port, port_open
 
-#: seconds a test gateway has to answer /readyz (`GatewayProcess.start`)
+#: seconds a test gateway has to answer /readyz (`GatewayProcess.start`) ...
 START_S = 40.0
+#: ... unless it has had less CPU than this by then (a starved start, not a hung one), up to
+#: START_MAX_S: a healthy start takes ~1 s of CPU
+START_CPU_S = 10.0
+START_MAX_S = 120.0
 
 __all__ = ["GatewayProcess", "RedisServer", "free_port", "wait_until"]
 
@@ -39,6 +44,15 @@ def wait_until(
     if predicate():
         return
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has had so far (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
@@ -72,7 +86,7 @@ class GatewayProcess:
     def start(self) -> GatewayProcess:
         cfg = Path(self._dir) / "gateway.yaml"
         cfg.write_text(yaml.safe_dump(self.config))
-        env = {**os.environ, **self._env}
+        env = {**os.environ, "PYTHONFAULTHANDLER": "1", **self._env}
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg)],
@@ -82,21 +96,35 @@ class GatewayProcess:
         )
         # a healthy start takes 1-2 s; 40 s because a gateway started beside the real engines'
         # start-up (both cores busy for ~50 s) once printed nothing in 20 s (13 setup errors)
-        deadline = time.monotonic() + START_S
-        while time.monotonic() < deadline:
+        t0 = time.monotonic()
+        seen = "nothing listening on the port"
+        while True:
+            waited = time.monotonic() - t0
+            if waited >= START_MAX_S or (waited >= START_S and _cpu_s(self.proc.pid) >= START_CPU_S):
+                break
             if self.proc.poll() is not None:
                 raise RuntimeError(f"gateway exited with {self.proc.returncode}:\n{self.log()}")
             if port_open("127.0.0.1", self.port):
                 if not self._wait_ready:
                     return self
                 try:
-                    if httpx.get(self.base_url + "/readyz", timeout=1).status_code == 200:
+                    status = httpx.get(self.base_url + "/readyz", timeout=1).status_code
+                    if status == 200:
                         return self
-                except httpx.HTTPError:
-                    pass
+                    seen = f"/readyz answered {status}"
+                except httpx.HTTPError as e:
+                    seen = f"/readyz failed: {e!r}"
             time.sleep(0.05)
+        cpu = _cpu_s(self.proc.pid)
+        # where it is: PYTHONFAULTHANDLER (set at the start) prints every thread's stack on SIGABRT
+        self.proc.send_signal(signal.SIGABRT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        log = self.log()  # before stop(), which removes the directory the log is in
         self.stop()
-        raise RuntimeError(f"gateway not ready within {START_S:.0f}s:\n{self.log()}")
+        raise RuntimeError(
+            f"gateway not ready within {time.monotonic() - t0:.0f}s ({cpu:.1f}s of CPU; {seen}):\n{log}"
+        )
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
