@@ -269,10 +269,11 @@ class PrefixAffinity(BackendPolicy):
     def placement_choices(self, pool: PoolView, features: RequestFeatures) -> tuple[str, ...]:
         """The backends a new group of this request may be placed on in `pool`: of its first
         `group_choices` routable backends in the group's rendezvous order (see `select`), those
-        whose working set is within `shared_placement_slack` groups of the lightest."""
+        whose working set and tails (`policies.working_sets`) are within `shared_placement_slack`
+        groups of the lightest. For the processes' shared store, which chooses among them."""
         g, key = self.keyed(features)
         names = self._ranked(pool, key)[1][: self._config.group_choices]
-        sizes = self._sets.sizes(names)
+        sizes = self._sets.sizes(names, True)
         limit = min(sizes, default=0) + self._config.shared_placement_slack * g
         return tuple(n for n, size in zip(names, sizes, strict=True) if size <= limit)
 
@@ -401,8 +402,9 @@ class PrefixAffinity(BackendPolicy):
                 ):
                     fits[i] = True
             every_fit = all(fits)
-        # working sets: a group's placement, its next holder and the tie-break all compare them
-        sizes = self._sets.sizes(names) if group else [0] * n
+        # working sets: a group's placement, its next holder and the tie-break all compare them;
+        # a proposal to the shared store adds the backends' tails (`policies.working_sets`)
+        sizes = self._sets.sizes(names, self._proposing) if group else [0] * n
         placed = -1  # a new group's placement among its first choices
         stored = False  # ... made for an earlier request by the processes' shared store
         spread = -1  # a hot group's next holder

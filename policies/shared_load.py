@@ -49,7 +49,7 @@ from dataclasses import dataclass, replace
 
 from policies.prefix_affinity import PrefixAffinity, group_blocks
 from policies.router import Router
-from policies.types import FleetSnapshot, PoolView, RequestFeatures
+from policies.types import FleetSnapshot, PoolView, RequestFeatures, RoutingError
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +158,7 @@ class SharedRouting:
         try:
             with policy.proposing():  # the store makes the processes agree: no slack needed
                 decision = router.decide(fleet, features, 0.5, dry_run=True)
-        except Exception:  # no eligible backend: the decision proper reports it
+        except (RoutingError, ValueError):  # no eligible pool or backend: the decision proper reports it
             return Ask(key, None)
         proposal = decision.backend
         candidates = [proposal]

@@ -5,18 +5,31 @@ group's first rendezvous choices, as in SGLang's cache-aware router sending an u
 the worker with the smallest radix tree. This module keeps the figure it compares: per backend, the
 sum over the routing keys recently sent there of the deepest prompt (in blocks) seen for that key.
 
+Beside it, the backend's *tails*: one block for each later request of a key that went no deeper
+(its own tail, question and answer, which the engine caches beside the shared prefix, as SGLang's
+radix tree grows by it), up to the prompt's size per key. Working sets alone tie between backends
+holding one group each whatever their traffic, and a new group went to the first in rendezvous
+order, often the home of a hot one (documents at 50 % load, one routing process: 8-11 requests in
+flight there against 1 on others). The tails differ more between replicas than the working sets
+(each counts its own requests), so the affinity policy adds them only to a placement it proposes to
+the processes' shared store, which makes the processes agree (`PrefixAffinity.proposing`).
+
 It is local (this replica's own decisions) and approximate, like `policies.prefix_index`: an engine
 evicts on its own, and the map forgets the least recently used (key, backend) pairs once
 `max_entries` is reached, so a backend's figure describes what it was sent lately. Memory: one
-`OrderedDict` slot, a (int, str) tuple key and an int per pair, ~200 bytes; the default 16,384 pairs
-take ~3 MB.
+`OrderedDict` slot, a (int, str) tuple key and an int per pair (the deepest prompt in its low 32
+bits, the tails above), ~200 bytes; the default 16,384 pairs take ~3 MB.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from itertools import repeat
+
+#: a pair's int: the deepest prompt (blocks) below this, its tails (requests) in multiples of it
+_TAIL = 1 << 32
+_DEEP = _TAIL - 1
 
 
 def first_within(sizes: Sequence[float], slack: float) -> int:
@@ -31,7 +44,7 @@ class WorkingSets:
     """LRU map (routing key, backend) -> deepest prompt in blocks, with per-backend sums. Not
     thread-safe (the gateway calls it from its event loop only)."""
 
-    __slots__ = ("_pairs", "_sizes", "max_entries")
+    __slots__ = ("_pairs", "_sizes", "_tails", "max_entries")
 
     def __init__(self, max_entries: int = 16384) -> None:
         if max_entries < 0:
@@ -39,12 +52,15 @@ class WorkingSets:
         self.max_entries = max_entries
         self._pairs: OrderedDict[tuple[int, str], int] = OrderedDict()
         self._sizes: dict[str, int] = {}
+        self._tails: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._pairs)
 
     def note(self, key: int, backend: str, blocks: int) -> None:
-        """Record that a prompt of `blocks` blocks with routing key `key` was sent to `backend`."""
+        """Record that a prompt of `blocks` blocks with routing key `key` was sent to `backend`: a
+        deeper prompt than the pair's adds the difference to the working set, another one block to
+        the tails while the pair's tails are fewer than the prompt's blocks."""
         if self.max_entries == 0:
             return
         pairs = self._pairs
@@ -55,25 +71,49 @@ class WorkingSets:
             self._sizes[backend] = self._sizes.get(backend, 0) + blocks
             if len(pairs) > self.max_entries:
                 (_, gone), freed = pairs.popitem(last=False)
-                left = self._sizes[gone] - freed
-                if left:
-                    self._sizes[gone] = left
-                else:
-                    del self._sizes[gone]
+                self._forget(gone, freed)
             return
-        if blocks > old:
-            pairs[pair] = blocks
-            self._sizes[backend] += blocks - old
+        deepest = old & _DEEP
+        if blocks > deepest:
+            pairs[pair] = old + blocks - deepest
+            self._sizes[backend] += blocks - deepest
+        elif old >> 32 < blocks:
+            pairs[pair] = old + _TAIL
+            self._tails[backend] = self._tails.get(backend, 0) + 1
         pairs.move_to_end(pair)
+
+    def _forget(self, backend: str, value: int) -> None:
+        """Take an evicted pair's `value` (deepest prompt and tails) off `backend`'s sums."""
+        left = self._sizes[backend] - (value & _DEEP)
+        if left:
+            self._sizes[backend] = left
+        else:
+            del self._sizes[backend]
+        tails = value >> 32
+        if tails:
+            left = self._tails[backend] - tails
+            if left:
+                self._tails[backend] = left
+            else:
+                del self._tails[backend]
 
     def size(self, backend: str) -> int:
         """The blocks recently sent to `backend` (summed over routing keys), 0 if none."""
         return self._sizes.get(backend, 0)
 
-    def sizes(self, backends: Iterable[str]) -> list[int]:
-        """`size` of each of `backends`, in order (one call for a pool)."""
-        return list(map(self._sizes.get, backends, repeat(0)))
+    def tails(self, backend: str) -> int:
+        """The tails recently sent to `backend` (see the module docstring), 0 if none."""
+        return self._tails.get(backend, 0)
+
+    def sizes(self, backends: Sequence[str], tails: bool = False) -> list[int]:
+        """`size` of each of `backends`, in order (one call for a pool); with `tails`, plus theirs."""
+        sizes = list(map(self._sizes.get, backends, repeat(0)))
+        if not tails or not self._tails:
+            return sizes
+        get = self._tails.get
+        return [size + get(name, 0) for size, name in zip(sizes, backends, strict=True)]
 
     def clear(self) -> None:
         self._pairs.clear()
         self._sizes.clear()
+        self._tails.clear()

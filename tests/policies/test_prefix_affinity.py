@@ -512,6 +512,26 @@ def test_new_groups_go_to_the_lightest_working_set_among_their_first_choices() -
     assert max(hrw.values()) >= 9  # what the three choices avoided
 
 
+def test_a_proposed_placement_counts_each_backends_tails() -> None:
+    # two backends, one group each: a tie by working sets, whatever each group's traffic. The
+    # candidates for the shared store count the requests' tails, so a new group is not proposed to
+    # the home of a busy group (documents at 50 % load: 8-11 requests in flight there, 1 elsewhere)
+    rng = random.Random(23)
+    p = pool("a", 2)
+    policy = PrefixAffinity(PrefixAffinityConfig(group_choices=2, placement_slack=0.0))
+    busy = features(conversation(rng, system=text(rng, 1200)))
+    home = _route(policy, p, busy).backend
+    other = _route(policy, p, features(conversation(rng, system=text(rng, 1200)))).backend
+    assert other != home
+    new = features(conversation(rng, system=text(rng, 1200)))
+    assert sorted(policy.placement_choices(p, new)) == sorted([home, other])
+    for _ in range(4):
+        assert _route(policy, p, busy).backend == home
+    assert policy.placement_choices(p, new) == (other,)
+    with policy.proposing():
+        assert policy.select(p, new, 0.0).backend == other
+
+
 def _duplicated_groups(config: PrefixAffinityConfig, seed: int) -> tuple[int, int]:
     """3 replicas, no load, 48 long preambles, 6 requests each sent to a random replica: how many
     groups end up on more than one backend, and the most groups one backend holds."""

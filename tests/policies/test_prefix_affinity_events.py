@@ -189,6 +189,23 @@ def test_a_proposal_to_the_shared_store_takes_the_lightest_of_its_choices() -> N
     assert ask.blocks > 0
 
 
+def test_no_routable_backend_makes_no_proposal() -> None:
+    """A new group's proposal in a fleet with no routable backend: none (the decision proper reports
+    the error to the client); any other exception of the dry run is a bug and is raised."""
+    from policies.factory import parse_policy_config
+    from policies.features import FeatureConfig, extract_features
+    from policies.shared_load import SharedRouting
+    from policies.types import BackendView
+
+    router = Router([], parse_policy_config({"kind": "prefix_affinity"}))
+    down = tuple(BackendView(f"b{i}", healthy=False) for i in range(2))
+    snapshot = FleetSnapshot((PoolView("p", "vllm", 1.0, frozenset({"m"}), True, True, down),))
+    system = " ".join(f"rule-{k}" for k in range(800))
+    f = extract_features({"model": "m", "messages": [{"role": "system", "content": system}]}, FeatureConfig())
+    ask = SharedRouting(router).ask(lambda: snapshot, f)
+    assert ask is not None and ask.proposal is None
+
+
 def test_with_other_processes_routing_a_new_group_may_be_placed_in_another_pool() -> None:
     """While other processes have requests in flight, what this process sent is only its part: the
     store may place a new group in any of the request's pools of the same weight per backend - for

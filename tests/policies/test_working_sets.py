@@ -32,3 +32,20 @@ def test_disabled_and_validation() -> None:
     assert sets.size("a") == 0
     with pytest.raises(ValueError):
         WorkingSets(max_entries=-1)
+
+
+def test_a_request_no_deeper_adds_its_tail_up_to_its_prompt_and_leaves_with_the_pair() -> None:
+    sets = WorkingSets(max_entries=2)
+    sets.note(1, "a", 3)
+    for _ in range(5):  # tails: one a request, at most the prompt's 3 blocks
+        sets.note(1, "a", 3)
+    sets.note(1, "a", 4)  # deeper: the working set grows, the tails stay
+    assert (sets.size("a"), sets.tails("a")) == (4, 3)
+    sets.note(2, "b", 6)
+    sets.note(2, "b", 6)
+    assert sets.sizes(["a", "b", "c"]) == [4, 6, 0]
+    assert sets.sizes(["a", "b", "c"], True) == [7, 7, 0]
+    sets.note(3, "b", 2)  # evicts (1, a) with its tails
+    assert (sets.size("a"), sets.tails("a"), sets.tails("b")) == (0, 0, 1)
+    sets.clear()
+    assert (len(sets), sets.tails("b")) == (0, 0)
