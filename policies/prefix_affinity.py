@@ -26,7 +26,10 @@ trades a warm cache against a queue, refined by a bounded local prefix index.
    evenly than hashing throws them while replicas - whose working sets are their own - still mostly
    pick the same backend (the strictly smallest flips between replicas on near-ties). Opening groups
    (a long first message, no long preamble) take the strictly smallest: most are never repeated
-   (uniform traffic), and there the working sets act as the load balancer. A *hot* group - one that
+   (uniform traffic), and there the working sets act as the load balancer. A placement proposed to
+   the processes' shared store (`proposing`, `placement_choices`) also counts each backend's tails,
+   a block for each request of its groups, so that a busy group's home is not taken for as light as
+   an idle one's (the store makes the processes agree, where the tails alone would not). A *hot* group - one that
    brings its pool more than a backend's share of requests (`policies.group_demand`: its decayed
    share x the pool's backends / (1 + `load_factor`) = its `span`) - is meant to be warm on `span`
    backends: while the index knows fewer holders, the one with the smallest working set among the
