@@ -15,8 +15,9 @@ trades a warm cache against a queue, refined by a bounded local prefix index.
    key's *home*, the rest its ordered fallbacks. Every replica with the same snapshot computes the same
    order without talking to the others; removing a backend only moves the keys whose home it was.
 3. Expected warm blocks. Anchor mode: only blocks past the preamble count (a short shared system
-   prompt is assumed warm everywhere - unless every engine's events say where it is held, 5.); when this replica's `PrefixIndex` knows a prefix of the
-   request past the preamble (an earlier turn, the same document, a spill) its depths are used,
+   prompt is assumed warm everywhere - unless every engine's events say where it is held, 5.); when
+   this replica's `PrefixIndex` knows a prefix of the request past the preamble (an earlier turn,
+   the same document, a spill) its depths are used,
    otherwise the home is assumed to hold the history (`history_blocks`) - the same assumption on every
    replica. Group mode: all blocks count; the index (which records the preamble's last block and
    every block after it) is used when it knows anything of the request, otherwise the group is new
@@ -29,8 +30,8 @@ trades a warm cache against a queue, refined by a bounded local prefix index.
    (uniform traffic), and there the working sets act as the load balancer. A placement proposed to
    the processes' shared store (`proposing`, `placement_choices`) also counts each backend's tails,
    a block for each request of its groups, so that a busy group's home is not taken for as light as
-   an idle one's (the store makes the processes agree, where the tails alone would not). A *hot* group - one that
-   brings its pool more than a backend's share of requests (`policies.group_demand`: its decayed
+   an idle one's (the store makes the processes agree, where the tails alone would not). A *hot*
+   group - one that brings its pool more than a backend's share of requests (`policies.group_demand`: its decayed
    share x the pool's backends / (1 + `load_factor`) = its `span`) - is meant to be warm on `span`
    backends: while the index knows fewer holders, the one with the smallest working set among the
    others within the bound counts as warm for the preamble, one block short of the holders, so it

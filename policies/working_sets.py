@@ -41,8 +41,8 @@ def first_within(sizes: Sequence[float], slack: float) -> int:
 
 
 class WorkingSets:
-    """LRU map (routing key, backend) -> deepest prompt in blocks, with per-backend sums. Not
-    thread-safe (the gateway calls it from its event loop only)."""
+    """LRU map (routing key, backend) -> deepest prompt in blocks and tails (one int, `_TAIL`), with
+    per-backend sums of each. Not thread-safe (the gateway calls it from its event loop only)."""
 
     __slots__ = ("_pairs", "_sizes", "_tails", "max_entries")
 
@@ -84,18 +84,9 @@ class WorkingSets:
 
     def _forget(self, backend: str, value: int) -> None:
         """Take an evicted pair's `value` (deepest prompt and tails) off `backend`'s sums."""
-        left = self._sizes[backend] - (value & _DEEP)
-        if left:
-            self._sizes[backend] = left
-        else:
-            del self._sizes[backend]
-        tails = value >> 32
-        if tails:
-            left = self._tails[backend] - tails
-            if left:
-                self._tails[backend] = left
-            else:
-                del self._tails[backend]
+        _take(self._sizes, backend, value & _DEEP)
+        if value >> 32:
+            _take(self._tails, backend, value >> 32)
 
     def size(self, backend: str) -> int:
         """The blocks recently sent to `backend` (summed over routing keys), 0 if none."""
@@ -117,3 +108,12 @@ class WorkingSets:
         self._pairs.clear()
         self._sizes.clear()
         self._tails.clear()
+
+
+def _take(sums: dict[str, int], backend: str, amount: int) -> None:
+    """`sums[backend] -= amount`, dropping the entry at 0 (the maps hold only backends sent to lately)."""
+    left = sums[backend] - amount
+    if left:
+        sums[backend] = left
+    else:
+        del sums[backend]

@@ -19,11 +19,12 @@ from typing import Any
 import httpx
 import yaml
 
+from bench.procs import tree_cpu
 from engines.sim.launcher import free_port, port_open
 
 #: seconds a test gateway has to answer /readyz (`GatewayProcess.start`) ...
 START_S = 40.0
-#: ... unless it has had less CPU than this by then (a starved start, not a hung one), up to
+#: ... unless its process tree has had less CPU than this by then (a starved start, not a hung one), up to
 #: START_MAX_S: a healthy start takes ~1 s of CPU
 START_CPU_S = 10.0
 START_MAX_S = 120.0
@@ -44,15 +45,6 @@ def wait_until(
     if predicate():
         return
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) process `pid` has had so far (0 when it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
@@ -100,7 +92,7 @@ class GatewayProcess:
         seen = "nothing listening on the port"
         while True:
             waited = time.monotonic() - t0
-            if waited >= START_MAX_S or (waited >= START_S and _cpu_s(self.proc.pid) >= START_CPU_S):
+            if waited >= START_MAX_S or (waited >= START_S and tree_cpu(self.proc.pid) >= START_CPU_S):
                 break
             if self.proc.poll() is not None:
                 raise RuntimeError(f"gateway exited with {self.proc.returncode}:\n{self.log()}")
@@ -115,7 +107,7 @@ class GatewayProcess:
                 except httpx.HTTPError as e:
                     seen = f"/readyz failed: {e!r}"
             time.sleep(0.05)
-        cpu = _cpu_s(self.proc.pid)
+        cpu = tree_cpu(self.proc.pid)
         # where it is: PYTHONFAULTHANDLER (set at the start) prints every thread's stack on SIGABRT
         self.proc.send_signal(signal.SIGABRT)
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -191,7 +191,7 @@ def test_a_proposal_to_the_shared_store_takes_the_lightest_of_its_choices() -> N
 
 def test_no_routable_backend_makes_no_proposal() -> None:
     """A new group's proposal in a fleet with no routable backend: none (the decision proper reports
-    the error to the client); any other exception of the dry run is a bug and is raised."""
+    the error to the client). Only such errors mean no proposal (`SharedRouting.ask`)."""
     from policies.factory import parse_policy_config
     from policies.features import FeatureConfig, extract_features
     from policies.shared_load import SharedRouting
