@@ -30,7 +30,10 @@ trades a warm cache against a queue, refined by a bounded local prefix index.
    (uniform traffic), and there the working sets act as the load balancer. A placement proposed to
    the processes' shared store (`proposing`, `placement_choices`) also counts each backend's tails,
    a block for each request of its groups, so that a busy group's home is not taken for as light as
-   an idle one's (the store makes the processes agree, where the tails alone would not). A *hot*
+   an idle one's (the store makes the processes agree, where the tails alone would not); a long
+   preamble's proposal chooses among its first `shared_group_choices` backends, not `group_choices`
+   (few choices are for agreement, which the store gives; an opening group keeps `group_choices`:
+   documents spread wider came out slower with four processes). A *hot*
    group - one that brings its pool more than a backend's share of requests (`policies.group_demand`: its decayed
    share x the pool's backends / (1 + `load_factor`) = its `span`) - is meant to be warm on `span`
    backends: while the index knows fewer holders, the one with the smallest working set among the
@@ -110,6 +113,10 @@ class PrefixAffinityConfig:
     kind: Literal["prefix_affinity"] = "prefix_affinity"
     group_min_blocks: int = 32
     group_choices: int = 3
+    #: the backends (rendezvous order) a long preamble's new group proposed to the processes' shared
+    #: store may be placed on: the store makes the processes agree, so more choices cost no agreement
+    #: (an opening group - a long document - keeps `group_choices`)
+    shared_group_choices: int = 8
     placement_slack: float = 2.0
     #: the slack of a placement proposed to the processes' shared store (`policies.shared_load`):
     #: the store makes the processes agree, so the proposal takes the lightest of the choices
@@ -157,8 +164,8 @@ class PrefixAffinityConfig:
             raise ValueError(
                 "load_factor, load_slack, warm_slack, tolerance, pool_load_factor and the placement slacks must be >= 0"
             )
-        if self.group_min_blocks < 1 or self.group_choices < 1 or self.index_stride < 1:
-            raise ValueError("group_min_blocks, group_choices and index_stride must be >= 1")
+        if min(self.group_min_blocks, self.group_choices, self.shared_group_choices, self.index_stride) < 1:
+            raise ValueError("group_min_blocks, the group choices and index_stride must be >= 1")
         if self.demand_window < 2 or self.demand_entries < 0:
             raise ValueError("demand_window must be >= 2 and demand_entries >= 0")
         if not self.blocks_per_request > 0:
@@ -272,14 +279,23 @@ class PrefixAffinity(BackendPolicy):
 
     def placement_choices(self, pool: PoolView, features: RequestFeatures) -> tuple[str, ...]:
         """The backends a new group of this request may be placed on in `pool`: of its first
-        `group_choices` routable backends in the group's rendezvous order (see `select`), those
+        `group_choices` routable backends in the group's rendezvous order (`shared_group_choices`
+        for a long preamble's group; see `select`), those
         whose working set and tails (`policies.working_sets`) are within `shared_placement_slack`
         groups of the lightest. For the processes' shared store, which chooses among them."""
         g, key = self.keyed(features)
-        names = self._ranked(pool, key)[1][: self._config.group_choices]
+        names = self._ranked(pool, key)[1][: self._choices(features, True)]
         sizes = self._sets.sizes(names, True)
         limit = min(sizes, default=0) + self._config.shared_placement_slack * g
         return tuple(n for n, size in zip(names, sizes, strict=True) if size <= limit)
+
+    def _choices(self, features: RequestFeatures, proposing: bool) -> int:
+        """How many of its first backends (rendezvous order) a new group may be placed on: a long
+        preamble's group proposed to the shared store `shared_group_choices`, else `group_choices`."""
+        config = self._config
+        if proposing and not opening_group(features, config):
+            return config.shared_group_choices
+        return config.group_choices
 
     def _ranked(self, pool: PoolView, key: int) -> tuple[tuple[BackendView, ...], tuple[str, ...]]:
         """The pool's routable backends in the key's rendezvous order, and their names."""
@@ -429,7 +445,7 @@ class PrefixAffinity(BackendPolicy):
                         slack = config.shared_placement_slack * preamble
                     else:
                         slack = config.placement_slack * preamble
-                    placed = first_within(sizes[: config.group_choices], slack)
+                    placed = first_within(sizes[: self._choices(features, self._proposing)], slack)
                 warm[placed] = max(features.history_blocks, preamble)
             else:
                 # A hot group is kept warm on `span` backends (`policies.group_demand`): while fewer

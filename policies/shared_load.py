@@ -19,10 +19,11 @@ on what each engine *holds*; two things remain that only the process that did th
   while another gets none (the wall-clock bench, documents at 50 % x4: p99 8.5 s against x1's
   6.4 s). So the store places a new group itself: the request carries the backends this process
   would choose between (`Ask.candidates`, its own proposal first, then of the proposal's pool's
-  first `group_choices` backends in the group's rendezvous order those as light as the lightest by
-  its own working sets) and the group's size, and the store takes the candidate with the fewest
-  placed blocks (`PlacedBlocks`: blocks of the groups placed there, halving every `half_life_ms`),
-  ties to the proposal, and adds the group's blocks to it. Placements are then made one at a time
+  first `group_choices` - a long preamble's group: `shared_group_choices` - backends in the group's
+  rendezvous order those as light as the lightest by its own working sets) and the group's size,
+  and the store takes the candidate with the fewest placed blocks (`PlacedBlocks`: blocks of the
+  groups placed there, halving every `half_life_ms`), ties to the proposal, and adds the group's
+  blocks to it. Placements are then made one at a time
   with every earlier one known, as by a single process. Across pools only while other processes
   route (their counts came with the last answer): then the candidates also hold those of the
   request's other pools of the same weight per backend (`Router.other_pools`: every one for a

@@ -10,7 +10,7 @@ from engines.sim import tokenizer
 from engines.sim.prompt import render_chat
 from policies.kv_blocks import PromptBlocks
 from policies.kv_index import KvIndexConfig
-from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig
+from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig, opening_group
 from policies.router import Router
 from policies.types import BackendChoice, FleetSnapshot, PoolView, RequestFeatures
 from tests.policies.fleet import conversation, features, fleet, grow, pool, text
@@ -183,10 +183,65 @@ def test_a_proposal_to_the_shared_store_takes_the_lightest_of_its_choices() -> N
     assert router.decide(snapshot, f, 0.5, dry_run=True).backend == home  # the flag did not stay
     # the store may place it on any of its first choices as light as the proposal: the proposal
     # first, the home (one group heavier here) not among them
-    choices = [b.name for b in policy.rank(pool, f)][: policy.config.group_choices]
+    choices = [b.name for b in policy.rank(pool, f)][: policy.config.shared_group_choices]
     assert ask.candidates[0] == ask.proposal and set(ask.candidates) <= set(choices)
     assert home not in ask.candidates and len(ask.candidates) == len(choices) - 1
     assert ask.blocks > 0
+
+
+def test_a_preamble_groups_proposal_has_more_choices_than_a_placement_alone() -> None:
+    """A long preamble's new group proposed to the shared store may go to any of its first
+    `shared_group_choices` backends; placed by a process alone (no store), and for an opening group
+    (a long document) either way, to one of its first `group_choices` only. Eight backends whose
+    first three (the group's rendezvous order) each hold a group: the proposal is the fourth or
+    later, the placement alone and the document's proposal among the three."""
+    from policies.factory import parse_policy_config
+    from policies.features import FeatureConfig, extract_features
+    from policies.shared_load import SharedRouting
+    from policies.types import BackendView, FleetSnapshot, PoolView
+
+    def request(system: str, user: str) -> RequestFeatures:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        return extract_features({"model": "m", "messages": messages}, FeatureConfig())
+
+    def preamble(i: int) -> RequestFeatures:
+        return request(" ".join(f"rule{i}-{k}" for k in range(800)), "q")
+
+    def document(i: int) -> RequestFeatures:
+        return request("be brief", " ".join(f"page{i}-{k}" for k in range(800)))
+
+    names = [f"b{i}" for i in range(8)]
+    pool = PoolView("p", "vllm", 1.0, frozenset({"m"}), True, True, tuple(BackendView(n) for n in names))
+    snapshot = FleetSnapshot((pool,))
+    for make in (preamble, document):
+        new = make(0)
+        router = Router([], parse_policy_config({"kind": "prefix_affinity"}))
+        policy = router.policy
+        assert isinstance(policy, PrefixAffinity)
+        config = policy.config
+        assert config.group_choices < 4 <= config.shared_group_choices
+        order = [b.name for b in policy.rank(pool, new)]
+        first = set(order[: config.group_choices])
+        # one group of the same kind on each of the first choices
+        taken: set[str] = set()
+        for i in range(1, 400):
+            other = make(i)
+            home = policy.rank(pool, other)[0].name
+            if home in first and home not in taken:
+                assert router.decide(snapshot, other, 0.5).backend == home
+                taken.add(home)
+            if taken == first:
+                break
+        assert taken == first
+        ask = SharedRouting(router).ask(lambda: snapshot, new)
+        assert ask is not None and ask.proposal is not None
+        alone = router.decide(snapshot, new, 0.5, dry_run=True).backend
+        assert alone in first
+        if not opening_group(new, config):
+            assert ask.proposal not in first and ask.proposal in order[: config.shared_group_choices]
+            assert not first & set(ask.candidates)
+        else:
+            assert ask.proposal in first and set(ask.candidates) <= first
 
 
 def test_no_routable_backend_makes_no_proposal() -> None:
