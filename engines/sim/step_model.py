@@ -22,8 +22,10 @@ the newest running sequence is preempted (recompute: its blocks are freed, its c
 cached, it goes back to the front of the queue), again until it fits. Then, unless something was
 preempted this step, waiting sequences in FCFS order while fewer than `max_num_seqs` run and budget
 is left: prefix-cache lookup, the uncached part chunked to the budget (chunked prefill), admitted if
-its blocks fit. A block is cached (and a KV event stored) as soon as it is full and computed, during
-decode too.
+its blocks fit. A block is cached (and a KV event recorded) when a step that fills it is scheduled,
+during decode too, as vLLM's `KVCacheManager.allocate_slots` does: a request scheduled later in the
+same step hits it (measured on the real vLLM 0.32, tests/real_engines); the events are published with
+the step's results, after it ran, as vLLM's `update_from_output` does.
 
 **SGLang flavour** (`sglang/srt/managers/scheduler.py`, `schedule_policy.py`): a step is either a
 prefill batch or a decode batch, never both (SGLang's default, without `--enable-mixed-chunk`), and a
@@ -299,8 +301,8 @@ class StepEngine:
             if seq.state != "running":
                 continue  # aborted while the step ran
             seq.computed += n
-            if caching and (vllm or seq.computed <= seq.prompt_len):
-                self._commit(seq, seq.computed // bs)
+            if caching and not vllm and seq.computed <= seq.prompt_len:
+                self._commit(seq, seq.computed // bs)  # vLLM cached them when it scheduled them
             if seq.computed == seq.target:
                 seq.generated += 1
                 emitted.append(seq)
@@ -488,6 +490,7 @@ class StepEngine:
                 fits = self._allocate(seq, n, force=len(running) == 1)
             if not fits:
                 break
+            self._cache_scheduled(seq, n)
             work.append((seq, n))
             budget -= n
             i += 1
@@ -509,9 +512,17 @@ class StepEngine:
                 break
             waiting.popleft()
             self._start(seq, admitted)
+            self._cache_scheduled(seq, n)
             work.append((seq, n))
             budget -= n
         return self._batch(work, admitted, preempted)
+
+    def _cache_scheduled(self, seq: Seq, n: int) -> None:
+        """vLLM caches the full blocks a step is about to compute when it schedules them
+        (`KVCacheManager.allocate_slots`), up to the tokens the request has (prompt and emitted
+        output), so a request scheduled later in the same step already hits them."""
+        if self.cache.enabled:
+            self._commit(seq, min(seq.computed + n, seq.prompt_len + seq.generated) // self.block_size)
 
     # ---- SGLang --------------------------------------------------------------------------------
     def _reserve(self, seq: Seq) -> float:

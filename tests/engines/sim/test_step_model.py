@@ -224,8 +224,9 @@ def test_cached_blocks_count_against_capacity_and_are_evicted_last_released_firs
 
 @pytest.mark.parametrize("flavour", ["vllm", "sglang"])
 def test_blocks_are_stored_as_they_fill(flavour: str) -> None:
-    """vLLM caches a block (a stored event) as soon as it is full and computed, during decode too;
-    SGLang caches the prompt's blocks after its prefill and the output's when the request ends."""
+    """vLLM caches a block (a stored event, published with the step's results) in the step that
+    fills it, during decode too; SGLang caches the prompt's blocks after its prefill and the output's
+    when the request ends."""
     e = engine(flavour=flavour, record_events=True)
     s = seq(1, 10, out=9)  # prompt: 2 full blocks + 2 tokens; 8 output tokens get KV: 18 tokens
     e.add(s)
@@ -247,6 +248,29 @@ def test_blocks_are_stored_as_they_fill(flavour: str) -> None:
         assert [step for step, _ in stored] == [0, 8]  # the output's blocks when it finished
     ev0 = StoredBlocks(all_keys[:2], None, prompt(1, 8), None, None)
     assert stored and ev0.token_ids == s.tokens[:8]
+
+
+def test_vllm_caches_a_block_when_it_schedules_it() -> None:
+    """vLLM caches the full blocks a step will compute when it schedules the step (`allocate_slots`),
+    so a request scheduled later in the same step hits them (as the real vLLM 0.32 does:
+    tests/real_engines/test_prefix_cache_timing.py); their stored event comes with the step's results.
+    SGLang (FCFS) forms its prefill batch from what its tree held before: both compute the prompt."""
+    e = engine(record_events=True)
+    first, second = Seq(1, prompt(7, 40), 2), Seq(2, prompt(7, 40), 2)
+    e.add(first)
+    e.add(second)
+    b = e.schedule()
+    assert b is not None and [(s.id, n) for s, n in b.work] == [(1, 40), (2, 4)]
+    assert (first.cached_tokens, second.cached_tokens) == (0, 36)
+    stored = [ev for ev in e.complete(b).events if isinstance(ev, StoredBlocks)]
+    assert [k for ev in stored for k in ev.keys] == [e._key(first, i) for i in range(10)]  # once
+
+    e = engine(flavour="sglang")
+    first, second = Seq(1, prompt(7, 40), 2), Seq(2, prompt(7, 40), 2)
+    e.add(first)
+    e.add(second)
+    b = e.schedule()
+    assert b is not None and [(s.id, n) for s, n in b.work] == [(1, 40), (2, 40)]
 
 
 def test_reset_clears_only_an_idle_engine() -> None:

@@ -1,0 +1,91 @@
+"""When a prefix block becomes a hit: the real vLLM 0.32 server against the vLLM simulator.
+
+vLLM caches a full block when it *schedules* the step that computes it (`KVCacheManager.allocate_slots`
+caches up to the tokens the step computes), so a request scheduled later in the same step already hits
+the blocks an earlier one is computing. Four identical prompts sent at once while the engine is busy
+with a long prefill all wait and are scheduled together: one computes the prompt, the three others
+report its full blocks as cached - on the real engine and on the simulator alike. On the real engine
+the step histogram shows that the four ran in one step (so the hits are same-step hits, not later
+ones). The simulator cached a block only after its step had run until 2026-12-03 (the three got 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from engines.sim.launcher import SimProcess, free_port
+from gateway.demo import SERVED, sim_flags
+from tests.real_engines.servers import VllmServer
+
+pytestmark = pytest.mark.timeout(300)  # the first test may wait for the server's startup
+
+BLOCK = 32  # the real server's --block-size (the CPU attention backend wants a multiple of 32)
+
+
+def words(seed: int, n: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(("alpha", "beta", "gamma", "delta")) + str(rng.randrange(900)) for _ in range(n))
+
+
+async def burst(base: str, model: str, seed: int) -> list[tuple[int, int]]:
+    """A long prompt, then (while its prefill runs) four identical short ones at once: the four's
+    (prompt tokens, cached tokens)."""
+    async with httpx.AsyncClient(base_url=base, timeout=120) as client:
+
+        async def complete(prompt: str) -> tuple[int, int]:
+            body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+            r = await client.post("/v1/completions", json=body)
+            r.raise_for_status()
+            usage = r.json()["usage"]
+            return usage["prompt_tokens"], (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+
+        busy = asyncio.create_task(complete(words(seed, 700)))
+        await asyncio.sleep(0.05)
+        same = words(seed + 1, 150)
+        four = await asyncio.gather(*(complete(same) for _ in range(4)))
+        await busy
+        return list(four)
+
+
+def assert_followers_hit(four: list[tuple[int, int]]) -> None:
+    prompt_tokens = {p for p, _ in four}
+    assert len(prompt_tokens) == 1, four
+    (n,) = prompt_tokens
+    full = (n - 1) // BLOCK * BLOCK  # the last prompt token is always computed
+    assert full >= 4 * BLOCK, four
+    assert sorted(c for _, c in four) == [0, full, full, full], four
+
+
+def iterations(base: str) -> float:
+    """Steps the real engine has reported output for (`vllm:iteration_tokens_total_count`)."""
+    for line in httpx.get(base + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("vllm:iteration_tokens_total_count"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no vllm:iteration_tokens_total_count in /metrics")
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimProcess]:
+    # a step of the long prompt takes ~0.2 s (200 us a token), long enough for the four to queue
+    flags = [*sim_flags("vllm"), "--block-size", str(BLOCK), "--prefill-us-per-token", "200"]
+    with SimProcess("vllm", free_port(), flags) as process:
+        yield process
+
+
+def test_real_vllm_hits_blocks_computed_in_the_same_step(real_vllm: VllmServer) -> None:
+    before = iterations(real_vllm.base_url)
+    four = asyncio.run(burst(real_vllm.base_url, real_vllm.served_model_name, seed=1))
+    assert_followers_hit(four)
+    # the long prompt's step and the four's: had the four run in steps of their own, there would be
+    # at least three more (max_tokens 1: each request's only output comes with its prefill)
+    assert iterations(real_vllm.base_url) - before <= 2
+
+
+def test_the_simulator_hits_blocks_computed_in_the_same_step(sim: SimProcess) -> None:
+    four = asyncio.run(burst(sim.base_url, SERVED["vllm"], seed=1))
+    assert_followers_hit(four)
