@@ -1,12 +1,13 @@
 """A client that stops reading must slow the engine down, never fill the gateway's memory.
 
 The stream here is ~16 MB (60 000 tokens from a simulator with no latency at all). The client asks
-for a 4 KiB receive buffer and then reads nothing for 3.5 s. If the gateway buffered without bound,
+for a 4 KiB receive buffer and then reads nothing for 3-4 s. If the gateway buffered without bound,
 the engine would finish generating in that time and the gateway's RSS would grow by roughly the
 stream's size. With backpressure (uvicorn waits for the socket to drain before `send` returns, the
 relay then stops reading the engine, aiohttp stops reading its socket), the engine's stream stays
-open and what is in flight is what the kernel's socket buffers hold — bounded, and the same at the
-start and the end of the pause. Then the client reads everything: every byte arrives, `[DONE]` last.
+open and what is in flight is what the kernel's socket buffers hold — bounded, and once they are
+full the same at the start and the end of the pause. Then the client reads everything: every byte
+arrives, `[DONE]` last.
 """
 
 from __future__ import annotations
@@ -28,6 +29,22 @@ from tests.support import GatewayProcess
 TOKENS = 60_000
 
 
+def settled_queued_bytes(ports: set[int], timeout: float = 15.0) -> int:
+    """The bytes the kernel holds for `ports` once they stop growing (two reads 0.5 s apart within
+    64 KiB): the socket buffers fill in about a second on an idle machine, in several under load
+    (5.2 MB after 1 s, 7.3 MB after 3.5 s once in `make test`). Never settling within `timeout` - an
+    unbounded buffer - fails."""
+    deadline = time.monotonic() + timeout
+    last = kernel_queued_bytes(ports)
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = kernel_queued_bytes(ports)
+        if abs(now - last) < 64 * 1024:
+            return now
+        last = now
+    raise AssertionError(f"the kernel's queues did not settle in {timeout} s (last {last} B)")
+
+
 def test_slow_reader_pauses_the_engine_and_bounds_gateway_memory() -> None:
     with fast_sim("vllm", "--max-model-len", "100000", "--itl-ms", "0", "--ttft-ms", "0") as sim:
         config = single_pool_config(
@@ -42,8 +59,7 @@ def test_slow_reader_pauses_the_engine_and_bounds_gateway_memory() -> None:
             with RawClient(gw.port, rcvbuf=4096, timeout=30) as client:
                 client.send(http_request("/v1/chat/completions", body))
                 wait_for(lambda: sim_stats(sim.base_url)["running"] == 1, timeout=5, what="stream started")
-                time.sleep(1.0)
-                queued_early = kernel_queued_bytes({gw.port, sim.port})
+                queued_early = settled_queued_bytes({gw.port, sim.port})
                 time.sleep(2.5)
                 queued_late = kernel_queued_bytes({gw.port, sim.port})
                 stats = sim_stats(sim.base_url)
