@@ -280,9 +280,9 @@ class PrefixAffinity(BackendPolicy):
     def placement_choices(self, pool: PoolView, features: RequestFeatures) -> tuple[str, ...]:
         """The backends a new group of this request may be placed on in `pool`: of its first
         `group_choices` routable backends in the group's rendezvous order (`shared_group_choices`
-        for a long preamble's group; see `select`), those
-        whose working set and tails (`policies.working_sets`) are within `shared_placement_slack`
-        groups of the lightest. For the processes' shared store, which chooses among them."""
+        for a long preamble's group; see `select`), those whose working set and tails
+        (`policies.working_sets`) are within `shared_placement_slack` groups of the lightest. For
+        the processes' shared store, which chooses among them."""
         g, key = self.keyed(features)
         names = self._ranked(pool, key)[1][: self._choices(features, True)]
         sizes = self._sets.sizes(names, True)

@@ -16,10 +16,10 @@ Two ways to use it:
 - **a block pool** (the batching engine, `step_model.py`): `capacity` is the engine's whole KV cache
   (vLLM `num_gpu_blocks`, SGLang `max_total_num_tokens / page_size`). A running sequence holds *private*
   blocks (`allocate` / `free`: the blocks it is computing, and its partial last block) and pinned cached
-  blocks (`pin` the hit, `commit` a block once it is full and computed); cached blocks count against the
-  capacity like private ones. `allocate` evicts unpinned cached blocks, least-recently-*released* first
-  (vLLM's free-block queue: a freed request's blocks join the tail, its last block first), when no
-  block is free.
+  blocks (`pin` the hit, `commit` a block once it is full: vLLM when the step computing it is
+  scheduled, SGLang after it ran); cached blocks count against the capacity like private ones.
+  `allocate` evicts unpinned cached blocks, least-recently-*released* first (vLLM's free-block
+  queue: a freed request's blocks join the tail, its last block first), when no block is free.
 
 `on_evict`, when set, is called with each evicted key (KV-cache events).
 """
@@ -197,9 +197,9 @@ class PrefixCache:
         self.private -= n
 
     def commit(self, key: int) -> bool:
-        """One private block became full and computed: it is cached (pinned) under `key`. True if
-        the key is new; if another sequence cached it meanwhile, that copy is pinned instead and the
-        private block freed."""
+        """One private block became full (its step scheduled or run): it is cached (pinned) under
+        `key`. True if the key is new; if another sequence cached it meanwhile, that copy is pinned
+        instead and the private block freed."""
         if not self.enabled:
             return False
         self.private -= 1

@@ -359,8 +359,9 @@ class StepEngine:
         return keys[i]
 
     def _commit(self, seq: Seq, full: int) -> None:
-        """Cache the sequence's blocks up to `full` (full and computed); each run of newly cached
-        blocks is one stored event (a block another sequence cached meanwhile is not stored again)."""
+        """Cache the sequence's blocks up to `full` (full, and computed or being computed); each run of
+        newly cached blocks is one stored event (a block another sequence cached meanwhile is not
+        stored again)."""
         cache = self.cache
         record = self.cfg.record_events
         run: list[int] = []
