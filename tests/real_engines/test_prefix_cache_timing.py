@@ -29,7 +29,9 @@ BLOCK = 32  # the real server's --block-size (the CPU attention backend wants a 
 
 def words(seed: int, n: int) -> str:
     rng = random.Random(seed)
-    return " ".join(rng.choice(("alpha", "beta", "gamma", "delta")) + str(rng.randrange(900)) for _ in range(n))
+    return " ".join(
+        rng.choice(("alpha", "beta", "gamma", "delta")) + str(rng.randrange(900)) for _ in range(n)
+    )
 
 
 async def burst(base: str, model: str, seed: int) -> list[tuple[int, int]]:
