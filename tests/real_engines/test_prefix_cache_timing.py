@@ -21,6 +21,7 @@ import pytest
 from engines.sim.launcher import SimProcess, free_port
 from gateway.demo import SERVED, sim_flags
 from tests.real_engines.servers import VllmServer
+from tests.support import wait_until
 
 pytestmark = pytest.mark.timeout(300)  # the first test may wait for the server's startup
 
@@ -63,12 +64,27 @@ def assert_followers_hit(four: list[tuple[int, int]]) -> None:
     assert sorted(c for _, c in four) == [0, full, full, full], four
 
 
+def metric(base: str, name: str) -> float:
+    """The first sample of metric `name` in the real engine's /metrics (one engine, one model)."""
+    for line in httpx.get(base + "/metrics", timeout=30).text.splitlines():
+        if line.startswith((name + "{", name + " ")):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
 def iterations(base: str) -> float:
     """Steps the real engine has reported output for (`vllm:iteration_tokens_total_count`)."""
-    for line in httpx.get(base + "/metrics", timeout=30).text.splitlines():
-        if line.startswith("vllm:iteration_tokens_total_count"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("no vllm:iteration_tokens_total_count in /metrics")
+    return metric(base, "vllm:iteration_tokens_total_count")
+
+
+def wait_idle(base: str) -> None:
+    """Until nothing runs or waits on the engine (an earlier test's request would add steps)."""
+    wait_until(
+        lambda: metric(base, "vllm:num_requests_running") + metric(base, "vllm:num_requests_waiting") == 0,
+        timeout=30,
+        interval=0.2,
+        what="the real vLLM idle",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +96,7 @@ def sim() -> Iterator[SimProcess]:
 
 
 def test_real_vllm_hits_blocks_computed_in_the_same_step(real_vllm: VllmServer) -> None:
+    wait_idle(real_vllm.base_url)
     before = iterations(real_vllm.base_url)
     four = asyncio.run(burst(real_vllm.base_url, real_vllm.served_model_name, seed=1))
     assert_followers_hit(four)
