@@ -33,9 +33,9 @@ trades a warm cache against a queue, refined by a bounded local prefix index.
    an idle one's (the store makes the processes agree, where the tails alone would not); a long
    preamble's proposal chooses among its first `shared_group_choices` backends, not `group_choices`
    (few choices are for agreement, which the store gives; an opening group keeps `group_choices`:
-   documents spread wider came out slower with four processes). A *hot*
-   group - one that brings its pool more than a backend's share of requests (`policies.group_demand`: its decayed
-   share x the pool's backends / (1 + `load_factor`) = its `span`) - is meant to be warm on `span`
+   documents spread wider came out slower with four processes). A *hot* group - one that brings
+   its pool more than a backend's share of requests (`policies.group_demand`: its decayed share x
+   the pool's backends / (1 + `load_factor`) = its `span`) - is meant to be warm on `span`
    backends: while the index knows fewer holders, the one with the smallest working set among the
    others within the bound counts as warm for the preamble, one block short of the holders, so it
    takes a request when the holders are busier by more than `tolerance` and never on a tie.

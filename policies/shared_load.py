@@ -23,9 +23,9 @@ on what each engine *holds*; two things remain that only the process that did th
   rendezvous order those as light as the lightest by its own working sets) and the group's size,
   and the store takes the candidate with the fewest placed blocks (`PlacedBlocks`: blocks of the
   groups placed there, halving every `half_life_ms`), ties to the proposal, and adds the group's
-  blocks to it. Placements are then made one at a time
-  with every earlier one known, as by a single process. Across pools only while other processes
-  route (their counts came with the last answer): then the candidates also hold those of the
+  blocks to it. Placements are then made one at a time with every earlier one known, as by a
+  single process. Across pools only while other processes route (their counts came with the last
+  answer): then the candidates also hold those of the
   request's other pools of the same weight per backend (`Router.other_pools`: every one for a
   document, those this process finds within a group of its choice for a long preamble), since
   this process's pool choice went by its own part of the traffic. Alone, the process's pool choice
