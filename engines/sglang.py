@@ -43,7 +43,12 @@ _RUNNING = "sglang:num_running_reqs"
 _WAITING = "sglang:num_queue_reqs"
 _KV = "sglang:token_usage"
 _HIT = "sglang:cache_hit_rate"
-_METRICS = (_RUNNING, _WAITING, _KV, _HIT)
+# Lifetime prompt and cached tokens, kept by the tokenizer manager for every request that logs metrics:
+# not for `/health`'s one-token generation, which does set `cache_hit_rate` (the last prefill batch's)
+# to 0 — measured on SGLang 0.5.23, so the gauge is only a fallback.
+_PROMPT = "sglang:prompt_tokens_total"
+_CACHED = "sglang:cached_tokens_total"
+_METRICS = (_RUNNING, _WAITING, _KV, _HIT, _PROMPT, _CACHED)
 # With tensor/pipeline parallelism every rank reports the scheduler gauges: count rank 0 only.
 _RANK0 = 'tp_rank="0"'
 
@@ -109,11 +114,20 @@ class SGLangDialect(OpenAIShapedAnswers):
 
     def parse_metrics(self, text: str) -> EngineLoad:
         s = prometheus.samples(text, _METRICS)
+        queries = prometheus.combine(s.get(_PROMPT), sum)
+        hits = prometheus.combine(s.get(_CACHED), sum)  # by `cache_source`; absent before the first hit
+        if queries is not None and hits is None:
+            hits = 0.0
+        rate = hits / queries if hits is not None and queries else None
+        if queries is None:
+            rate = prometheus.combine(s.get(_HIT), _mean, _RANK0)
         return EngineLoad(
             running=prometheus.combine(s.get(_RUNNING), sum, _RANK0),
             waiting=prometheus.combine(s.get(_WAITING), sum, _RANK0),
             kv_usage=prometheus.combine(s.get(_KV), max),
-            prefix_cache_hit_rate=prometheus.combine(s.get(_HIT), _mean, _RANK0),
+            prefix_cache_hit_rate=rate,
+            prefix_cache_hits=hits,
+            prefix_cache_queries=queries,
         )
 
 

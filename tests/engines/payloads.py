@@ -698,7 +698,12 @@ sglang:num_queue_reqs{engine_type="unified",model_name="qwen",pp_rank="0",tp_ran
 sglang:token_usage{engine_type="unified",model_name="qwen",pp_rank="0",tp_rank="0"} 0.75
 # TYPE sglang:cache_hit_rate gauge
 sglang:cache_hit_rate{engine_type="unified",model_name="qwen",pp_rank="0",tp_rank="0"} 0.5
-sglang:cached_tokens_total{engine_type="unified",model_name="qwen",pp_rank="0",tp_rank="0"} 123.0
+# TYPE sglang:prompt_tokens_total counter
+sglang:prompt_tokens_total{engine_type="unified",is_streaming="false",model_name="qwen"} 1000.0
+sglang:prompt_tokens_total{engine_type="unified",is_streaming="true",model_name="qwen"} 600.0
+# TYPE sglang:cached_tokens_total counter
+sglang:cached_tokens_total{cache_source="device",engine_type="unified",model_name="qwen"} 1000.0
+sglang:cached_tokens_total{cache_source="host",engine_type="unified",model_name="qwen"} 200.0
 """
 
 

@@ -196,7 +196,18 @@ def test_decode_error_mapping() -> None:
 
 def test_parse_metrics() -> None:
     load = S.parse_metrics(p.SGLANG_METRICS)
-    assert (load.running, load.waiting, load.kv_usage, load.prefix_cache_hit_rate) == (4.0, 2.0, 0.75, 0.5)
+    # the hit rate is lifetime cached / prompt tokens (every cache source, streamed or not), not the
+    # gauge of the last prefill batch, which SGLang's own /health generation sets to 0
+    assert (load.running, load.waiting, load.kv_usage, load.prefix_cache_hit_rate) == (4.0, 2.0, 0.75, 0.75)
+    assert (load.prefix_cache_hits, load.prefix_cache_queries) == (1200.0, 1600.0)
+    # before the first hit SGLang has no cached_tokens_total series at all: 0 hits, not "unknown"
+    cold = 'sglang:prompt_tokens_total{is_streaming="false"} 13.0\nsglang:cache_hit_rate{tp_rank="0"} 0.4\n'
+    assert (S.parse_metrics(cold).prefix_cache_hit_rate, S.parse_metrics(cold).prefix_cache_hits) == (
+        0.0,
+        0.0,
+    )
+    # an SGLang without the counters: the gauge, as before
+    assert S.parse_metrics('sglang:cache_hit_rate{tp_rank="0"} 0.4\n').prefix_cache_hit_rate == 0.4
     assert S.parse_metrics("# only comments\n").kv_usage is None
     dp = 'sglang:num_running_reqs{dp_rank="0"} 1\nsglang:num_running_reqs{dp_rank="1"} 2\n'
     assert S.parse_metrics(dp).running == 3.0

@@ -148,5 +148,12 @@ def test_repeated_long_prompt_shows_cached_tokens(gateway: GatewayProcess, real_
     assert (
         metric(after, "gateway_cached_tokens_total") - metric(before, "gateway_cached_tokens_total") >= cached
     )
-    # the scraper's prefix-cache hit rate moved off zero (vLLM: lifetime hits/queries; SGLang: last batch)
+    # the scraper's prefix-cache hit rate moved off zero: lifetime hits / queries on both engines (SGLang's
+    # `cache_hit_rate` gauge is the last prefill batch's, and the gateway's own /health probe, a one-token
+    # generation on SGLang, sets it back to 0: read that way, this failed in CI once)
     wait_until(lambda: (load(gateway)["prefix_cache_hit_rate"] or 0) > 0, 5, 0.1, "a prefix-cache hit rate")
+    if real_engine.engine == "sglang":  # and it stays there through a health probe and a scrape after it
+        assert httpx.get(real_engine.base_url + "/health", timeout=30, trust_env=False).status_code == 200
+        probed = time.monotonic()
+        wait_until(lambda: load(gateway)["age_s"] < time.monotonic() - probed, 10, 0.1, "a scrape after it")
+        assert load(gateway)["prefix_cache_hit_rate"] > 0
