@@ -109,6 +109,7 @@ class Traffic:
         self.seen: dict[str, Counter[int]] = {}
         self.sequence: dict[str, list[int]] = {}
         self.bodies: list[str] = []
+        self.started: Counter[str] = Counter()  # requests sent, by phase
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -118,6 +119,7 @@ class Traffic:
             i = 0
             while not self._stop.is_set():
                 phase = self.phase
+                self.started[phase] += 1
                 r = http.post("/v1/chat/completions", json=chat(i, stream=i % 2 == 0), headers=headers)
                 self.seen.setdefault(phase, Counter())[r.status_code] += 1
                 self.sequence.setdefault(phase, []).append(r.status_code)
@@ -125,6 +127,14 @@ class Traffic:
                     self.bodies.append(r.text)
                 i += 1
                 time.sleep(0.01)
+
+    def switch(self, phase: str) -> None:
+        """Label the requests sent from now on `phase`, and return once one has been sent: the
+        request in flight at the switch (labelled with the phase before) has had its answer. Without
+        the wait, a "before" request admitted only after Redis had been stopped was refused (CI, on a
+        loaded machine)."""
+        self.phase = phase
+        wait_for(lambda: self.started[phase] > 0, timeout=15, what=f"a request in phase {phase!r}")
 
     def __enter__(self) -> Traffic:
         self._thread.start()
@@ -160,7 +170,8 @@ def test_redis_stopped_and_restarted_under_traffic() -> None:
 
             with Traffic(gw_open.base_url) as t_open, Traffic(gw_closed.base_url) as t_closed:
                 time.sleep(0.5)
-                t_open.phase = t_closed.phase = "down"
+                t_open.switch("down")
+                t_closed.switch("down")
                 redis.stop()
                 time.sleep(2.0)
 
