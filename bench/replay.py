@@ -87,7 +87,7 @@ from policies.power_of_two import PowerOfTwoConfig
 from policies.prefix_affinity import PrefixAffinityConfig
 from policies.round_robin import RoundRobinConfig
 from policies.router import Router
-from policies.shared_load import SharedRouting
+from policies.shared_load import SharedRouting, split
 from policies.types import BackendView, FleetSnapshot, PoolView
 
 MODEL = "bench-model"
@@ -217,6 +217,7 @@ def replay(
     store = SharedStore(replicas) if shared else None
     shares = [SharedRouting(r) for r in routers] if shared else []
     others: list[dict[str, int]] = [{} for _ in range(replicas)]  # the others' counts as last read
+    elsewhere: list[dict[str, int]] = [{} for _ in range(replicas)]  # ... and working sets
     lose = random.Random(4321 + seed)
     deliveries: dict[int, tuple[int, str, list[BlockEvent] | None]] = {}
     delivery_ids = itertools.count()
@@ -377,7 +378,9 @@ def replay(
         replica, b = where[i]
         own[replica][b] -= 1
         if store is not None:  # the finish's call carries this process's counts
-            others[replica] = store.call(replica, own[replica])
+            others[replica], elsewhere[replica] = split(
+                store.call(replica, shares[replica].report(own[replica]))
+            )
         done.add(i)
         for j in blocked.pop(i, []):
             push(now, "send", j)
@@ -480,9 +483,14 @@ def replay(
                     # the admission's call: this process's counts out, the others' in, and the
                     # placement of the request's group (set to this process's proposal if none)
                     ask = shares[replica].ask(
-                        functools.partial(snapshot, now, replica), f, bool(others[replica])
+                        functools.partial(snapshot, now, replica),
+                        f,
+                        bool(others[replica]),
+                        elsewhere[replica],
                     )
-                    others[replica] = store.call(replica, own[replica])
+                    others[replica], elsewhere[replica] = split(
+                        store.call(replica, shares[replica].report(own[replica]))
+                    )
                     if ask is not None:
                         placed, fresh = store.place(ask, now)
                         shares[replica].learn(ask.key, placed)
@@ -519,7 +527,9 @@ def replay(
             e.running -= 1
             own[replica][b] -= 1
             if store is not None:
-                others[replica] = store.call(replica, own[replica])
+                others[replica], elsewhere[replica] = split(
+                    store.call(replica, shares[replica].report(own[replica]))
+                )
             done.add(i)
             for j in blocked.pop(i, []):
                 push(now, "send", j)

@@ -12,7 +12,9 @@ its stream for `KvIndexConfig.relearn_s` (`KvIndex.gap`).
 (gateway/admission/limits_redis.py, gateway/routing/shared_load.py). Each process reports its own
 in-flight counts when it calls the store - on every request's admission (before that request is routed,
 so the request itself is not in it) and on every request's finish - and reads the other processes'
-counts as they last reported them: the staleness the gateway has. A new prefix group is placed at
+counts as they last reported them: the staleness the gateway has. The counts carry the process's
+working sets and tails too (`SharedRouting.report`, `policies.shared_load.split`), which a new
+group's proposal adds to its own. A new prefix group is placed at
 admission, once: on the one of the asking process's candidates with the fewest placed blocks
 (`policies.shared_load.PlacedBlocks`, the gateway script's rule), and that placement is read by every
 later request of the group.

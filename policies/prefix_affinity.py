@@ -30,7 +30,11 @@ trades a warm cache against a queue, refined by a bounded local prefix index.
    (uniform traffic), and there the working sets act as the load balancer. A placement proposed to
    the processes' shared store (`proposing`, `placement_choices`) also counts each backend's tails,
    a block for each request of its groups, so that a busy group's home is not taken for as light as
-   an idle one's (the store makes the processes agree, where the tails alone would not); a long
+   an idle one's (the store makes the processes agree, where the tails alone would not); for an
+   opening group it adds the other processes' working sets and tails, which the store brings (each
+   process sees only its part of the traffic, and for documents the working sets are the load
+   balancer; for a long preamble's group the others' figures made the replay slower at 8
+   processes - the store's placed blocks balance those); a long
    preamble's proposal chooses among its first `shared_group_choices` backends, not `group_choices`
    (few choices are for agreement, which the store gives; an opening group keeps `group_choices`:
    documents spread wider came out slower with four processes). A *hot* group - one that brings
@@ -82,7 +86,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import compress
@@ -231,8 +235,10 @@ class PrefixAffinity(BackendPolicy):
         # the last request's (features, group blocks, routing key), and rendezvous orders by key
         self._keyed: tuple[object, int, int] = (None, 0, 0)
         self._orders = HrwOrders(self._names)
-        # a dry run proposing a group's placement to the shared store (`proposing`)
+        # a dry run proposing a group's placement to the shared store (`proposing`), and the other
+        # routing processes' working sets and tails it adds to this one's
         self._proposing = False
+        self._elsewhere: Mapping[str, int] = {}
 
     @property
     def config(self) -> PrefixAffinityConfig:
@@ -252,15 +258,23 @@ class PrefixAffinity(BackendPolicy):
         return self.keyed(features)[1]
 
     @contextmanager
-    def proposing(self) -> Iterator[None]:
+    def proposing(self, elsewhere: Mapping[str, int] | None = None) -> Iterator[None]:
         """Within: decisions are proposals of a new group's placement to the processes' shared
         store, placed with `shared_placement_slack` (the store, not the slack, makes the processes
-        agree; `policies.shared_load.SharedRouting.ask`). Dry runs only."""
+        agree; `policies.shared_load.SharedRouting.ask`); an opening group's working sets and
+        tails with `elsewhere`'s added: the other processes' (`policies.working_sets`), by backend.
+        Dry runs and `placement_choices` only."""
         self._proposing = True
+        self._elsewhere = elsewhere or {}
         try:
             yield
         finally:
             self._proposing = False
+            self._elsewhere = {}
+
+    def working_sets(self) -> dict[str, int]:
+        """This process's working sets and tails by backend (`WorkingSets.totals`), for the store."""
+        return self._sets.totals()
 
     def keyed(self, features: RequestFeatures) -> tuple[int, int]:
         """`(group_blocks, routing_key)` of a request, remembered for the last request asked (the
@@ -285,9 +299,19 @@ class PrefixAffinity(BackendPolicy):
         the processes' shared store, which chooses among them."""
         g, key = self.keyed(features)
         names = self._ranked(pool, key)[1][: self._choices(features, True)]
-        sizes = self._sets.sizes(names, True)
+        sizes = self._proposal_sizes(names, features)
         limit = min(sizes, default=0) + self._config.shared_placement_slack * g
         return tuple(n for n, size in zip(names, sizes, strict=True) if size <= limit)
+
+    def _proposal_sizes(self, names: Sequence[str], features: RequestFeatures) -> list[int]:
+        """Working sets and tails of `names` for a proposal: this process's, and for an opening
+        group (a document) the other processes' added (see `proposing`)."""
+        sizes = self._sets.sizes(names, True)
+        elsewhere = self._elsewhere
+        if not elsewhere or not opening_group(features, self._config):
+            return sizes
+        get = elsewhere.get
+        return [size + get(name, 0) for size, name in zip(sizes, names, strict=True)]
 
     def _choices(self, features: RequestFeatures, proposing: bool) -> int:
         """How many of its first backends (rendezvous order) a new group may be placed on: a long
@@ -424,7 +448,12 @@ class PrefixAffinity(BackendPolicy):
             every_fit = all(fits)
         # working sets: a group's placement, its next holder and the tie-break all compare them;
         # a proposal to the shared store adds the backends' tails (`policies.working_sets`)
-        sizes = self._sets.sizes(names, self._proposing) if group else [0] * n
+        if not group:
+            sizes = [0] * n
+        elif self._proposing:
+            sizes = self._proposal_sizes(names, features)
+        else:
+            sizes = self._sets.sizes(names)
         placed = -1  # a new group's placement among its first choices
         stored = False  # ... made for an earlier request by the processes' shared store
         spread = -1  # a hot group's next holder

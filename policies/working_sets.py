@@ -12,7 +12,10 @@ holding one group each whatever their traffic, and a new group went to the first
 order, often the home of a hot one (documents at 50 % load, one routing process: 8-11 requests in
 flight there against 1 on others). The tails differ more between replicas than the working sets
 (each counts its own requests), so the affinity policy adds them only to a placement it proposes to
-the processes' shared store, which makes the processes agree (`PrefixAffinity.proposing`).
+the processes' shared store, which makes the processes agree (`PrefixAffinity.proposing`). For an
+opening group (a document) the other processes' figures are added too (`totals`, carried by the
+store with their in-flight counts): each process sends 1/N of the traffic, so its own working sets
+and tails are a sample of the fleet's, and there they are the load balancer.
 
 It is local (this replica's own decisions) and approximate, like `policies.prefix_index`: an engine
 evicts on its own, and the map forgets the least recently used (key, backend) pairs once
@@ -95,6 +98,12 @@ class WorkingSets:
     def tails(self, backend: str) -> int:
         """The tails recently sent to `backend` (see the module docstring), 0 if none."""
         return self._tails.get(backend, 0)
+
+    def totals(self) -> dict[str, int]:
+        """Every backend's working set and tails, summed (what this process reports to the shared
+        store for the other processes' proposals; backends with nothing recorded are left out)."""
+        tails = self._tails.get
+        return {name: size + tails(name, 0) for name, size in self._sizes.items() if size}
 
     def sizes(self, backends: Sequence[str], tails: bool = False) -> list[int]:
         """`size` of each of `backends`, in order (one call for a pool); with `tails`, plus theirs."""

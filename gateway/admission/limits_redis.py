@@ -685,9 +685,10 @@ class RedisLimiter:
             self._reporter = asyncio.get_running_loop().create_task(self._report_forever())
 
     async def _report_forever(self) -> None:
-        """Keep this process's counts alive in the store while it has requests in flight and made
-        no other call for a third of the lease (long streams at low traffic); one small script, off
-        the request path."""
+        """Keep this process's counts alive in the store while it has anything to report (requests
+        in flight, or the working sets a document's placement reads: `LoadShare.counts`) and made no
+        other call for a third of the lease (long streams at low traffic, an idle process); one
+        small script, off the request path."""
         share = self._share
         assert share is not None
         period = share.lease_s / 3

@@ -79,8 +79,9 @@ class LoadShare(Protocol):
         ...
 
     def counts(self) -> Mapping[str, int]:
-        """This process's in-flight counts now, backends with none left out (finish calls and lease
-        renewals carry them as they are)."""
+        """What this process reports now: its in-flight counts, backends with none left out, and
+        under names of their own its routing figures for the others (`policies.shared_load.SETS`:
+        working sets). Finish calls and lease renewals carry them as they are."""
         ...
 
     def heard(self, others: Mapping[str, int]) -> None:

@@ -24,7 +24,7 @@ from gateway.core.fleet import Fleet
 from gateway.core.shared_load import ShareAsk, ShareReply
 from gateway.routing.settings import SharedSettings
 from policies.router import Router
-from policies.shared_load import Ask, SharedRouting, key_text, with_others
+from policies.shared_load import Ask, SharedRouting, key_text, split, with_others
 from policies.types import FleetSnapshot, RequestFeatures
 
 #: the request's features with its tokens (the route stage's `prepare`)
@@ -57,6 +57,7 @@ class SharedLoad:
         self._routing = SharedRouting(router, settings.placements)
         self._clock = clock
         self._others: Mapping[str, int] = {}
+        self._sets: Mapping[str, int] = {}  # the others' working sets and tails (`policies.shared_load`)
         self._at = -float("inf")
         #: answers received, and requests whose group placement came from the store (for operators)
         self.replies = 0
@@ -69,7 +70,7 @@ class SharedLoad:
         if features is None or not self._routing.grouped(features):
             return ShareAsk(counts)
         features = await self._prepare(ctx)  # the engines' events need the request's tokens
-        ask = self._routing.ask(self.snapshot, features, bool(self.others()))
+        ask = self._routing.ask(self.snapshot, features, bool(self.others()), self.others_sets())
         if ask is None:
             return ShareAsk(counts)
         ctx.extras["share_ask"] = ask
@@ -88,10 +89,13 @@ class SharedLoad:
                 self.placements += 1
 
     def counts(self) -> dict[str, int]:
-        return {name: b.in_flight for name, b in self._fleet.backends.items() if b.in_flight > 0}
+        """This process's in-flight counts and working sets (`SharedRouting.report`): while it has
+        either, the limiter's renewer keeps them in the store."""
+        own = {name: b.in_flight for name, b in self._fleet.backends.items() if b.in_flight > 0}
+        return self._routing.report(own)
 
     def heard(self, others: Mapping[str, int]) -> None:
-        self._others = others
+        self._others, self._sets = split(others)
         self._at = self._clock()
         self.replies += 1
 
@@ -101,6 +105,13 @@ class SharedLoad:
         if self._clock() - self._at > self.lease_s:
             return {}
         return self._others
+
+    def others_sets(self) -> Mapping[str, int]:
+        """The other processes' working sets and tails by backend as last heard, empty once older
+        than a lease (a document's placement proposal adds them to this process's own)."""
+        if self._clock() - self._at > self.lease_s:
+            return {}
+        return self._sets
 
     def elsewhere(self, backend: str) -> int:
         """The other processes' requests in flight on `backend`, as last heard (0 once a lease old):
@@ -124,6 +135,7 @@ class SharedLoad:
         return {
             "process": self.process,
             "others_in_flight": dict(self.others()),
+            "others_working_sets": dict(self.others_sets()),
             "age_s": round(age, 3) if age != float("inf") else None,
             "replies": self.replies,
             "placements_read": self.placements,

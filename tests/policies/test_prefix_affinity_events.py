@@ -467,3 +467,49 @@ def test_a_first_turn_prefers_an_engine_that_holds_its_short_system_prompt() -> 
     partial.kv_index.note_routed(quiet)
     assert not partial.kv_index.usable(quiet)
     assert partial.select(p, new, 0.0).backend == home
+
+
+def test_a_documents_proposal_adds_the_other_processes_working_sets() -> None:
+    """Each process sees only its part of the traffic, so a document's placement (the lightest
+    working set of its first choices) proposed to the store adds the other processes' working sets
+    and tails, which the store brings: here this process has sent nothing, the others have filled
+    the document's first two choices, and the proposal is its third. A long preamble's proposal
+    does not add them (its placement goes by the store's placed blocks)."""
+    from policies.factory import parse_policy_config
+    from policies.features import FeatureConfig, extract_features
+    from policies.shared_load import SETS, SharedRouting, split
+    from policies.types import BackendView
+
+    def request(system: str, user: str) -> RequestFeatures:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        return extract_features({"model": "m", "messages": messages}, FeatureConfig())
+
+    document = request("be brief", " ".join(f"page-{k}" for k in range(800)))
+    preamble = request(" ".join(f"rule-{k}" for k in range(800)), "q")
+    p = PoolView(
+        "p", "vllm", 1.0, frozenset({"m"}), True, True, tuple(BackendView(f"b{i}") for i in range(4))
+    )
+    snapshot = FleetSnapshot((p,))
+    for f, expected in ((document, 2), (preamble, 0)):
+        router = Router([], parse_policy_config({"kind": "prefix_affinity"}))
+        policy = router.policy
+        assert isinstance(policy, PrefixAffinity)
+        assert opening_group(f, policy.config) == (f is document)
+        order = [b.name for b in policy.rank(p, f)]
+        share = SharedRouting(router)
+        alone = share.ask(lambda: snapshot, f)
+        assert alone is not None and alone.proposal == order[0]
+        elsewhere = {order[0]: 300, order[1]: 200}
+        ask = share.ask(lambda: snapshot, f, elsewhere=elsewhere)
+        assert ask is not None and ask.proposal == order[expected]
+        if f is document:  # the store may take only what is as light with the others' sets added
+            assert ask.candidates == (order[2],)
+        assert share.ask(lambda: snapshot, f).proposal == order[0]  # nothing of it stayed  # type: ignore[union-attr]
+
+    # what a process reports: its in-flight counts and, under SETS + the backend, its working sets
+    router = Router([], parse_policy_config({"kind": "prefix_affinity"}))
+    chosen = router.decide(snapshot, document, 0.5).backend
+    share = SharedRouting(router)
+    reported = share.report({"b0": 2})
+    assert reported["b0"] == 2 and reported[SETS + chosen] > 0 and len(reported) == 2
+    assert split(reported) == ({"b0": 2}, {chosen: reported[SETS + chosen]})

@@ -324,3 +324,43 @@ def test_a_redis_outage_fails_no_request_and_sharing_resumes_after_it() -> None:
     assert statuses == [200] * 90, [s for s in statuses if s != 200]
     assert all("affinity:" in r for r in reasons), set(reasons)
     assert placed, "no shared placement after Redis came back"
+
+
+def test_a_process_hears_the_working_sets_the_others_sent(redis: RedisServer) -> None:
+    """A routes a document; B, after any call of its own to the store, sees A's working set on the
+    backend that got it (what a document's placement proposal adds to B's own:
+    `policies.shared_load`), by the admin explain's `shared` view - and its own report does not come
+    back to it as another's."""
+    from gateway.admission.tokens import mint_token
+
+    secret = "test-secret-for-shared-working-sets-0123"
+    user = {"Authorization": "Bearer " + mint_token(secret, "alice")}
+    admin = {"Authorization": "Bearer " + mint_token(secret, "ops", roles=["admin"])}
+
+    def send(gw: GatewayProcess, b: dict[str, Any]) -> None:
+        r = httpx.post(gw.base_url + "/v1/chat/completions", json=b, headers=user, timeout=30)
+        assert r.status_code == 200, r.text
+
+    def view(gw: GatewayProcess) -> dict[str, Any]:
+        r = httpx.post(gw.base_url + "/admin/routes/explain", json=body("hello"), headers=admin, timeout=10)
+        assert r.status_code == 200, r.text
+        return dict(r.json()["shared"])
+
+    env = {"GATEWAY_JWT_SECRET": secret}
+    with publishing_sim() as s0, publishing_sim() as s1:
+        sims = [s0, s1]
+        with (
+            GatewayProcess(gateway_config(sims, redis), env=env) as a,
+            GatewayProcess(gateway_config(sims, redis), env=env) as b,
+        ):
+            time.sleep(1.0)  # the event streams
+            before = served_by(sims)
+            send(a, body(f"{document(7)}\n\nQuestion?"))
+            after = served_by(sims)
+            (got,) = [NAMES[k] for k in range(2) if after[k] > before[k]]
+            send(b, body("hi", 1))  # B's call hears A's report
+            seen = view(b)
+            assert set(seen["others_working_sets"]) == {got}, seen
+            assert seen["others_working_sets"][got] > 30, seen  # the document's blocks (1,200 words)
+            send(a, body("hi", 1))
+            assert view(a)["others_working_sets"] == {}  # B routed no group: nothing of its own
