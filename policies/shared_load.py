@@ -37,11 +37,15 @@ on what each engine *holds*; two things remain that only the process that did th
   each process's are of its own 1/N of the traffic. So each process reports its own working sets
   and tails with its in-flight counts (`SharedRouting.report`: under `SETS` + the backend's name,
   so that the store, which sums every name over the other processes, needs no change), and a
-  document's proposal adds the others' sums to its own (`split`, `PrefixAffinity.proposing`). In the
-  replay (16 schedules), documents' p99 at 2 / 4 / 8 processes: 50 % load 5.97 / 6.36 / 6.23 ->
-  5.48 / 5.98 / 6.19 s, 80 % 7.10 / 7.24 / 7.36 -> 6.23 / 6.93 / 7.22 s. Long preambles' groups do
-  not add them: their store placement balances placed blocks over the whole pool, and with the
-  others' figures shared prefixes were 14-20 % slower at 8 processes.
+  document's proposal adds the others' sums to its own (`split`, `PrefixAffinity.proposing`),
+  offering the store at least the two lightest (the others' sums are as old as their last calls:
+  every process sees the same lightest, and one candidate herded uniform traffic's documents onto
+  it). In the replay (16 schedules, p99 at 2 / 4 / 8 processes): documents at 50 % load 5.97 /
+  6.36 / 6.23 -> 6.11 / 6.20 / 6.10 s, at 80 % 7.10 / 7.24 / 7.36 -> 7.12 / 7.04 / 7.04 s;
+  uniform traffic at 50 % 1.89 / 2.00 / 1.87 -> 1.62 / 1.92 / 1.92 s, at 80 % 2.71 / 2.99 / 3.01
+  -> 2.36 / 2.48 / 2.78 s. Long preambles' groups do not add them: their store placement balances
+  placed blocks over the whole pool, and with the others' figures shared prefixes were 4-20 %
+  slower at 8 processes.
 
 `SharedRouting.ask` says what a request needs from the store: its group's key (None for requests
 without a group, or whose group the engines' events already show held) and a proposal - where this
