@@ -44,7 +44,9 @@ def single_pool_config(engine: str, urls: list[str], **overrides: Any) -> dict[s
 def fast_sim(engine: str, *extra: str) -> SimProcess:
     """A simulator with the demo's engine flags and small latencies (tests stay quick)."""
     flags = [*sim_flags(engine), "--ttft-ms", "2", "--prefill-us-per-token", "0", "--itl-ms", "1", *extra]
-    return SimProcess(engine, free_port(), flags)
+    # 90 s to listen: in the side run the real engines' starts (torch in three servers) saturate the
+    # two cores, and a simulator once was not listening after 30 s (2026-12-03)
+    return SimProcess(engine, free_port(), flags, start_timeout=90.0)
 
 
 @pytest.fixture(scope="module", params=ENGINES)

@@ -116,12 +116,17 @@ async def test_running_waiting_and_kv_use_are_scraped(
                 task.cancel()  # closes their connections: the engine aborts the requests
             await asyncio.gather(*tasks, return_exceptions=True)
     assert seen["running"] == SLOTS  # never more than the engine's limit
+    # the engine itself idle (it aborts the cancelled requests when it notices their connections
+    # closed: on a loaded machine seconds later), then the scrape showing it; the next test's first
+    # request once met the load still running and was answered 503 (2026-12-03)
+    wait_until(lambda: running(real_engine) == 0, 90, 0.2, "the engine idle after the cancelled load")
     wait_until(lambda: load(gateway)["running"] == 0 and load(gateway)["waiting"] == 0, 15, 0.1, "idle again")
 
 
 def test_repeated_long_prompt_shows_cached_tokens(gateway: GatewayProcess, real_engine: EngineServer) -> None:
     # ~1.5k tokens, unique per run so earlier runs' cache entries do not count
     prompt = f"{uuid.uuid4()} " + " ".join(f"cache block {i} of the repeated prompt." for i in range(100))
+    wait_until(lambda: running(real_engine) == 0, 90, 0.2, "the engine idle")
     with httpx.Client(base_url=gateway.base_url, timeout=60, headers=USER) as client:
         answer = client.post("/v1/chat/completions", json=chat(prompt))
         assert answer.status_code == 200, (answer.status_code, answer.headers, answer.text)
