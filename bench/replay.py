@@ -373,14 +373,17 @@ def replay(
         )
         push(now + spec.service_s(size, cached), "done", i)
 
+    def talk(replica: int) -> None:
+        """A call to the store: this process's counts and working sets out, the others' in."""
+        assert store is not None
+        others[replica], elsewhere[replica] = split(store.call(replica, shares[replica].report(own[replica])))
+
     def finished(i: int, now: float) -> None:
         """Request `i` left its engine: the replica's count drops, the conversation's next turn goes."""
         replica, b = where[i]
         own[replica][b] -= 1
         if store is not None:  # the finish's call carries this process's counts
-            others[replica], elsewhere[replica] = split(
-                store.call(replica, shares[replica].report(own[replica]))
-            )
+            talk(replica)
         done.add(i)
         for j in blocked.pop(i, []):
             push(now, "send", j)
@@ -488,9 +491,7 @@ def replay(
                         bool(others[replica]),
                         elsewhere[replica],
                     )
-                    others[replica], elsewhere[replica] = split(
-                        store.call(replica, shares[replica].report(own[replica]))
-                    )
+                    talk(replica)
                     if ask is not None:
                         placed, fresh = store.place(ask, now)
                         shares[replica].learn(ask.key, placed)
@@ -527,9 +528,7 @@ def replay(
             e.running -= 1
             own[replica][b] -= 1
             if store is not None:
-                others[replica], elsewhere[replica] = split(
-                    store.call(replica, shares[replica].report(own[replica]))
-                )
+                talk(replica)
             done.add(i)
             for j in blocked.pop(i, []):
                 push(now, "send", j)

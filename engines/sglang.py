@@ -115,12 +115,12 @@ class SGLangDialect(OpenAIShapedAnswers):
     def parse_metrics(self, text: str) -> EngineLoad:
         s = prometheus.samples(text, _METRICS)
         queries = prometheus.combine(s.get(_PROMPT), sum)
-        hits = prometheus.combine(s.get(_CACHED), sum)  # by `cache_source`; absent before the first hit
-        if queries is not None and hits is None:
-            hits = 0.0
-        rate = hits / queries if hits is not None and queries else None
-        if queries is None:
+        hits = prometheus.combine(s.get(_CACHED), sum)  # by `cache_source`
+        if queries is None:  # no counters: the last batch's gauge
             rate = prometheus.combine(s.get(_HIT), _mean, _RANK0)
+        else:
+            hits = hits or 0.0  # no series before the first hit
+            rate = hits / queries if queries else None
         return EngineLoad(
             running=prometheus.combine(s.get(_RUNNING), sum, _RANK0),
             waiting=prometheus.combine(s.get(_WAITING), sum, _RANK0),

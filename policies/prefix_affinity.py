@@ -273,7 +273,8 @@ class PrefixAffinity(BackendPolicy):
             self._elsewhere = {}
 
     def working_sets(self) -> dict[str, int]:
-        """This process's working sets and tails by backend (`WorkingSets.totals`), for the store."""
+        """This process's working sets and tails by backend (`WorkingSets.totals`: the same dict
+        while they are unchanged), for the store."""
         return self._sets.totals()
 
     def keyed(self, features: RequestFeatures) -> tuple[int, int]:

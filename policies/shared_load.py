@@ -152,12 +152,14 @@ class SharedRouting:
     """One routing process's side of the shared placements (see the module docstring). Not
     thread-safe (the process's event loop only)."""
 
-    __slots__ = ("_known", "_max", "router")
+    __slots__ = ("_known", "_max", "_reported", "router")
 
     def __init__(self, router: Router, entries: int = 4096) -> None:
         self.router = router
         self._known: OrderedDict[int, str] = OrderedDict()  # group key -> the store's placement
         self._max = max(1, entries)
+        # the last working sets reported (`PrefixAffinity.working_sets`), under their store names
+        self._reported: tuple[dict[str, int] | None, dict[str, int]] = (None, {})
 
     def grouped(self, features: RequestFeatures) -> bool:
         """The request has a prefix group, so `ask` may want its tokens (the engines' events)."""
@@ -170,8 +172,12 @@ class SharedRouting:
         out = dict(counts)
         policy = self.router.policy
         if isinstance(policy, PrefixAffinity):
-            for name, size in policy.working_sets().items():
-                out[SETS + name] = size
+            sets = policy.working_sets()
+            last, named = self._reported
+            if sets is not last:  # renamed once per change, not per request
+                named = {SETS + name: size for name, size in sets.items()}
+                self._reported = (sets, named)
+            out.update(named)
         return out
 
     def ask(

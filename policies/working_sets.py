@@ -47,7 +47,7 @@ class WorkingSets:
     """LRU map (routing key, backend) -> deepest prompt in blocks and tails (one int, `_TAIL`), with
     per-backend sums of each. Not thread-safe (the gateway calls it from its event loop only)."""
 
-    __slots__ = ("_pairs", "_sizes", "_tails", "max_entries")
+    __slots__ = ("_pairs", "_sizes", "_tails", "_totals", "max_entries")
 
     def __init__(self, max_entries: int = 16384) -> None:
         if max_entries < 0:
@@ -56,6 +56,7 @@ class WorkingSets:
         self._pairs: OrderedDict[tuple[int, str], int] = OrderedDict()
         self._sizes: dict[str, int] = {}
         self._tails: dict[str, int] = {}
+        self._totals: dict[str, int] | None = None  # `totals`, until the next change
 
     def __len__(self) -> int:
         return len(self._pairs)
@@ -66,6 +67,7 @@ class WorkingSets:
         the tails while the pair's tails are fewer than the prompt's blocks."""
         if self.max_entries == 0:
             return
+        self._totals = None
         pairs = self._pairs
         pair = (key, backend)
         old = pairs.get(pair)
@@ -101,9 +103,15 @@ class WorkingSets:
 
     def totals(self) -> dict[str, int]:
         """Every backend's working set and tails, summed (what this process reports to the shared
-        store for the other processes' proposals; backends with nothing recorded are left out)."""
-        tails = self._tails.get
-        return {name: size + tails(name, 0) for name, size in self._sizes.items() if size}
+        store for the other processes' proposals; backends with nothing recorded are left out). The
+        same dict until the next `note` or `clear` (reported with every request): do not change it."""
+        totals = self._totals
+        if totals is None:
+            tails = self._tails.get
+            totals = self._totals = {
+                name: size + tails(name, 0) for name, size in self._sizes.items() if size
+            }
+        return totals
 
     def sizes(self, backends: Sequence[str], tails: bool = False) -> list[int]:
         """`size` of each of `backends`, in order (one call for a pool); with `tails`, plus theirs."""
@@ -114,6 +122,7 @@ class WorkingSets:
         return [size + get(name, 0) for size, name in zip(sizes, backends, strict=True)]
 
     def clear(self) -> None:
+        self._totals = None
         self._pairs.clear()
         self._sizes.clear()
         self._tails.clear()

@@ -102,16 +102,16 @@ class SharedLoad:
     # -- the route stage's view ---------------------------------------------------------------------
     def others(self) -> Mapping[str, int]:
         """The other processes' in-flight counts as last heard, empty once older than a lease."""
-        if self._clock() - self._at > self.lease_s:
-            return {}
-        return self._others
+        return self._others if self._heard_lately() else {}
 
     def others_sets(self) -> Mapping[str, int]:
         """The other processes' working sets and tails by backend as last heard, empty once older
         than a lease (a document's placement proposal adds them to this process's own)."""
-        if self._clock() - self._at > self.lease_s:
-            return {}
-        return self._sets
+        return self._sets if self._heard_lately() else {}
+
+    def _heard_lately(self) -> bool:
+        """The last answer is at most a lease old (a crashed process's figures expire with it)."""
+        return self._clock() - self._at <= self.lease_s
 
     def elsewhere(self, backend: str) -> int:
         """The other processes' requests in flight on `backend`, as last heard (0 once a lease old):
