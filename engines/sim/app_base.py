@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -29,7 +29,7 @@ from engines.sim.config import FaultKind, SimConfig
 from engines.sim.engine import Engine, Run
 from engines.sim.faults import FaultUpdateError
 from engines.sim.generator import Output
-from engines.sim.request import Kind, RequestError, max_tokens_of, parse_body
+from engines.sim.request import Kind, PromptIn, RequestError, max_tokens_of, parse_body
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 _NOT_FOUND = b'{"detail":"Not Found"}'
@@ -41,39 +41,72 @@ class StreamCut(Exception):
 
 @dataclass(slots=True)
 class Prepared:
-    """A validated request with its planned outputs; built by a dialect's `prepare`."""
+    """A validated request with its planned outputs; built by a dialect's `prepare`.
+
+    `prompts` holds one entry for a chat request or a single completions prompt, one per element of a
+    completions batch (a list of strings or of token-id lists). The engines run each prompt as a request
+    of its own; `outputs` lists every choice, prompt-major: prompt k's `per_prompt` choices are
+    `outputs[k * per_prompt : (k + 1) * per_prompt]`, and a choice's position is its `index` on the wire.
+    """
 
     kind: Kind
     body: dict[str, Any]
     request_id: str
     model: str
     created: int
-    prompt_ids: list[int]
+    prompts: list[PromptIn]
     outputs: list[Output]
+    per_prompt: int = 1
     stream: bool = False
     include_usage: bool = False
     continuous_usage: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
     seed: int = 0
-    prompt_text: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The first (for chat: the only) prompt's token ids."""
+        return self.prompts[0].ids
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens over all prompts (each counted once, whatever `n`)."""
+        return sum(len(q.ids) for q in self.prompts)
+
+    def prompt_of(self, index: int) -> PromptIn:
+        """The prompt that choice `index` answers."""
+        return self.prompts[index // self.per_prompt]
+
+    def choices_of(self, k: int) -> range:
+        """The choice indexes of prompt `k`."""
+        return range(k * self.per_prompt, min((k + 1) * self.per_prompt, len(self.outputs)))
 
     @property
     def completion_tokens(self) -> int:
         """Output tokens over all choices."""
         return sum(o.completion_tokens for o in self.outputs)
 
-    @property
-    def longest(self) -> int:
-        """Most output tokens of any one choice (decode steps)."""
-        return max((o.completion_tokens for o in self.outputs), default=0)
+    def completion_tokens_of(self, k: int) -> int:
+        """Output tokens of prompt `k`'s choices."""
+        return sum(self.outputs[i].completion_tokens for i in self.choices_of(k))
 
-    def engine_args(self, cfg: SimConfig, session_id: str | None) -> dict[str, object]:
-        """What the batching engine needs beyond the prompt: the output's token ids (the blocks it
+    def longest_of(self, k: int) -> int:
+        """Most output tokens of any one choice of prompt `k` (its decode steps)."""
+        return max((self.outputs[i].completion_tokens for i in self.choices_of(k)), default=0)
+
+    def finish_of(self, k: int) -> str:
+        """Prompt `k`'s first choice's finish reason (what the engine's metrics count)."""
+        rng = self.choices_of(k)
+        return self.outputs[rng.start].finish_reason if rng else "stop"
+
+    def engine_args(self, cfg: SimConfig, session_id: str | None, k: int = 0) -> dict[str, object]:
+        """What the batching engine needs beyond prompt `k`: the output's token ids (the blocks it
         fills are cached and hashed), the engine's `max_new_tokens` (SGLang's memory reserve), the
         request's `cache_salt` and session."""
-        first = self.outputs[0] if self.outputs else None
+        rng = self.choices_of(k)
+        first = self.outputs[rng.start] if rng else None
         out_ids = tokenizer.encode(first.reasoning_text + first.text + first.tool_text) if first else []
         max_tokens = max_tokens_of(self.body)
         salt = self.body.get("cache_salt")
@@ -81,10 +114,13 @@ class Prepared:
             "output_ids": out_ids,
             "max_new": max_tokens
             if max_tokens is not None
-            else max(1, cfg.max_model_len - len(self.prompt_ids)),
+            else max(1, cfg.max_model_len - len(self.prompts[k].ids)),
             "cache_salt": salt if isinstance(salt, str) and salt else None,
             "session_id": session_id,
         }
+
+
+Emit = Callable[[bytes], Awaitable[None]]
 
 
 class Emitter:
@@ -114,6 +150,28 @@ class Emitter:
         self._watcher.stop()
         await asgi.cut_connection(self._scope, self._receive)
         raise StreamCut
+
+
+async def _each_prompt(p: Prepared, work: Callable[[int], Coroutine[Any, Any, None]]) -> None:
+    """`work(k)` for every prompt of `p`, at once (the engines batch a request's prompts); one prompt
+    runs in the caller's task."""
+    if len(p.prompts) == 1:
+        await work(0)
+        return
+    async with asyncio.TaskGroup() as group:
+        for k in range(len(p.prompts)):
+            group.create_task(work(k))
+
+
+def _serialised(emit: Emit) -> Emit:
+    """`emit` for several tasks: one chunk on the wire at a time."""
+    lock = asyncio.Lock()
+
+    async def locked(data: bytes) -> None:
+        async with lock:
+            await emit(data)
+
+    return locked
 
 
 class SimApp(ABC):
@@ -163,12 +221,18 @@ class SimApp(ABC):
         return None
 
     @abstractmethod
-    def respond(self, p: Prepared, run: Run) -> bytes:
-        """The non-streaming response body."""
+    def respond(self, p: Prepared, cached: list[int]) -> bytes:
+        """The non-streaming response body; `cached[k]`: prompt k's cached prompt tokens."""
 
     @abstractmethod
-    async def stream(self, p: Prepared, run: Run, emit: Emitter) -> None:
-        """Emit every SSE event of a streamed response except the final `[DONE]`."""
+    async def stream_prompt(self, p: Prepared, k: int, run: Run, emit: Emit) -> None:
+        """Emit the SSE events of prompt `k`'s choices (prefill and decode steps on `run`). A batch's
+        prompts stream at once, each from its own task: their chunks interleave as they are made."""
+
+    @abstractmethod
+    async def stream_end(self, p: Prepared, cached: list[int], first: int, emit: Emit) -> None:
+        """Emit what follows every prompt's chunks except `[DONE]` (the usage chunk); `first`: the
+        prompt whose first output came first."""
 
     # ---- ASGI entry ----------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -229,17 +293,15 @@ class SimApp(ABC):
             return
         watch = p.stream or not self.zero_latency or faults.drip_s > 0
         watcher = Disconnect(receive) if watch else None
-        args = p.engine_args(self.cfg, self.session_id(p.body, scope))
+        session = self.session_id(p.body, scope)
         try:
             if p.stream:
                 assert watcher is not None
-                await self._stream(p, scope, receive, send, watcher, args)
+                await self._stream(p, scope, receive, send, watcher, session)
             else:
-                async with eng.run(p.prompt_ids, p.longest, extra=args) as run:
-                    await run.prefill()
-                    await run.decode(p.longest)
-                    body = self.respond(p, run)
-                    run.finish(p.completion_tokens, p.outputs[0].finish_reason if p.outputs else "stop")
+                cached = [0] * len(p.prompts)
+                await _each_prompt(p, partial(self._whole, p, session, cached))
+                body = self.respond(p, cached)
                 if watcher is not None:
                     watcher.stop()
                 await asgi.send_bytes(send, 200, body)
@@ -253,6 +315,16 @@ class SimApp(ABC):
             if watcher is not None:
                 watcher.stop()
 
+    async def _whole(self, p: Prepared, session: str | None, cached: list[int], k: int) -> None:
+        """Prompt `k`'s engine request, not streamed."""
+        longest = p.longest_of(k)
+        args = p.engine_args(self.cfg, session, k)
+        async with self.engine.run(p.prompts[k].ids, longest, extra=args) as run:
+            await run.prefill()
+            await run.decode(longest)
+            run.finish(p.completion_tokens_of(k), p.finish_of(k))
+        cached[k] = run.cached_tokens
+
     async def _stream(
         self,
         p: Prepared,
@@ -260,18 +332,42 @@ class SimApp(ABC):
         receive: Receive,
         send: Send,
         watcher: Disconnect,
-        args: dict[str, object],
+        session: str | None,
     ) -> None:
         await asgi.start_sse(send)
-        emit = Emitter(self, scope, receive, send, watcher)
+        emitter = Emitter(self, scope, receive, send, watcher)
+        emit: Emit = emitter
+        if len(p.prompts) > 1:  # the prompts' tasks take turns on the one connection
+            emit = _serialised(emitter)
+        cached = [0] * len(p.prompts)
+        order: list[int] = []  # prompts in the order their first chunk went out
+
+        async def one(k: int) -> None:
+            args = p.engine_args(self.cfg, session, k)
+            async with self.engine.run(p.prompts[k].ids, p.longest_of(k), extra=args) as run:
+
+                async def noting(data: bytes) -> None:
+                    if k not in order:
+                        order.append(k)
+                    await emit(data)
+
+                await self.stream_prompt(p, k, run, noting if len(p.prompts) > 1 else emit)
+                run.finish(p.completion_tokens_of(k), p.finish_of(k))
+            cached[k] = run.cached_tokens
+
+        cut = False
+        failure: BaseException | None = None
         try:
-            async with self.engine.run(p.prompt_ids, p.longest, extra=args) as run:
-                await self.stream(p, run, emit)
-                run.finish(p.completion_tokens, p.outputs[0].finish_reason if p.outputs else "stop")
-        except StreamCut:
+            await _each_prompt(p, one)
+            await self.stream_end(p, cached, order[0] if order else 0, emit)
+        except* StreamCut:
+            cut = True
+        except* Exception as group:
+            failure = group.exceptions[0]
+        if cut:
             return
-        except Exception as exc:
-            await asgi.send_chunk(send, self.stream_error_event(str(exc), "InternalServerError", 500))
+        if failure is not None:
+            await asgi.send_chunk(send, self.stream_error_event(str(failure), "InternalServerError", 500))
         await asgi.send_chunk(send, asgi.DONE)
         watcher.stop()
         await asgi.end_stream(send)

@@ -217,6 +217,8 @@ class SimConfig:
     enable_cache_report: bool = False
     enable_metrics: bool = False
     max_model_len: int = 8192
+    #: vLLM's `VLLM_MAX_COMPLETION_PROMPTS` (its default): most prompts in one completions batch
+    max_completion_prompts: int = 1024
     eos_token_id: int = 2
     #: > 0: an embedding model serving /v1/embeddings with vectors of this size (engines/sim/embeddings.py)
     embedding_dim: int = 0

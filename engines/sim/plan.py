@@ -37,8 +37,10 @@ def plan_outputs(
     calls: list[tuple[str, Any]] | None = None,
     reasoning: bool = False,
     honour_min_tokens: bool = True,
+    first_index: int = 0,
 ) -> tuple[int, list[Output]]:
-    """(seed, outputs of every choice) for a validated request."""
+    """(seed, outputs of every choice) for a validated request; `first_index` numbers the choices
+    (a batch's prompt k plans choices `k * n …`, so its prompts do not all answer alike)."""
     seed = seed_of(body)
     max_tokens = max_tokens_of(body)
     if max_tokens is None:
@@ -61,7 +63,7 @@ def plan_outputs(
     )
     n = body.get("n")
     count = n if isinstance(n, int) and n > 0 else 1
-    return seed, [generate(spec, i) for i in range(count)]
+    return seed, [generate(spec, first_index + i) for i in range(count)]
 
 
 def chat_logprobs(pieces: list[str], top: int, seed: int) -> dict[str, Any]:

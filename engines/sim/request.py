@@ -154,15 +154,95 @@ def max_tokens_of(body: dict[str, Any]) -> int | None:
     return None
 
 
-def completion_prompt(body: dict[str, Any]) -> tuple[str, list[int]]:
-    """Text and token ids of a `/v1/completions` prompt (string, list of strings, or token ids)."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
-        return tokenizer.decode(prompt), list(prompt)
-    if isinstance(prompt, list):
-        prompt = "\n".join(str(p) for p in prompt)
-    text = str(prompt) if prompt is not None else ""
-    return text, tokenizer.encode(text)
+@dataclass(frozen=True, slots=True)
+class PromptIn:
+    """One prompt of a request: its text (decoded, for token-id prompts) and its token ids."""
+
+    text: str
+    ids: list[int]
+
+
+PromptForm = Literal["text", "tokens", "texts", "token_lists", "invalid"]
+
+
+def prompt_form(prompt: Any) -> PromptForm:
+    """Which of the four `/v1/completions` prompt forms `prompt` is (`invalid`: none; an empty list
+    is `texts`, as both engines' first union member that accepts it)."""
+    if isinstance(prompt, str):
+        return "text"
+    if not isinstance(prompt, list):
+        return "invalid"
+    if all(isinstance(p, str) for p in prompt):
+        return "texts"
+    if all(_is_int(t) for t in prompt):
+        return "tokens"
+    if all(isinstance(p, list) and all(_is_int(t) for t in p) for p in prompt):
+        return "token_lists"
+    return "invalid"
+
+
+def _token_id_errors(ids: list[Any]) -> list[tuple[int, str, str]]:
+    """(position, pydantic type, message) of every element of `ids` that is not a token id (int >= 0)."""
+    out: list[tuple[int, str, str]] = []
+    for j, t in enumerate(ids):
+        if not _is_int(t):
+            out.append((j, "int_type", "Input should be a valid integer"))
+        elif t < 0:
+            out.append((j, "greater_than_equal", "Input should be greater than or equal to 0"))
+    return out
+
+
+def prompt_validation_error(prompt: Any, loc: Callable[[str, tuple[int, ...]], str]) -> str | None:
+    """Pydantic's error for a list `prompt` that none of `list[int >= 0] | list[list[int >= 0]] | str |
+    list[str]` accepts: every failing element of every union member, in that order, as the engines
+    print it (`loc(member, path)` writes a location in the dialect's style); None when one member
+    accepts it (or it is no list)."""
+    if not isinstance(prompt, list):
+        return None
+    flat = [((j,), kind, msg) for j, kind, msg in _token_id_errors(prompt)]
+    strs = [
+        ((i,), "string_type", "Input should be a valid string")
+        for i, p in enumerate(prompt)
+        if not isinstance(p, str)
+    ]
+    if not flat or not strs:
+        return None
+    nested: list[tuple[tuple[int, ...], str, str]] = []
+    for i, p in enumerate(prompt):
+        if isinstance(p, list):
+            nested += [((i, j), kind, msg) for j, kind, msg in _token_id_errors(p)]
+        else:
+            nested.append(((i,), "list_type", "Input should be a valid list"))
+    if not nested:
+        return None
+    failures = [
+        *(("list[int]", *f) for f in flat),
+        *(("list[list[int]]", *f) for f in nested),
+        ("str", (), "string_type", "Input should be a valid string"),
+        *(("list[str]", *f) for f in strs),
+    ]
+    lines = [
+        f"{{'type': '{kind}', 'loc': {loc(member, path)}, 'msg': '{msg}'}}"
+        for member, path, kind, msg in failures
+    ]
+    return f"{len(lines)} validation errors:\n  " + "\n  ".join(lines)
+
+
+def completion_prompts(body: dict[str, Any]) -> list[PromptIn]:
+    """The prompts of a `/v1/completions` body, one per engine request: a string or a list of token ids
+    is one prompt, a list of strings or of token-id lists one prompt per element (the dialect has
+    refused the forms its engine refuses before calling this)."""
+    prompt: Any = body.get("prompt")
+    form = prompt_form(prompt)
+    if form == "text":
+        return [PromptIn(prompt, tokenizer.encode(prompt))]
+    if form == "tokens":
+        return [PromptIn(tokenizer.decode(prompt), list(prompt))]
+    if form == "texts":
+        return [PromptIn(p, tokenizer.encode(p)) for p in prompt]
+    if form == "token_lists":
+        return [PromptIn(tokenizer.decode(p), list(p)) for p in prompt]
+    return [PromptIn("", [])]
 
 
 def response_format_constraint(rf: Any) -> Constraint | None:

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from engines.sim import asgi, tokenizer
-from engines.sim.app_base import Emitter, Handler, Prepared, SimApp
+from engines.sim.app_base import Emit, Handler, Prepared, SimApp
 from engines.sim.asgi import Scope
 from engines.sim.config import SimConfig
 from engines.sim.embeddings import EmbeddingsEndpoint
@@ -28,10 +28,12 @@ from engines.sim.plan import chat_logprobs, completion_logprobs, hex_id, plan_ou
 from engines.sim.prompt import render_chat
 from engines.sim.request import (
     Kind,
+    PromptIn,
     RequestError,
     check_types,
-    completion_prompt,
+    completion_prompts,
     max_tokens_of,
+    prompt_validation_error,
     response_format_constraint,
 )
 from engines.sim.sglang_extras import SglangEndpoints
@@ -156,7 +158,7 @@ class SglangApp(SimApp):
             messages = body["messages"]
             rendered_tools = tools if tool_choice != "none" else None
             prompt_text = render_chat(messages, rendered_tools, True)
-            prompt_ids = tokenizer.encode(prompt_text)
+            prompts = [PromptIn(prompt_text, tokenizer.encode(prompt_text))]
             # with another constraint (response_format, schema, regex, ebnf) SGLang drops the tool
             # constraint (a log warning only): the output follows the other constraint, no tool call
             if tools and tool_choice != "none" and constraint is None:
@@ -167,15 +169,28 @@ class SglangApp(SimApp):
             reasoning = thinking_enabled(cfg, body)
             extra["separate_reasoning"] = body.get("separate_reasoning") is not False
         else:
-            prompt_text, prompt_ids = completion_prompt(body)
+            prompts = self._completion_prompts(body)
             extra["echo"] = body.get("echo") is True
         max_tokens = max_tokens_of(body)
-        n_prompt = len(prompt_ids)
-        if n_prompt >= cfg.max_model_len or n_prompt + (max_tokens or 0) > cfg.max_model_len:
-            raise self.context_error(n_prompt, max_tokens)
-        seed, outputs = plan_outputs(
-            cfg, body, n_prompt, constraint=constraint, calls=calls, reasoning=reasoning
-        )
+        for q in prompts:  # the tokenizer manager checks each prompt of a batch in turn
+            n_prompt = len(q.ids)
+            if n_prompt >= cfg.max_model_len or n_prompt + (max_tokens or 0) > cfg.max_model_len:
+                raise self.context_error(n_prompt, max_tokens)
+        per_prompt = body["n"] if isinstance(body.get("n"), int) else 1
+        outputs: list[Output] = []
+        seed = 0
+        for k, q in enumerate(prompts):
+            planned_seed, planned = plan_outputs(
+                cfg,
+                body,
+                len(q.ids),
+                constraint=constraint,
+                calls=calls,
+                reasoning=reasoning,
+                first_index=k * per_prompt,
+            )
+            seed = planned_seed if k == 0 else seed
+            outputs.extend(planned)
         if calls and not cfg.tool_call_parser:
             for out in outputs:
                 self._tools_as_text(out, extra["tool_mode"])
@@ -191,17 +206,36 @@ class SglangApp(SimApp):
             request_id=hex_id(),
             model=str(body.get("model") or "default"),
             created=int(time.time()),
-            prompt_ids=prompt_ids,
+            prompts=prompts,
             outputs=outputs,
+            per_prompt=per_prompt,
             stream=stream,
             include_usage=include_usage,
             continuous_usage=continuous,
             logprobs=bool(logprobs) if kind == "chat" else isinstance(logprobs, int),
             top_logprobs=top if isinstance(top, int) else 0,
             seed=seed,
-            prompt_text=prompt_text,
             extra=extra,
         )
+
+    def _completion_prompts(self, body: dict[str, Any]) -> list[PromptIn]:
+        """SGLang 0.5.23's checks of a completions `prompt` (measured, docs/engines.md), then its prompts:
+        pydantic's union (negative token ids pass it), then "Prompt cannot be empty" when the prompt
+        or every one of its prompts is empty. Some but not all empty is served (the real server's
+        scheduler then died on an empty token list; the simulator generates from nothing), and there
+        is no limit on the number of prompts."""
+        prompt = body.get("prompt")
+        invalid = prompt_validation_error(
+            prompt,
+            lambda member, path: str(
+                ("body", "prompt", member, *path) if member != "str" else ("body", "prompt", "str")
+            ),
+        )
+        if invalid is not None:
+            raise RequestError(invalid, err_type="Bad Request")
+        if not prompt or (isinstance(prompt, list) and all(not p for p in prompt)):
+            raise RequestError("Prompt cannot be empty")
+        return completion_prompts(body)
 
     @staticmethod
     def _tools_as_text(out: Output, mode: Any) -> None:
@@ -239,14 +273,13 @@ class SglangApp(SimApp):
         return tc
 
     # ---- non-streaming -------------------------------------------------------------------------
-    def _usage(self, p: Prepared, run: Run, completion: int) -> dict[str, Any]:
-        n = len(p.prompt_ids)
+    def _usage(self, p: Prepared, prompt_tokens: int, cached: int, completion: int) -> dict[str, Any]:
         # SGLang's UsageProcessor reports the details only when something was cached
-        details = {"cached_tokens": run.cached_tokens} if self.cfg.enable_cache_report else None
+        details = {"cached_tokens": cached} if self.cfg.enable_cache_report else None
         reasoning = sum(len(o.reasoning) for o in p.outputs)
         return {
-            "prompt_tokens": n,
-            "total_tokens": n + completion,
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens + completion,
             "completion_tokens": completion,
             "prompt_tokens_details": details,
             "reasoning_tokens": reasoning,
@@ -275,7 +308,8 @@ class SglangApp(SimApp):
             for k, c in enumerate(o.tool_calls)
         ]
 
-    def respond(self, p: Prepared, run: Run) -> bytes:
+    def respond(self, p: Prepared, cached: list[int]) -> bytes:
+        first_tokens = p.outputs[0].completion_tokens if p.outputs else 0
         choices: list[dict[str, Any]] = []
         for i, o in enumerate(p.outputs):
             if p.kind == "chat":
@@ -298,7 +332,7 @@ class SglangApp(SimApp):
                     }
                 )
             else:
-                text = (p.prompt_text + o.text) if p.extra.get("echo") else o.text
+                text = (p.prompt_of(i).text + o.text) if p.extra.get("echo") else o.text
                 lp = completion_logprobs(o.content, p.top_logprobs, p.seed + i) if p.logprobs else None
                 choices.append(
                     {
@@ -316,11 +350,13 @@ class SglangApp(SimApp):
                 "created": p.created,
                 "model": p.model,
                 "choices": choices,
-                "usage": self._usage(p, run, p.completion_tokens),
+                # every prompt's tokens and cached tokens once, whatever `n`
+                "usage": self._usage(p, p.prompt_tokens, sum(cached), p.completion_tokens),
                 "metadata": {
                     "weight_version": "default",
                     # which weights produced which output tokens (one version: all of them)
-                    "weight_versions": [{"version": "default", "start": 0, "end": p.completion_tokens}],
+                    # (of the first choice's request: SGLang reports ret[0]'s meta_info)
+                    "weight_versions": [{"version": "default", "start": 0, "end": first_tokens}],
                 },
             }
         )
@@ -334,7 +370,7 @@ class SglangApp(SimApp):
         if p.kind == "completion":
             texts = list(o.content) or [""]
             if p.extra.get("echo"):
-                texts[0] = p.prompt_text + texts[0]
+                texts[0] = p.prompt_of(i).text + texts[0]
             return [(t, None, True) for t in texts]
         steps: list[tuple[Any, Any, bool]] = [
             ({"reasoning_content": piece}, None, False) for piece in o.reasoning
@@ -361,24 +397,31 @@ class SglangApp(SimApp):
                 steps.append(({**_NULL_DELTA, "tool_calls": [more]}, None, True))
         return steps
 
-    async def stream(self, p: Prepared, run: Run, emit: Emitter) -> None:
+    def _head(self, p: Prepared) -> bytes:
+        """A stream chunk's bytes up to its choices' list."""
+        obj = "chat.completion.chunk" if p.kind == "chat" else "text_completion"
+        head = orjson.dumps({"id": p.request_id, "object": obj, "created": p.created, "model": p.model})
+        return head[:-1] + b',"choices":['
+
+    async def stream_prompt(self, p: Prepared, k: int, run: Run, emit: Emit) -> None:
         chat = p.kind == "chat"
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        head = orjson.dumps({"id": p.request_id, "object": obj, "created": p.created, "model": p.model})[:-1]
-        head += b',"choices":['
-        produced = [0] * len(p.outputs)
+        head = self._head(p)
+        indexes = p.choices_of(k)
+        n_prompt = len(p.prompts[k].ids)
+        produced = dict.fromkeys(indexes, 0)
 
         def tail(i: int, full: bool, running: bool = True) -> bytes:
             """The end of a chunk; `running`: it carries the running usage under continuous usage
-            stats (SGLang 0.5.23 puts it on the generated chunks, not the role or finish chunks)."""
+            stats (SGLang 0.5.23 puts it on the generated chunks, not the role or finish chunks), of
+            the choice's own prompt."""
             if not (p.continuous_usage and running):
                 return b'],"usage":null}\n\n' if full else b"]}\n\n"
-            usage = self._usage(p, run, produced[i])
+            usage = self._usage(p, n_prompt, run.cached_tokens, produced[i])
             return b'],"usage":' + orjson.dumps(usage) + b"}\n\n"
 
         await run.prefill()
         if chat:
-            for i in range(len(p.outputs)):
+            for i in indexes:
                 choice = {
                     "index": i,
                     "delta": {"role": "assistant", "content": "", "reasoning_content": None},
@@ -387,12 +430,12 @@ class SglangApp(SimApp):
                     "matched_stop": None,
                 }
                 await emit(b"data: " + head + orjson.dumps(choice) + tail(i, False, running=False))
-        all_steps = [self._deltas(p, i, o) for i, o in enumerate(p.outputs)]
-        longest = max((len(s) for s in all_steps), default=0)
+        all_steps = [(i, self._deltas(p, i, p.outputs[i])) for i in indexes]
+        longest = max((len(steps) for _, steps in all_steps), default=0)
         for t in range(longest):
             if t:  # the first token comes with the prefill, the role chunk too (cost model: ITL × (n − 1))
                 await run.step()
-            for i, steps in enumerate(all_steps):
+            for i, steps in all_steps:
                 if t >= len(steps):
                     continue
                 o = p.outputs[i]
@@ -417,7 +460,8 @@ class SglangApp(SimApp):
                     }
                 await emit(b"data: " + head + orjson.dumps(choice) + tail(i, full))
         if chat:
-            for i, o in enumerate(p.outputs):
+            for i in indexes:
+                o = p.outputs[i]
                 produced[i] = o.completion_tokens
                 choice = {
                     "index": i,
@@ -427,8 +471,11 @@ class SglangApp(SimApp):
                     "matched_stop": self._matched(o, streaming=True),
                 }
                 await emit(b"data: " + head + orjson.dumps(choice) + tail(i, False, running=False))
-        if p.include_usage:
-            usage = self._usage(p, run, p.completion_tokens)
-            if not chat:  # its completions stream leaves the details key out
-                del usage["completion_tokens_details"]
-            await emit(b"data: " + head + b'],"usage":' + orjson.dumps(usage) + b"}\n\n")
+
+    async def stream_end(self, p: Prepared, cached: list[int], first: int, emit: Emit) -> None:
+        if not p.include_usage:
+            return
+        usage = self._usage(p, p.prompt_tokens, sum(cached), p.completion_tokens)
+        if p.kind == "completion":  # its completions stream leaves the details key out
+            del usage["completion_tokens_details"]
+        await emit(b"data: " + self._head(p) + b'],"usage":' + orjson.dumps(usage) + b"}\n\n")

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from engines.sim import asgi, tokenizer
-from engines.sim.app_base import Emitter, Prepared, SimApp
+from engines.sim.app_base import Emit, Prepared, SimApp
 from engines.sim.asgi import Scope
 from engines.sim.config import SimConfig
 from engines.sim.embeddings import EmbeddingsEndpoint
@@ -31,10 +31,13 @@ from engines.sim.plan import chat_logprobs, completion_logprobs, hex_id, plan_ou
 from engines.sim.prompt import render_chat
 from engines.sim.request import (
     Kind,
+    PromptIn,
     RequestError,
     check_types,
-    completion_prompt,
+    completion_prompts,
     max_tokens_of,
+    prompt_form,
+    prompt_validation_error,
     response_format_constraint,
 )
 from engines.sim.tools import choose_calls, named_function, tool_name
@@ -50,6 +53,7 @@ _TYPES = {
 
 
 _PYDANTIC_LOC = re.compile(r"'loc': \('body', '([^']+)'\)")
+_PYDANTIC_DOTTED = re.compile(r"'loc': '(body[^']*)'")
 
 
 def system_fingerprint(cfg: SimConfig) -> str:
@@ -194,7 +198,7 @@ class VllmApp(SimApp):
                 tools = None
             messages = body["messages"]
             prompt_text = render_chat(messages, tools, body.get("add_generation_prompt") is not False)
-            prompt_ids = tokenizer.encode(prompt_text)
+            prompts = [PromptIn(prompt_text, tokenizer.encode(prompt_text))]
             if tools and tool_choice != "none":
                 calls = choose_calls(
                     messages, tools, tool_choice, body.get("parallel_tool_calls") is not False
@@ -203,50 +207,89 @@ class VllmApp(SimApp):
             reasoning = thinking_enabled(cfg, body)
             extra["include_reasoning"] = body.get("include_reasoning") is not False
         else:
-            prompt_text, prompt_ids = completion_prompt(body)
+            prompts = self._completion_prompts(body)
             extra["echo"] = body.get("echo") is True
-        max_tokens = max_tokens_of(body)
-        n_prompt = len(prompt_ids)
-        if n_prompt > cfg.max_model_len:
-            raise self.context_error(n_prompt, max_tokens)
-        room = cfg.max_model_len - n_prompt  # vLLM 0.32's get_max_tokens: cut to what fits
-        if max_tokens is not None and max_tokens > room:
-            body = {**body, "max_completion_tokens": room, "max_tokens": room}
-            max_tokens = room
         named = extra.get("tool_mode") == "named" and bool(calls)
-        seed, outputs = plan_outputs(
-            cfg,
-            # a named call is generated whole here and cut below, as vLLM cuts its arguments
-            {k: v for k, v in body.items() if k not in ("max_tokens", "max_completion_tokens")}
-            if named
-            else body,
-            n_prompt,
-            constraint=constraint,
-            calls=calls,
-            reasoning=reasoning,
-        )
-        if named:
-            for out in outputs:
-                _named_call(out, max_tokens)
+        per_prompt = body["n"] if isinstance(body.get("n"), int) else 1
+        outputs: list[Output] = []
+        first_body, seed = body, 0
+        for k, q in enumerate(prompts):  # one engine request per prompt, each with its own room
+            max_tokens = max_tokens_of(body)
+            n_prompt = len(q.ids)
+            if n_prompt > cfg.max_model_len:
+                raise self.context_error(n_prompt, max_tokens)
+            room = cfg.max_model_len - n_prompt  # vLLM 0.32's get_max_tokens: cut to what fits
+            own = body
+            if max_tokens is not None and max_tokens > room:
+                own = {**body, "max_completion_tokens": room, "max_tokens": room}
+                max_tokens = room
+            planned_seed, planned = plan_outputs(
+                cfg,
+                # a named call is generated whole here and cut below, as vLLM cuts its arguments
+                {key: v for key, v in own.items() if key not in ("max_tokens", "max_completion_tokens")}
+                if named
+                else own,
+                n_prompt,
+                constraint=constraint,
+                calls=calls,
+                reasoning=reasoning,
+                first_index=k * per_prompt,
+            )
+            if named:
+                for out in planned:
+                    _named_call(out, max_tokens)
+            if k == 0:
+                first_body, seed = own, planned_seed
+            outputs.extend(planned)
         logprobs = body.get("logprobs")
         top = body.get("top_logprobs") if kind == "chat" else logprobs
         return Prepared(
             kind=kind,
-            body=body,
+            body=first_body,
             request_id=("chatcmpl-" if kind == "chat" else "cmpl-") + hex_id(),
             model=cfg.served_model_name,
             created=int(time.time()),
-            prompt_ids=prompt_ids,
+            prompts=prompts,
             outputs=outputs,
+            per_prompt=per_prompt,
             stream=stream,
             include_usage=include_usage,
             continuous_usage=continuous,
             logprobs=bool(logprobs) if kind == "chat" else isinstance(logprobs, int),
             top_logprobs=top if isinstance(top, int) else 0,
             seed=seed,
-            prompt_text=prompt_text,
             extra=extra,
         )
+
+    def _completion_prompts(self, body: dict[str, Any]) -> list[PromptIn]:
+        """vLLM 0.32's checks of a completions `prompt`, in its order (measured, docs/engines.md), then
+        its prompts: its request model's before-validators (an empty string, more prompts than
+        `VLLM_MAX_COMPLETION_PROMPTS`), pydantic's union, then the renderer (no prompt, an empty one)."""
+        prompt = body.get("prompt")
+        if prompt == "":
+            raise RequestError(
+                "Either prompt or prompt_embeds must be provided and non-empty.", param="prompt"
+            )
+        form = prompt_form(prompt)
+        limit = self.cfg.max_completion_prompts
+        if isinstance(prompt, list) and form != "tokens" and len(prompt) > limit:
+            raise RequestError(
+                f"prompt list length {len(prompt)} exceeds the maximum allowed count of {limit}. To "
+                "increase this limit, set the VLLM_MAX_COMPLETION_PROMPTS environment variable.",
+                param="prompt",
+            )
+        invalid = prompt_validation_error(
+            prompt, lambda _member, path: "'" + ".".join(["body", "prompt", *map(str, path)]) + "'"
+        )
+        if invalid is not None:
+            first = _PYDANTIC_DOTTED.search(invalid)
+            raise RequestError(invalid, err_type="Bad Request", param=first.group(1) if first else None)
+        if prompt == []:
+            raise RequestError("You must pass at least one prompt")
+        prompts = completion_prompts(body)
+        if any(not q.ids for q in prompts):
+            raise RequestError("The decoder prompt cannot be empty")
+        return prompts
 
     def _check_tools(self, body: dict[str, Any]) -> Any:
         """vLLM's tool validation; returns the effective `tool_choice`."""
@@ -291,8 +334,9 @@ class VllmApp(SimApp):
         return tc
 
     # ---- non-streaming -------------------------------------------------------------------------
-    def _usage(self, p: Prepared, run: Run, completion: int) -> dict[str, Any]:
-        n = len(p.prompt_ids)
+    def _usage(self, p: Prepared, cached: int, completion: int) -> dict[str, Any]:
+        """Usage over every prompt; `cached`: the cached tokens vLLM reports (one prompt's)."""
+        n = p.prompt_tokens
         usage: dict[str, Any] = {
             "prompt_tokens": n,
             "total_tokens": n + completion,
@@ -301,23 +345,23 @@ class VllmApp(SimApp):
         details: dict[str, Any] | None = None
         if self.cfg.enable_prompt_tokens_details:
             details = {
-                "cached_tokens": run.cached_tokens,
+                "cached_tokens": cached,
                 # chat reports the tokens it newly cached (whole blocks); completions do not
-                "created_cache_tokens": self._created_cache_tokens(p, run) if p.kind == "chat" else None,
+                "created_cache_tokens": self._created_cache_tokens(p, cached) if p.kind == "chat" else None,
                 "multimodal_tokens": None,
             }
         usage["prompt_tokens_details"] = details
         usage["completion_tokens_details"] = None
         return usage
 
-    def _created_cache_tokens(self, p: Prepared, run: Run) -> int:
+    def _created_cache_tokens(self, p: Prepared, cached: int) -> int:
         """The prompt's whole blocks that were not cached before (what this request added)."""
         if not self.cfg.prefix_caching:
             return 0
         block = self.cfg.block_size
-        return max(0, len(p.prompt_ids) // block * block - run.cached_tokens)
+        return max(0, len(p.prompt_ids) // block * block - cached)
 
-    def respond(self, p: Prepared, run: Run) -> bytes:
+    def respond(self, p: Prepared, cached: list[int]) -> bytes:
         ids = p.extra.get("return_token_ids", False)
         choices: list[dict[str, Any]] = []
         for i, o in enumerate(p.outputs):
@@ -325,7 +369,8 @@ class VllmApp(SimApp):
             if p.kind == "chat":
                 choices.append(self._chat_choice(p, i, o, token_ids))
             else:
-                text = (p.prompt_text + o.text) if p.extra.get("echo") else o.text
+                prompt = p.prompt_of(i)
+                text = (prompt.text + o.text) if p.extra.get("echo") else o.text
                 lp = completion_logprobs(o.content, p.top_logprobs, p.seed + i) if p.logprobs else None
                 choices.append(
                     {
@@ -336,7 +381,7 @@ class VllmApp(SimApp):
                         "stop_reason": o.stop_str,
                         "token_ids": token_ids,
                         "prompt_logprobs": None,
-                        "prompt_token_ids": p.prompt_ids if ids else None,
+                        "prompt_token_ids": prompt.ids if ids else None,
                         "routed_experts": None,
                     }
                 )
@@ -348,7 +393,8 @@ class VllmApp(SimApp):
             "choices": choices,
             "service_tier": None,
             "system_fingerprint": system_fingerprint(self.cfg),
-            "usage": self._usage(p, run, p.completion_tokens),
+            # a batch reports the cached tokens of its last prompt (vLLM 0.32)
+            "usage": self._usage(p, cached[-1], p.completion_tokens),
         }
         if p.kind == "chat":
             body.update(
@@ -397,7 +443,8 @@ class VllmApp(SimApp):
         if p.kind == "completion":
             text_pieces = list(o.content)
             if p.extra.get("echo"):
-                text_pieces = [p.prompt_text + (text_pieces[0] if text_pieces else ""), *text_pieces[1:]]
+                echoed = p.prompt_of(i).text
+                text_pieces = [echoed + (text_pieces[0] if text_pieces else ""), *text_pieces[1:]]
             lps = completion_logprobs(o.content, p.top_logprobs, p.seed + i) if p.logprobs else None
             for k, piece in enumerate(text_pieces or [""]):
                 lp = None
@@ -427,23 +474,20 @@ class VllmApp(SimApp):
             steps.append(({"content": ""}, None))
         return steps
 
-    async def stream(self, p: Prepared, run: Run, emit: Emitter) -> None:
+    def _head(self, p: Prepared) -> bytes:
+        """A stream chunk's bytes up to its choices' list."""
+        obj = "chat.completion.chunk" if p.kind == "chat" else "text_completion"
+        head = {"id": p.request_id, "object": obj, "created": p.created, "model": p.model}
+        return orjson.dumps(head)[:-1] + b',"choices":['
+
+    async def stream_prompt(self, p: Prepared, k: int, run: Run, emit: Emit) -> None:
         chat = p.kind == "chat"
-        head = (
-            orjson.dumps(
-                {
-                    "id": p.request_id,
-                    "object": "chat.completion.chunk" if chat else "text_completion",
-                    "created": p.created,
-                    "model": p.model,
-                }
-            )[:-1]
-            + b',"choices":['
-        )
-        n_prompt = len(p.prompt_ids)
+        head = self._head(p)
+        n_prompt = len(p.prompts[k].ids)
+        indexes = p.choices_of(k)
         await run.prefill()
         if chat:
-            for i in range(len(p.outputs)):
+            for i in indexes:
                 role_choice = {
                     "index": i,
                     "delta": {"role": "assistant", "content": ""},
@@ -454,12 +498,12 @@ class VllmApp(SimApp):
                 if p.continuous_usage:
                     tail = b"]," + _running_usage(n_prompt, 0) + tail[1:]
                 await emit(b"data: " + head + orjson.dumps(role_choice) + tail + b"}\n\n")
-        all_steps = [self._deltas(p, i, o) for i, o in enumerate(p.outputs)]
-        longest = max(len(s) for s in all_steps)
+        all_steps = [(i, self._deltas(p, i, p.outputs[i])) for i in indexes]
+        longest = max(len(steps) for _, steps in all_steps)
         for t in range(longest):
             if t:  # the first token comes with the prefill, the role chunk too (cost model: ITL × (n − 1))
                 await run.step()
-            for i, steps in enumerate(all_steps):
+            for i, steps in all_steps:
                 if t >= len(steps):
                     continue
                 o = p.outputs[i]
@@ -478,29 +522,34 @@ class VllmApp(SimApp):
                     choice["prompt_token_ids"] = None
                 choice["token_ids"] = None
                 tail = b"]"
-                if p.continuous_usage:
+                if p.continuous_usage:  # per choice, over its own prompt
                     done = min(t + 1, o.completion_tokens) if not last else o.completion_tokens
                     tail += b"," + _running_usage(n_prompt, done)
-                if last and not p.include_usage and i == len(all_steps) - 1:
+                if last and not p.include_usage:  # every terminal chunk, when no usage chunk follows
                     tail += b',"system_fingerprint":' + orjson.dumps(system_fingerprint(self.cfg))
                 await emit(b"data: " + head + orjson.dumps(choice) + tail + b"}\n\n")
-        if p.include_usage:
-            c = p.completion_tokens
-            usage: dict[str, Any] = {
-                "prompt_tokens": n_prompt,
-                "total_tokens": n_prompt + c,
-                "completion_tokens": c,
-            }
-            if self.cfg.enable_prompt_tokens_details:
-                details: dict[str, Any] = {"cached_tokens": run.cached_tokens}
-                if chat:  # nulls are dropped in streams, and completions leave it unset
-                    details["created_cache_tokens"] = self._created_cache_tokens(p, run)
-                usage["prompt_tokens_details"] = details
-            fingerprint = orjson.dumps(system_fingerprint(self.cfg))
-            await emit(
-                b"data: " + head + b'],"usage":' + orjson.dumps(usage)
-                + b',"system_fingerprint":' + fingerprint + b"}\n\n"
-            )  # fmt: skip
+
+    async def stream_end(self, p: Prepared, cached: list[int], first: int, emit: Emit) -> None:
+        if not p.include_usage:
+            return
+        n_prompt = p.prompt_tokens
+        c = p.completion_tokens
+        usage: dict[str, Any] = {
+            "prompt_tokens": n_prompt,
+            "total_tokens": n_prompt + c,
+            "completion_tokens": c,
+        }
+        if self.cfg.enable_prompt_tokens_details:
+            # a batch's stream reports the cached tokens of the prompt whose output came first
+            details: dict[str, Any] = {"cached_tokens": cached[first]}
+            if p.kind == "chat":  # nulls are dropped in streams, and completions leave it unset
+                details["created_cache_tokens"] = self._created_cache_tokens(p, cached[first])
+            usage["prompt_tokens_details"] = details
+        fingerprint = orjson.dumps(system_fingerprint(self.cfg))
+        await emit(
+            b"data: " + self._head(p) + b'],"usage":' + orjson.dumps(usage)
+            + b',"system_fingerprint":' + fingerprint + b"}\n\n"
+        )  # fmt: skip
 
 
 def _running_usage(n_prompt: int, done: int) -> bytes:
