@@ -365,17 +365,61 @@ def _assistant_tool_calls(p: str, tcs: Any) -> None:
             raise _type_error(f"{q}.function.arguments", "a string", fn.get("arguments"))
 
 
+#: most prompts in one completions batch (vLLM's default `VLLM_MAX_COMPLETION_PROMPTS`; SGLang has no
+#: limit): the same answer from both pools
+MAX_PROMPTS = 1024
+
+
 def _prompt(prompt: Any) -> None:
+    """A completions `prompt`: a string, token ids, or a batch (strings or token-id arrays), each of
+    its prompts non-empty and its token ids in range. vLLM refuses an empty prompt in a batch and
+    SGLang serves it (its scheduler died on an empty token array, and on a negative id: measured), so
+    the gateway refuses them for both."""
     if prompt is None:
         raise _missing("prompt")
     if type(prompt) is str:
         return
-    if type(prompt) is list and prompt:
+    if type(prompt) is list and not prompt:
+        raise invalid_request(
+            "Invalid 'prompt': empty array. Expected an array with minimum length 1, but got an empty array instead.",
+            param="prompt",
+            code="empty_array",
+        )
+    if type(prompt) is list:
         first = prompt[0]
-        if type(first) is str and all(type(x) is str for x in prompt):
-            return
         if type(first) is int and all(type(x) is int for x in prompt):
+            _token_ids(prompt, "prompt")
             return
-        if type(first) is list and all(type(x) is list and all(type(y) is int for y in x) for x in prompt):
+        if len(prompt) > MAX_PROMPTS:
+            raise invalid_request(
+                f"Invalid 'prompt': array too long. Expected an array with maximum length {MAX_PROMPTS}, but got "
+                f"an array with length {len(prompt)} instead.",
+                param="prompt",
+                code="array_above_max_length",
+            )
+        if type(first) is str and all(type(x) is str for x in prompt):
+            for i, x in enumerate(prompt):
+                if not x:
+                    raise _empty_prompt(i)
+            return
+        if type(first) is list and all(type(x) is list for x in prompt):
+            for i, x in enumerate(prompt):
+                if not x:
+                    raise _empty_prompt(i)
+                _token_ids(x, f"prompt[{i}]")
             return
     raise _type_error("prompt", "a string, an array of strings, or an array of token arrays", prompt)
+
+
+def _empty_prompt(i: int) -> ApiError:
+    return invalid_request(
+        f"Invalid 'prompt[{i}]': empty prompt. Every prompt of a batch must have at least one token.",
+        param=f"prompt[{i}]",
+        code="invalid_value",
+    )
+
+
+def _token_ids(ids: list[Any], param: str) -> None:
+    for j, t in enumerate(ids):
+        if type(t) is not int or t < 0 or t >= 1 << 31:
+            raise _type_error(f"{param}[{j}]", "a token id (an integer from 0 to 2147483647)", t)

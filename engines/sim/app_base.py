@@ -152,6 +152,15 @@ class Emitter:
         raise StreamCut
 
 
+def body_streams(raw: bytes) -> bool:
+    """The request body asks for a stream (read again only on an error path)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(body, dict) and body.get("stream") is True
+
+
 async def _each_prompt(p: Prepared, work: Callable[[int], Coroutine[Any, Any, None]]) -> None:
     """`work(k)` for every prompt of `p`, at once (the engines batch a request's prompts); one prompt
     runs in the caller's task."""
@@ -289,6 +298,13 @@ class SimApp(ABC):
             p = self.prepare(kind, parse_body(raw))
         except RequestError as err:
             stats.errors_total += 1
+            if err.in_stream and body_streams(raw):
+                await asgi.start_sse(send)
+                event = self.stream_error_event(err.message, err.err_type or "BadRequestError", err.status)
+                await asgi.send_chunk(send, event)
+                await asgi.send_chunk(send, asgi.DONE)
+                await asgi.end_stream(send)
+                return
             await self.send_error(send, err.status, err.message, err.param, err.err_type)
             return
         watch = p.stream or not self.zero_latency or faults.drip_s > 0

@@ -22,16 +22,25 @@ Kind = Literal["chat", "completion"]
 
 
 class RequestError(Exception):
-    """A request the engine rejects; `err_type` None means the dialect's default for `status`."""
+    """A request the engine rejects; `err_type` None means the dialect's default for `status`.
+    `in_stream`: a streamed request learns of it only after its 200 (vLLM's input processing runs
+    inside its stream generator), as one `data: {"error": …}` event and `[DONE]`."""
 
     def __init__(
-        self, message: str, *, status: int = 400, param: str | None = None, err_type: str | None = None
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        param: str | None = None,
+        err_type: str | None = None,
+        in_stream: bool = False,
     ):
         super().__init__(message)
         self.message = message
         self.status = status
         self.param = param
         self.err_type = err_type
+        self.in_stream = in_stream
 
 
 def _is_int(v: Any) -> bool:

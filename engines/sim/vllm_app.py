@@ -287,8 +287,8 @@ class VllmApp(SimApp):
         if prompt == []:
             raise RequestError("You must pass at least one prompt")
         prompts = completion_prompts(body)
-        if any(not q.ids for q in prompts):
-            raise RequestError("The decoder prompt cannot be empty")
+        if any(not q.ids for q in prompts):  # found by the engine's input processing: after a stream's 200
+            raise RequestError("The decoder prompt cannot be empty", in_stream=True)
         return prompts
 
     def _check_tools(self, body: dict[str, Any]) -> Any:

@@ -276,3 +276,22 @@ def test_only_api_errors(body: dict[str, Any], endpoint: Any) -> None:
         validate_request(endpoint, body)
     except ApiError as e:
         assert e.status == 400
+
+
+@pytest.mark.parametrize(
+    ("prompt", "param", "code"),
+    [
+        ([], "prompt", "empty_array"),
+        (["a", ""], "prompt[1]", "invalid_value"),
+        ([[1], []], "prompt[1]", "invalid_value"),
+        ([[1, -2]], "prompt[0][1]", "invalid_type"),
+        ([-1], "prompt[0]", "invalid_type"),
+        (["a"] * 1025, "prompt", "array_above_max_length"),
+    ],
+)
+def test_prompt_batches_the_engines_would_refuse_or_die_on(prompt: Any, param: str, code: str) -> None:
+    with pytest.raises(ApiError) as info:
+        validate_request("completions", {"model": "m", "prompt": prompt})
+    assert info.value.param == param
+    assert info.value.code == code
+    validate_request("completions", {"model": "m", "prompt": ["a"] * 1024})

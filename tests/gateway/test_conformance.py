@@ -233,6 +233,69 @@ def test_legacy_completions_stream(http: httpx.Client, pool: Pool) -> None:
         _no_extras(c)
 
 
+BATCH = ["Once upon a time", "The quick brown fox jumps over the lazy dog"]
+
+
+def _prompt_tokens(client: openai.OpenAI, prompt: str) -> int:
+    usage = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1).usage
+    assert usage is not None
+    return usage.prompt_tokens
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_sdk_prompt_list(client: openai.OpenAI, n: int) -> None:
+    """A list prompt: one choice per prompt and sample (index = prompt * n + sample), usage over all
+    prompts, on every pool alike (`ignore_eos`: the random real model writes exactly max_tokens)."""
+    completion = client.completions.create(
+        model=MODEL, prompt=BATCH, max_tokens=3, n=n, echo=True, extra_body={"ignore_eos": True}
+    )
+    assert [c.index for c in completion.choices] == list(range(2 * n))
+    for c in completion.choices:
+        assert c.text.startswith(BATCH[c.index // n])
+        assert c.finish_reason == "length"
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens == 3 * 2 * n
+    assert completion.usage.prompt_tokens == sum(_prompt_tokens(client, p) for p in BATCH)
+    _no_extras(completion.model_dump())
+
+
+def test_sdk_prompt_list_stream(client: openai.OpenAI) -> None:
+    stream = client.completions.create(
+        model=MODEL,
+        prompt=BATCH,
+        max_tokens=3,
+        n=2,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    texts: dict[int, str] = {}
+    finishes: dict[int, list[str | None]] = {}
+    usage = None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+            finishes.setdefault(c.index, []).append(c.finish_reason)
+    assert sorted(texts) == [0, 1, 2, 3]
+    assert all(f[-1] == "length" and not any(f[:-1]) for f in finishes.values())
+    assert usage is not None and usage.completion_tokens == 12
+    assert usage.prompt_tokens == sum(_prompt_tokens(client, p) for p in BATCH)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "param"),
+    [([], "prompt"), (["Hello", ""], "prompt[1]"), ([[1, 2], []], "prompt[1]"), ([[3, -1]], "prompt[0][1]")],
+)
+def test_bad_prompt_lists_alike(http: httpx.Client, prompt: Any, param: str) -> None:
+    """Refused by the gateway for every pool (SGLang would serve an empty prompt of a batch, and its
+    scheduler died on an empty or negative token array: docs/engines.md)."""
+    r = http.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 2})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
 # -- streamed -------------------------------------------------------------------------------------
 def test_stream_shape_without_usage(http: httpx.Client) -> None:
     r = http.post(

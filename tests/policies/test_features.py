@@ -204,3 +204,21 @@ def test_extract_never_fails_and_prefix_property_holds(contents: list[str], cut:
     whole = render_chat({"messages": messages})[0]
     assert whole.startswith(shorter)
     assert part.block_hashes[:n] == full.block_hashes[:n]
+
+
+def test_batch_tokens_of_completions_prompts() -> None:
+    from policies.admission import completion_budget
+    from policies.features import batch_tokens
+
+    assert batch_tokens("a string", 4) == ()
+    assert batch_tokens([1, 2, 3], 4) == ()  # one prompt of token ids
+    assert batch_tokens(["abcd" * 3, "ab"], 4) == (3, 1)
+    assert batch_tokens([[1, 2], [3]], 4) == (2, 1)
+    single = extract_features({"model": "m", "prompt": "abcd" * 3})
+    assert single.total_prompt_tokens == single.longest_prompt_tokens == single.prompt_tokens == 3
+    batch = extract_features({"model": "m", "prompt": ["abcd" * 3, "abcd" * 8]})
+    assert (batch.prompt_tokens, batch.total_prompt_tokens, batch.longest_prompt_tokens) == (3, 11, 8)
+    assert batch.block_hashes == single.block_hashes  # a batch is routed by its first prompt
+    # output budget: max_tokens x n x prompts
+    assert completion_budget({"prompt": ["a", "b", "c"], "max_tokens": 5, "n": 2}, 16) == 30
+    assert completion_budget({"prompt": [1, 2, 3], "max_tokens": 5}, 16) == 5

@@ -393,3 +393,20 @@ async def test_property_completions_bodies(body: dict[str, Any]) -> None:
 @given(st.binary(max_size=200) | json_value.map(lambda v: json.dumps(v).encode()))
 async def test_property_arbitrary_bytes(raw: bytes) -> None:
     await _through_intake(raw, "chat")
+
+
+def test_a_batch_is_measured_prompt_by_prompt() -> None:
+    """Each prompt of a completions batch runs on its own: the longest must fit the context (and is
+    named), while the features carry every prompt's tokens for the limits."""
+    ctx, _ = run({"model": "m", "prompt": [[1] * 600, [2] * 700]}, "completions")
+    features = ctx.extras["features"]
+    assert features.batch_tokens == (600, 700)
+    assert features.total_prompt_tokens == 1300  # past the context together, fine one by one
+    assert features.longest_prompt_tokens == 700
+    assert features.prompt_tokens == 600  # routed by the first prompt
+    with pytest.raises(ApiError) as info:
+        run({"model": "m", "prompt": [[1] * 10, [2] * 2000]}, "completions")
+    assert info.value.code == "context_length_exceeded" and info.value.param == "prompt"
+    assert "prompt[1]" in info.value.message
+    with pytest.raises(ApiError):
+        run({"model": "m", "prompt": ["short", "x" * 3000], "max_tokens": 400}, "completions")
