@@ -95,7 +95,8 @@ def retry_after_seconds(ms: int) -> int:
 
 def completion_budget(body: Mapping[str, Any], default_max_tokens: int) -> int:
     """Output tokens a request may generate: `max_completion_tokens` or `max_tokens` (else the
-    model's default), times `n` (or `best_of` for completions, which generates that many)."""
+    model's default), times `n` (or `best_of` for completions, which generates that many), times the
+    prompts of a completions batch (a list of strings or of token-id lists: one request each)."""
     out = default_max_tokens
     for name in ("max_completion_tokens", "max_tokens"):
         v = body.get(name)
@@ -107,6 +108,9 @@ def completion_budget(body: Mapping[str, Any], default_max_tokens: int) -> int:
         v = body.get(name)
         if type(v) is int and v > choices:
             choices = v
+    prompt = body.get("prompt")
+    if type(prompt) is list and prompt and type(prompt[0]) is not int:
+        choices *= len(prompt)
     return out * choices
 
 

@@ -94,11 +94,14 @@ def extract_features(
     `prompt_cache_key`, then its `user`, take precedence.
     """
     exact_tokens: int | None = None
+    batch: tuple[int, ...] = ()
     if "messages" in body:
         rendered, preamble_end, anchor_end, history_end = _render_chat(body)
     else:
-        rendered, exact_tokens = render_prompt(body.get("prompt"))
+        prompt = body.get("prompt")
+        rendered, exact_tokens = render_prompt(prompt)
         preamble_end, anchor_end, history_end = 0, len(rendered), 0
+        batch = batch_tokens(prompt, config.bytes_per_token)
     prompt_tokens = exact_tokens if exact_tokens is not None else -(-len(rendered) // config.bytes_per_token)
     tools = body.get("tools")
     return RequestFeatures(
@@ -114,6 +117,7 @@ def extract_features(
         structured_output=_structured_output(body),
         session_key=_session_key(body, session_key),
         max_tokens=_max_tokens(body),
+        batch_tokens=batch,
     )
 
 
@@ -202,6 +206,23 @@ def render_prompt(prompt: Any) -> tuple[bytes, int | None]:
         if isinstance(first, list):
             return _token_bytes(first), len(first)
     return b"", None
+
+
+def batch_tokens(prompt: Any, bytes_per_token: int) -> tuple[int, ...]:
+    """Each prompt's tokens in a `/v1/completions` batch (a list of strings: estimated like
+    `prompt_tokens`; a list of token-id lists: exact); `()` for a single prompt (a string, one list of
+    token ids) or no list at all."""
+    if not isinstance(prompt, list) or not prompt or isinstance(prompt[0], int):
+        return ()
+    out: list[int] = []
+    for p in prompt:
+        if isinstance(p, str):
+            out.append(-(-len(p.encode()) // bytes_per_token))
+        elif isinstance(p, list):
+            out.append(len(p))
+        else:
+            return ()
+    return tuple(out)
 
 
 def _token_bytes(ids: list[Any]) -> bytes:

@@ -44,6 +44,10 @@ class RequestFeatures:
     `prompt` is the request's token ids as the engine will see them (the model's chat template and
     tokenizer), with their block keys, when the gateway tokenizes for KV-event routing; None
     otherwise (the estimated blocks above are used alone).
+    `batch_tokens` holds the estimated tokens of every prompt of a `/v1/completions` batch (a list of
+    strings or of token-id lists, which the engines run as one request per prompt), in order; empty for
+    a single prompt. `prompt_tokens` and the blocks are the first prompt's (a batch is routed by it);
+    `total_prompt_tokens` and `longest_prompt_tokens` cover them all.
     `placed_on` is the backend the fleet's shared store names for the request's prefix group (the
     first routing process to place the group set it; `policies.shared_load`), None without one;
     `placed_before` says the store had it before this request (another request placed it), so the
@@ -65,6 +69,17 @@ class RequestFeatures:
     prompt: PromptBlocks | None = field(default=None, compare=False, repr=False)
     placed_on: str | None = None
     placed_before: bool = False
+    batch_tokens: tuple[int, ...] = ()
+
+    @property
+    def total_prompt_tokens(self) -> int:
+        """Prompt tokens over every prompt of a batch (what the engines will count)."""
+        return sum(self.batch_tokens) if self.batch_tokens else self.prompt_tokens
+
+    @property
+    def longest_prompt_tokens(self) -> int:
+        """The longest prompt of a batch (each must fit the context on its own)."""
+        return max(self.batch_tokens) if self.batch_tokens else self.prompt_tokens
 
     @property
     def needs_tool_parser(self) -> bool:

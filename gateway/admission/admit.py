@@ -261,10 +261,11 @@ class AdmitStage:
 
 
 def _prompt_tokens(ctx: RequestContext) -> int:
-    """The sanitise stage's estimate (`ctx.extras["features"]`), else a fresh one."""
+    """The sanitise stage's estimate (`ctx.extras["features"]`), else a fresh one; over every prompt
+    of a completions batch."""
     features: Any = ctx.extras.get("features")
     if features is not None:
-        return int(features.prompt_tokens)
+        return int(features.total_prompt_tokens)
     from policies.features import extract_features
 
-    return extract_features(ctx.body).prompt_tokens
+    return extract_features(ctx.body).total_prompt_tokens

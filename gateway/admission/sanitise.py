@@ -305,10 +305,12 @@ class SanitiseStage:
         features = extract_features(ctx.body, self._features, session_key=ctx.principal.user)
         ctx.extras["features"] = features
         allowed = context_length * (1 + self._s.context_slack)
-        prompt = features.prompt_tokens
+        prompt = features.longest_prompt_tokens  # a batch's prompts each run on their own
         asked = features.max_tokens
         param = "messages" if ctx.endpoint == "chat" else "prompt"
         what = "messages" if ctx.endpoint == "chat" else "prompt"
+        if len(features.batch_tokens) > 1:  # name the longest prompt of the batch
+            what = f"prompt[{features.batch_tokens.index(prompt)}]"
         if prompt > allowed:
             raise _Reject(
                 "context_length",
