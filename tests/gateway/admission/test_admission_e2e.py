@@ -189,6 +189,43 @@ def test_tokens_per_minute_with_visible_reconciliation(
     assert int(r.get(sum_key) or 0) <= TPM
 
 
+def test_tokens_per_minute_count_every_prompt_of_a_batch(
+    four: list[GatewayProcess], redis_server: RedisServer
+) -> None:
+    """A completions batch runs one engine request per prompt: its reservation holds every prompt's
+    tokens and `max_tokens` for each, and the reconciliation counts the whole batch's usage."""
+    r = redis_sync.Redis.from_url(redis_server.url)
+
+    def client(user: str) -> openai.OpenAI:
+        key = mint_token(SECRET, user, tier="tok")
+        return openai.OpenAI(base_url=four[2].base_url + "/v1", api_key=key, max_retries=0)
+
+    prompts = ["Say hello to the sea.", "Say hello to the hills, please.", "And to the sky above them."]
+    raw = client("batch-user").completions.with_raw_response.create(
+        model=MODEL, prompt=prompts, max_tokens=40
+    )
+    done = raw.parse()
+    assert sorted(c.index for c in done.choices) == [0, 1, 2]
+    assert done.usage is not None
+    reserved = TPM - int(raw.headers["x-ratelimit-remaining-tokens"])
+    assert reserved >= 3 * 40 + done.usage.prompt_tokens // 2, reserved  # all three outputs, every prompt
+    wait_until(
+        lambda: int(r.get("gw:rl:{u:batch-user}:u:sum") or 0) == done.usage.total_tokens,  # type: ignore[union-attr]
+        5,
+        what="the batch's reconciliation",
+    )
+    one = client("single-user").completions.create(model=MODEL, prompt=prompts[0], max_tokens=40)
+    assert one.usage is not None and one.usage.prompt_tokens < done.usage.prompt_tokens
+    # 3 x 700 output tokens do not fit 2,000 a minute, one prompt's 700 do; the refusal costs nothing
+    big = client("big-user")
+    with pytest.raises(openai.RateLimitError) as info:
+        big.completions.create(model=MODEL, prompt=prompts, max_tokens=700)
+    m = re.search(r"Requested (\d+)", str(info.value))
+    assert m is not None and int(m.group(1)) >= 3 * 700, str(info.value)
+    assert int(r.get("gw:rl:{u:big-user}:u:sum") or 0) == 0
+    assert big.completions.create(model=MODEL, prompt=prompts[0], max_tokens=700).choices
+
+
 def _open_stream(base_url: str, headers: dict[str, str]) -> tuple[httpx.Client, Iterator[bytes]]:
     client = httpx.Client(timeout=30)
     body = {**CHAT, "max_tokens": 3000, "stream": True, "ignore_eos": True}
