@@ -64,6 +64,16 @@ def invalid_request(message: str, *, param: str | None = None, code: str | None 
     return ApiError(400, message, type="invalid_request_error", param=param, code=code)
 
 
+def array_too_long(param: str, limit: int, length: int) -> ApiError:
+    """OpenAI's answer to an array parameter above its maximum length (a batch's prompts, inputs)."""
+    return invalid_request(
+        f"Invalid '{param}': array too long. Expected an array with maximum length {limit}, but got an "
+        f"array with length {length} instead.",
+        param=param,
+        code="array_above_max_length",
+    )
+
+
 def model_not_found(model: str) -> ApiError:
     return ApiError(
         404,

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engines.base import Endpoint
-from engines.errors import ApiError, invalid_request
+from engines.errors import ApiError, array_too_long, invalid_request
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _TOOL_CHOICES = frozenset({"none", "auto", "required"})
@@ -391,12 +391,7 @@ def _prompt(prompt: Any) -> None:
             _token_ids(prompt, "prompt")
             return
         if len(prompt) > MAX_PROMPTS:
-            raise invalid_request(
-                f"Invalid 'prompt': array too long. Expected an array with maximum length {MAX_PROMPTS}, but got "
-                f"an array with length {len(prompt)} instead.",
-                param="prompt",
-                code="array_above_max_length",
-            )
+            raise array_too_long("prompt", MAX_PROMPTS, len(prompt))
         if type(first) is str and all(type(x) is str for x in prompt):
             for i, x in enumerate(prompt):
                 if not x:

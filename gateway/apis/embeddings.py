@@ -20,7 +20,7 @@ from typing import Any
 
 from engines.base import Dialect, StreamWriter, Usage
 from engines.embeddings import encode_embeddings
-from engines.errors import ApiError, invalid_request, server_error
+from engines.errors import ApiError, array_too_long, invalid_request, server_error
 from engines.upstream_errors import GENERIC_UPSTREAM
 from gateway.apis.checks import integer, invalid_value, missing, type_error
 from gateway.core.context import RequestContext
@@ -82,12 +82,7 @@ def input_token_counts(raw: Any, bytes_per_token: int) -> list[int]:
             )
         raise type_error("input", "a string, an array of strings or an array of token arrays", raw)
     if len(raw) > MAX_INPUTS:
-        raise invalid_request(
-            f"Invalid 'input': array too long. Expected an array with maximum length {MAX_INPUTS}, but got an "
-            f"array with length {len(raw)} instead.",
-            param="input",
-            code="array_above_max_length",
-        )
+        raise array_too_long("input", MAX_INPUTS, len(raw))
     first = raw[0]
     if type(first) is str:
         out = []
