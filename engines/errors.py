@@ -12,6 +12,7 @@ dialect, a rate limit, an upstream outage — is an `ApiError`, turned into byte
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Literal
 
 import orjson
 
@@ -64,13 +65,14 @@ def invalid_request(message: str, *, param: str | None = None, code: str | None 
     return ApiError(400, message, type="invalid_request_error", param=param, code=code)
 
 
-def array_too_long(param: str, limit: int, length: int) -> ApiError:
-    """OpenAI's answer to an array parameter above its maximum length (a batch's prompts, inputs)."""
+def above_max_length(param: str, limit: int, got: int, kind: Literal["array", "string"]) -> ApiError:
+    """OpenAI's answer to an array or a string parameter above its maximum length."""
+    a = "an" if kind == "array" else "a"
     return invalid_request(
-        f"Invalid '{param}': array too long. Expected an array with maximum length {limit}, but got an "
-        f"array with length {length} instead.",
+        f"Invalid '{param}': {kind} too long. Expected {a} {kind} with maximum length {limit}, but got {a} "
+        f"{kind} with length {got} instead.",
         param=param,
-        code="array_above_max_length",
+        code=f"{kind}_above_max_length",
     )
 
 

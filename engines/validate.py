@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engines.base import Endpoint
-from engines.errors import ApiError, array_too_long, invalid_request
+from engines.errors import ApiError, above_max_length, invalid_request
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _TOOL_CHOICES = frozenset({"none", "auto", "required"})
@@ -391,7 +391,7 @@ def _prompt(prompt: Any) -> None:
             _token_ids(prompt, "prompt")
             return
         if len(prompt) > MAX_PROMPTS:
-            raise array_too_long("prompt", MAX_PROMPTS, len(prompt))
+            raise above_max_length("prompt", MAX_PROMPTS, len(prompt), "array")
         if type(first) is str and all(type(x) is str for x in prompt):
             for i, x in enumerate(prompt):
                 if not x:

@@ -64,6 +64,16 @@ class Prepared:
     top_logprobs: int = 0
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    _head: bytes = field(default=b"", init=False, repr=False)
+
+    def stream_head(self) -> bytes:
+        """A stream chunk's bytes up to its choices' list: the same in every chunk of the response,
+        made once."""
+        if not self._head:
+            obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+            head = {"id": self.request_id, "object": obj, "created": self.created, "model": self.model}
+            self._head = orjson.dumps(head)[:-1] + b',"choices":['
+        return self._head
 
     @property
     def prompt_ids(self) -> list[int]:

@@ -61,9 +61,13 @@ def plan_outputs(
         tool_calls=tuple(calls or ()),
         reasoning=reasoning,
     )
+    return seed, [generate(spec, first_index + i) for i in range(choice_count(body))]
+
+
+def choice_count(body: dict[str, Any]) -> int:
+    """Choices a request asks for per prompt (`n`, 1 unless a positive int)."""
     n = body.get("n")
-    count = n if isinstance(n, int) and n > 0 else 1
-    return seed, [generate(spec, first_index + i) for i in range(count)]
+    return n if isinstance(n, int) and n > 0 else 1
 
 
 def chat_logprobs(pieces: list[str], top: int, seed: int) -> dict[str, Any]:

@@ -237,12 +237,10 @@ def prompt_validation_error(prompt: Any, loc: Callable[[str, tuple[int, ...]], s
     return f"{len(lines)} validation errors:\n  " + "\n  ".join(lines)
 
 
-def completion_prompts(body: dict[str, Any]) -> list[PromptIn]:
-    """The prompts of a `/v1/completions` body, one per engine request: a string or a list of token ids
-    is one prompt, a list of strings or of token-id lists one prompt per element (the dialect has
-    refused the forms its engine refuses before calling this)."""
-    prompt: Any = body.get("prompt")
-    form = prompt_form(prompt)
+def completion_prompts(prompt: Any, form: PromptForm) -> list[PromptIn]:
+    """The prompts of a `/v1/completions` `prompt` of `form` (`prompt_form`), one per engine request: a
+    string or a list of token ids is one prompt, a list of strings or of token-id lists one prompt per
+    element (the dialect has refused the forms its engine refuses before calling this)."""
     if form == "text":
         return [PromptIn(prompt, tokenizer.encode(prompt))]
     if form == "tokens":

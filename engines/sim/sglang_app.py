@@ -24,7 +24,14 @@ from engines.sim.config import SimConfig
 from engines.sim.embeddings import EmbeddingsEndpoint
 from engines.sim.engine import Run
 from engines.sim.generator import Constraint, Output, pieces
-from engines.sim.plan import chat_logprobs, completion_logprobs, hex_id, plan_outputs, thinking_enabled
+from engines.sim.plan import (
+    chat_logprobs,
+    choice_count,
+    completion_logprobs,
+    hex_id,
+    plan_outputs,
+    thinking_enabled,
+)
 from engines.sim.prompt import render_chat
 from engines.sim.request import (
     Kind,
@@ -33,6 +40,7 @@ from engines.sim.request import (
     check_types,
     completion_prompts,
     max_tokens_of,
+    prompt_form,
     prompt_validation_error,
     response_format_constraint,
 )
@@ -176,7 +184,7 @@ class SglangApp(SimApp):
             n_prompt = len(q.ids)
             if n_prompt >= cfg.max_model_len or n_prompt + (max_tokens or 0) > cfg.max_model_len:
                 raise self.context_error(n_prompt, max_tokens)
-        per_prompt = body["n"] if isinstance(body.get("n"), int) else 1
+        per_prompt = choice_count(body)
         outputs: list[Output] = []
         seed = 0
         for k, q in enumerate(prompts):
@@ -235,7 +243,7 @@ class SglangApp(SimApp):
             raise RequestError(invalid, err_type="Bad Request")
         if not prompt or (isinstance(prompt, list) and all(not p for p in prompt)):
             raise RequestError("Prompt cannot be empty")
-        return completion_prompts(body)
+        return completion_prompts(prompt, prompt_form(prompt))
 
     @staticmethod
     def _tools_as_text(out: Output, mode: Any) -> None:
@@ -397,15 +405,9 @@ class SglangApp(SimApp):
                 steps.append(({**_NULL_DELTA, "tool_calls": [more]}, None, True))
         return steps
 
-    def _head(self, p: Prepared) -> bytes:
-        """A stream chunk's bytes up to its choices' list."""
-        obj = "chat.completion.chunk" if p.kind == "chat" else "text_completion"
-        head = orjson.dumps({"id": p.request_id, "object": obj, "created": p.created, "model": p.model})
-        return head[:-1] + b',"choices":['
-
     async def stream_prompt(self, p: Prepared, k: int, run: Run, emit: Emit) -> None:
         chat = p.kind == "chat"
-        head = self._head(p)
+        head = p.stream_head()
         indexes = p.choices_of(k)
         n_prompt = len(p.prompts[k].ids)
         produced = dict.fromkeys(indexes, 0)
@@ -478,4 +480,4 @@ class SglangApp(SimApp):
         usage = self._usage(p, p.prompt_tokens, sum(cached), p.completion_tokens)
         if p.kind == "completion":  # its completions stream leaves the details key out
             del usage["completion_tokens_details"]
-        await emit(b"data: " + self._head(p) + b'],"usage":' + orjson.dumps(usage) + b"}\n\n")
+        await emit(b"data: " + p.stream_head() + b'],"usage":' + orjson.dumps(usage) + b"}\n\n")

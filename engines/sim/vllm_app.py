@@ -27,7 +27,14 @@ from engines.sim.config import SimConfig
 from engines.sim.embeddings import EmbeddingsEndpoint
 from engines.sim.engine import Run
 from engines.sim.generator import Constraint, Output, ToolCallOut, pieces
-from engines.sim.plan import chat_logprobs, completion_logprobs, hex_id, plan_outputs, thinking_enabled
+from engines.sim.plan import (
+    chat_logprobs,
+    choice_count,
+    completion_logprobs,
+    hex_id,
+    plan_outputs,
+    thinking_enabled,
+)
 from engines.sim.prompt import render_chat
 from engines.sim.request import (
     Kind,
@@ -210,11 +217,12 @@ class VllmApp(SimApp):
             prompts = self._completion_prompts(body)
             extra["echo"] = body.get("echo") is True
         named = extra.get("tool_mode") == "named" and bool(calls)
-        per_prompt = body["n"] if isinstance(body.get("n"), int) else 1
+        per_prompt = choice_count(body)
         outputs: list[Output] = []
         first_body, seed = body, 0
+        asked_tokens = max_tokens_of(body)
         for k, q in enumerate(prompts):  # one engine request per prompt, each with its own room
-            max_tokens = max_tokens_of(body)
+            max_tokens = asked_tokens
             n_prompt = len(q.ids)
             if n_prompt > cfg.max_model_len:
                 raise self.context_error(n_prompt, max_tokens)
@@ -286,7 +294,7 @@ class VllmApp(SimApp):
             raise RequestError(invalid, err_type="Bad Request", param=first.group(1) if first else None)
         if prompt == []:
             raise RequestError("You must pass at least one prompt")
-        prompts = completion_prompts(body)
+        prompts = completion_prompts(prompt, form)
         if any(not q.ids for q in prompts):  # found by the engine's input processing: after a stream's 200
             raise RequestError("The decoder prompt cannot be empty", in_stream=True)
         return prompts
@@ -474,15 +482,9 @@ class VllmApp(SimApp):
             steps.append(({"content": ""}, None))
         return steps
 
-    def _head(self, p: Prepared) -> bytes:
-        """A stream chunk's bytes up to its choices' list."""
-        obj = "chat.completion.chunk" if p.kind == "chat" else "text_completion"
-        head = {"id": p.request_id, "object": obj, "created": p.created, "model": p.model}
-        return orjson.dumps(head)[:-1] + b',"choices":['
-
     async def stream_prompt(self, p: Prepared, k: int, run: Run, emit: Emit) -> None:
         chat = p.kind == "chat"
-        head = self._head(p)
+        head = p.stream_head()
         n_prompt = len(p.prompts[k].ids)
         indexes = p.choices_of(k)
         await run.prefill()
@@ -547,7 +549,7 @@ class VllmApp(SimApp):
             usage["prompt_tokens_details"] = details
         fingerprint = orjson.dumps(system_fingerprint(self.cfg))
         await emit(
-            b"data: " + self._head(p) + b'],"usage":' + orjson.dumps(usage)
+            b"data: " + p.stream_head() + b'],"usage":' + orjson.dumps(usage)
             + b',"system_fingerprint":' + fingerprint + b"}\n\n"
         )  # fmt: skip
 

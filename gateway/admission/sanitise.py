@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from engines.errors import ApiError, context_length_exceeded, invalid_request
+from engines.errors import ApiError, above_max_length, context_length_exceeded, invalid_request
 from gateway.admission.settings import SanitiseSettings
 from gateway.core.context import RequestContext
 from gateway.core.responses import Response
@@ -58,12 +58,7 @@ def _path(parts: list[str | int]) -> str:
 def _too_long_array(param: str, limit: int, got: int) -> _Reject:
     return _Reject(
         f"too_many_{param.split('.')[-1]}",
-        invalid_request(
-            f"Invalid '{param}': array too long. Expected an array with maximum length {limit}, "
-            f"but got an array with length {got} instead.",
-            param=param,
-            code="array_above_max_length",
-        ),
+        above_max_length(param, limit, got, "array"),
     )
 
 
@@ -220,7 +215,9 @@ class SanitiseStage:
             for i, item in enumerate(stops):
                 if type(item) is str and len(item) > s.max_stop_chars:
                     param = "stop" if type(stop) is str else f"stop[{i}]"
-                    raise _Reject("stop_too_long", _string_too_long(param, s.max_stop_chars, len(item)))
+                    raise _Reject(
+                        "stop_too_long", above_max_length(param, s.max_stop_chars, len(item), "string")
+                    )
         bias = body.get("logit_bias")
         if type(bias) is dict:
             self._logit_bias(bias)
@@ -270,7 +267,8 @@ class SanitiseStage:
         if t is str:
             if len(node) > self._s.max_string_chars:
                 raise _Reject(
-                    "string_too_long", _string_too_long(_path(path), self._s.max_string_chars, len(node))
+                    "string_too_long",
+                    above_max_length(_path(path), self._s.max_string_chars, len(node), "string"),
                 )
             return rules.clean(node, path) if rules is not None else node
         if t is not dict and t is not list:
@@ -330,12 +328,3 @@ class SanitiseStage:
                     param=param,
                 ),
             )
-
-
-def _string_too_long(param: str, limit: int, got: int) -> ApiError:
-    return invalid_request(
-        f"Invalid '{param}': string too long. Expected a string with maximum length {limit}, "
-        f"but got a string with length {got} instead.",
-        param=param,
-        code="string_above_max_length",
-    )

@@ -20,7 +20,7 @@ from typing import Any
 
 from engines.base import Dialect, StreamWriter, Usage
 from engines.embeddings import encode_embeddings
-from engines.errors import ApiError, array_too_long, invalid_request, server_error
+from engines.errors import ApiError, above_max_length, invalid_request, server_error
 from engines.upstream_errors import GENERIC_UPSTREAM
 from gateway.apis.checks import integer, invalid_value, missing, type_error
 from gateway.core.context import RequestContext
@@ -82,7 +82,7 @@ def input_token_counts(raw: Any, bytes_per_token: int) -> list[int]:
             )
         raise type_error("input", "a string, an array of strings or an array of token arrays", raw)
     if len(raw) > MAX_INPUTS:
-        raise array_too_long("input", MAX_INPUTS, len(raw))
+        raise above_max_length("input", MAX_INPUTS, len(raw), "array")
     first = raw[0]
     if type(first) is str:
         out = []
