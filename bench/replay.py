@@ -374,9 +374,11 @@ def replay(
         push(now + spec.service_s(size, cached), "done", i)
 
     def talk(replica: int) -> None:
-        """A call to the store: this process's counts and working sets out, the others' in."""
+        """A call to the store: this process's counts and working sets out, the others' in. A
+        baseline without our routers (round robin, sglang-router's model) reports its counts alone."""
         assert store is not None
-        others[replica], elsewhere[replica] = split(store.call(replica, shares[replica].report(own[replica])))
+        report = shares[replica].report(own[replica]) if shares else own[replica]
+        others[replica], elsewhere[replica] = split(store.call(replica, report))
 
     def finished(i: int, now: float) -> None:
         """Request `i` left its engine: the replica's count drops, the conversation's next turn goes."""

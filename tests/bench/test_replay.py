@@ -77,6 +77,17 @@ def test_cli(capsys: pytest.CaptureFixture[str]) -> None:
         main(["no_such_workload"])
 
 
+def test_cli_with_baselines_shared_between_processes(capsys: pytest.CaptureFixture[str]) -> None:
+    """The kv suite's call (`bench/__main__.py`): baselines without our routers (round robin,
+    sglang-router's model) beside ours, several processes sharing through the store. Stop 34's
+    working-set reports broke it for the baselines (IndexError), unseen until the suite ran."""
+    main(["shared_prefix", "--seconds", "2", "--replicas", "2", "--events", "5", "--shared",
+          "--baseline", "round_robin", "--baseline", "sglang_cache_aware"])  # fmt: skip
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("shared_prefix") and "x2" in line
+    assert "round_robin" in line and "sglang_cache_aware" in line
+
+
 @pytest.mark.parametrize(("spec", "seconds"), [(SERIAL, 4.0), (FleetSpec(), 8.0)], ids=["serial", "batching"])
 def test_clairvoyant_reference_beats_round_robin_and_reports_itself(spec: FleetSpec, seconds: float) -> None:
     """The yardstick sees every engine's queue and cache: on shared prefixes it must keep first tokens
