@@ -368,6 +368,8 @@ def _assistant_tool_calls(p: str, tcs: Any) -> None:
 #: most prompts in one completions batch (vLLM's default `VLLM_MAX_COMPLETION_PROMPTS`; SGLang has no
 #: limit): the same answer from both pools
 MAX_PROMPTS = 1024
+#: the largest token id taken (a 32-bit signed int, as the engines' tensors hold them)
+MAX_TOKEN_ID = (1 << 31) - 1
 
 
 def _prompt(prompt: Any) -> None:
@@ -388,7 +390,7 @@ def _prompt(prompt: Any) -> None:
     if type(prompt) is list:
         first = prompt[0]
         if type(first) is int and all(type(x) is int for x in prompt):
-            _token_ids(prompt, "prompt")
+            token_ids(prompt, "prompt")
             return
         if len(prompt) > MAX_PROMPTS:
             raise above_max_length("prompt", MAX_PROMPTS, len(prompt), "array")
@@ -401,7 +403,7 @@ def _prompt(prompt: Any) -> None:
             for i, x in enumerate(prompt):
                 if not x:
                     raise _empty_prompt(i)
-                _token_ids(x, f"prompt[{i}]")
+                token_ids(x, f"prompt[{i}]")
             return
     raise _type_error("prompt", "a string, an array of strings, or an array of token arrays", prompt)
 
@@ -414,7 +416,10 @@ def _empty_prompt(i: int) -> ApiError:
     )
 
 
-def _token_ids(ids: list[Any], param: str) -> None:
+def token_ids(ids: list[Any], param: str) -> None:
+    """Each of `ids` an int token id in 0..`MAX_TOKEN_ID` (a completions prompt's, an embeddings input's)."""
     for j, t in enumerate(ids):
-        if type(t) is not int or t < 0 or t >= 1 << 31:
-            raise _type_error(f"{param}[{j}]", "a token id (an integer from 0 to 2147483647)", t)
+        if type(t) is not int:
+            raise _type_error(f"{param}[{j}]", "an integer token id", t)
+        if t < 0 or t > MAX_TOKEN_ID:
+            _range(f"{param}[{j}]", t, 0, MAX_TOKEN_ID)

@@ -22,6 +22,7 @@ from engines.base import Dialect, StreamWriter, Usage
 from engines.embeddings import encode_embeddings
 from engines.errors import ApiError, above_max_length, invalid_request, server_error
 from engines.upstream_errors import GENERIC_UPSTREAM
+from engines.validate import token_ids
 from gateway.apis.checks import integer, invalid_value, missing, type_error
 from gateway.core.context import RequestContext
 from gateway.core.responses import Response
@@ -92,14 +93,14 @@ def input_token_counts(raw: Any, bytes_per_token: int) -> list[int]:
             out.append(_text_tokens(s, f"input[{i}]", bytes_per_token))
         return out
     if type(first) is int:
-        _token_ids(raw, "input")
+        token_ids(raw, "input")
         return [len(raw)]
     if type(first) is list:
         out = []
         for i, ids in enumerate(raw):
             if type(ids) is not list or not ids:
                 raise type_error(f"input[{i}]", "a non-empty array of token ids", ids)
-            _token_ids(ids, f"input[{i}]")
+            token_ids(ids, f"input[{i}]")
             out.append(len(ids))
         return out
     raise type_error("input", "a string, an array of strings or an array of token arrays", raw)
@@ -113,12 +114,6 @@ def _text_tokens(s: str, param: str, bytes_per_token: int) -> int:
             code="invalid_value",
         )
     return -(-len(s.encode()) // bytes_per_token)
-
-
-def _token_ids(ids: list[Any], param: str) -> None:
-    for j, t in enumerate(ids):
-        if type(t) is not int or t < 0 or t >= 1 << 31:
-            raise type_error(f"{param}[{j}]", "a token id (an integer from 0 to 2147483647)", t)
 
 
 class EmbeddingsIntake:

@@ -284,8 +284,11 @@ def test_only_api_errors(body: dict[str, Any], endpoint: Any) -> None:
         ([], "prompt", "empty_array"),
         (["a", ""], "prompt[1]", "invalid_value"),
         ([[1], []], "prompt[1]", "invalid_value"),
-        ([[1, -2]], "prompt[0][1]", "invalid_type"),
-        ([-1], "prompt[0]", "invalid_type"),
+        ([[1, -2]], "prompt[0][1]", "integer_below_min_value"),
+        ([-1], "prompt[0]", "integer_below_min_value"),
+        ([[3, 1 << 31]], "prompt[0][1]", "integer_above_max_value"),
+        ([[3, 1.5]], "prompt[0][1]", "invalid_type"),
+        ([[3, True]], "prompt[0][1]", "invalid_type"),
         (["a"] * 1025, "prompt", "array_above_max_length"),
     ],
 )

@@ -80,6 +80,8 @@ def test_token_arrays_and_dimensions(client: openai.OpenAI) -> None:
         ({"model": EMBED_MODEL, "input": ["ok", "   "]}, "input[1]"),
         ({"model": EMBED_MODEL, "input": []}, "input"),
         ({"model": EMBED_MODEL, "input": [1, "x"]}, "input[1]"),
+        ({"model": EMBED_MODEL, "input": [[5, -1]]}, "input[0][1]"),  # integer_below_min_value
+        ({"model": EMBED_MODEL, "input": [1 << 31]}, "input[0]"),  # integer_above_max_value
         ({"model": EMBED_MODEL, "input": "x", "encoding_format": "bytes"}, "encoding_format"),
         ({"model": EMBED_MODEL, "input": "x", "dimensions": 0}, "dimensions"),
         ({"model": EMBED_MODEL, "input": "word " * 1000}, "input"),
