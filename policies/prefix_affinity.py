@@ -139,7 +139,8 @@ class PrefixAffinityConfig:
     #: a prompt routed to a backend whose engine's events are usable is recorded in the index at
     #: every `index_stride`-th block (`PrefixIndex.insert`): there the index only stands in for the
     #: events until they confirm a decision (`pending_s`), and for a stream that falls silent
-    index_stride: int = 4
+    #: (16: a long document's insert 4 instead of 8.5 us, the decision the same in the replay)
+    index_stride: int = 16
     working_set_entries: int = 16384
     session_in_key: bool = False
     demand_window: int = 32
