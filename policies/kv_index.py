@@ -10,8 +10,21 @@ Keys. A block is indexed by the gateway's own chained key over its token ids
 (`policies.kv_blocks`), never by the engine's hash: the engines' hashes depend on settings the gateway
 cannot see (hash algorithm, seed), while the token ids are in every `BlockStored`. Per backend the
 index maps each engine hash to the key computed for it (`nodes`), found through the event's
-`parent_block_hash`; a `BlockRemoved` looks the key up there. A store whose parent is unknown (an event
-lost before it) cannot be keyed and is skipped: the index under-reports, it never invents a block.
+`parent_block_hash`; a `BlockRemoved` looks the key up there.
+
+Unknown parents. A store whose parent the index never heard of - stored before this process
+subscribed (a gateway that starts or restarts beside engines that have served: every chat prompt
+then extends the chat template's first tokens, or a shared system prompt, cached long ago and never
+stored again), or announced in a lost event - is *anchored* on the prompts this process recently
+sent to that backend (`note_routed`): the first prompt in which the store's tokens (at least
+`anchor_tokens` of them) follow a whole number of blocks places it, and the parent is the prompt's
+prefix before them. The engine only extends a prefix it holds, so that prefix is recorded as held
+too, under the parent's hash: when the engine removes the parent (engines evict leaves first, so
+after its children), the prefix goes with it. A store that no recent prompt places (a request
+another routing process sent, or too short to place: a decode's last few tokens) is skipped and
+counted (`orphans`): the index under-reports, it never invents a block. Its later stores under a
+parent already anchored or heard are keyed as usual, so what this process routes itself fills in
+what it missed.
 
 Granularity. A backend's blocks are keyed in groups of `group` tokens: its block size, or for engines
 with small pages (SGLang's default page size is 1 token) the first multiple of it of at least
@@ -61,12 +74,12 @@ groups of 16-token blocks, against ~290 with one key a block).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from policies.kv_blocks import PromptBlocks, block_key, seed_for, token_bytes
+from policies.kv_blocks import PromptBlocks, block_key, chain_keys, seed_for, token_bytes
 
 # A node of a backend's engine blocks: the key of a full group, or (parent group's key, pending
 # token bytes of a group not yet full).
@@ -85,10 +98,16 @@ class KvIndexConfig:
     silent_requests: int = 16
     silent_s: float = 10.0
     relearn_s: float = 30.0
+    #: prompts remembered per backend (the last routed there) to anchor stores under an unknown parent
+    anchor_prompts: int = 32
+    #: the fewest tokens a store needs to be anchored on a prompt (fewer could match by chance)
+    anchor_tokens: int = 16
 
     def __post_init__(self) -> None:
         if min(self.max_blocks, self.min_block_tokens, self.silent_requests, self.scan_stride) < 1:
             raise ValueError("max_blocks, min_block_tokens, silent_requests and scan_stride must be >= 1")
+        if self.anchor_prompts < 0 or self.anchor_tokens < 1:
+            raise ValueError("anchor_prompts must be >= 0 and anchor_tokens >= 1")
         if self.silent_s < 0 or self.relearn_s < 0:
             raise ValueError("silent_s and relearn_s must be >= 0")
 
@@ -97,24 +116,31 @@ class _Stream:
     """One backend's blocks as its events described them."""
 
     __slots__ = (
+        "anchored",
+        "anchors",
         "bit",
         "block_size",
         "group",
         "live",
         "nodes",
         "orphans",
+        "prompts",
         "quiet_since",
         "relearn_until",
         "unanswered",
     )
 
-    def __init__(self, bit: int) -> None:
+    def __init__(self, bit: int, prompts: int) -> None:
         self.bit = bit
         self.block_size = 0  # unknown until the first full-block store
         self.group = 0
         self.live = False
-        self.nodes: OrderedDict[int, _Node] = OrderedDict()
+        self.nodes: OrderedDict[Any, _Node] = OrderedDict()
         self.orphans = 0  # stores skipped for an unknown parent
+        self.anchored = 0  # stores under an unknown parent placed on a prompt routed here
+        # an anchored parent's hash -> the node names of the prefix recorded held under it
+        self.anchors: dict[Any, list[tuple[str, Any, int]]] = {}
+        self.prompts: deque[PromptBlocks] = deque(maxlen=prompts)  # the last routed here, newest last
         self.unanswered = 0  # requests routed here since its last event
         self.quiet_since = 0.0
         self.relearn_until = 0.0
@@ -151,7 +177,7 @@ class KvIndex:
         bit = 1
         while used & bit:
             bit <<= 1
-        self._streams[backend] = _Stream(bit)
+        self._streams[backend] = _Stream(bit, self.config.anchor_prompts)
         self._names[bit] = backend
 
     def detach(self, backend: str) -> None:
@@ -202,11 +228,14 @@ class KvIndex:
         cfg = self.config
         return not (st.unanswered >= cfg.silent_requests and self.now - st.quiet_since >= cfg.silent_s)
 
-    def note_routed(self, backend: str) -> None:
-        """A request was sent to `backend` (its engine should soon speak)."""
+    def note_routed(self, backend: str, prompt: PromptBlocks | None = None) -> None:
+        """A request was sent to `backend` (its engine should soon speak); `prompt`, its tokens, may
+        anchor the engine's stores under a parent this index never heard of (see the docstring)."""
         self.version += 1
         st = self._streams.get(backend)
         if st is not None:
+            if prompt is not None and prompt.data and st.prompts.maxlen:
+                st.prompts.append(prompt)
             if st.unanswered == 0:
                 st.quiet_since = self.now
             st.unanswered += 1
@@ -266,8 +295,11 @@ class KvIndex:
         else:
             node = nodes.get(parent)
             if node is None:
-                st.orphans += 1
-                return 0
+                node = self._anchor(st, parent, token_ids, lora)
+                if node is None:
+                    st.orphans += 1
+                    return 0
+                st.anchored += 1
             if isinstance(node, int):
                 base, pend = node, b""
             else:
@@ -304,10 +336,13 @@ class KvIndex:
             return
         self._heard(st)
         nodes = st.nodes
+        anchors = st.anchors
         for h in block_hashes:
             node = nodes.pop(h, None)
             if isinstance(node, int):
                 self._unhold(node, st.bit)
+            if anchors:
+                self._unanchor(st, h)
 
     def cleared(self, backend: str) -> None:
         """`AllBlocksCleared`, or the engine restarted: it holds nothing."""
@@ -410,15 +445,27 @@ class KvIndex:
         st = self._streams.get(backend)
         return len(st.nodes) if st is not None else 0
 
+    def parentless(self, backend: str) -> tuple[int, int]:
+        """Stores under a parent this index never heard of, for `backend`: (anchored on a routed
+        prompt, skipped as orphans); see the module docstring, *Unknown parents*."""
+        st = self._streams.get(backend)
+        return (st.anchored, st.orphans) if st is not None else (0, 0)
+
     def block_size(self, backend: str) -> int:
         """The engine's block size as its events said (0 until known)."""
         st = self._streams.get(backend)
         return st.block_size if st is not None else 0
 
     def stats(self) -> Mapping[str, Mapping[str, int | bool]]:
-        """Per backend: blocks, orphan stores, usable (for metrics and the admin API)."""
+        """Per backend: blocks, stores skipped for an unknown parent (`orphans`) and stores anchored
+        on a routed prompt (`anchored`), usable (for metrics and the admin API)."""
         return {
-            name: {"blocks": len(st.nodes), "orphans": st.orphans, "usable": self._usable(st)}
+            name: {
+                "blocks": len(st.nodes),
+                "orphans": st.orphans,
+                "anchored": st.anchored,
+                "usable": self._usable(st),
+            }
             for name, st in self._streams.items()
         }
 
@@ -427,6 +474,63 @@ class KvIndex:
         return len(self._holders)
 
     # -- internals --------------------------------------------------------------------------------
+    def _anchor(self, st: _Stream, parent: Any, token_ids: Sequence[int], lora: str | None) -> _Node | None:
+        """The node of `parent`, unknown here, found by placing the store's tokens on a prompt recently
+        routed to this backend (see the module docstring, *Unknown parents*), with the prompt's prefix
+        before them recorded as held under `parent`; None when no prompt places them."""
+        need = self.config.anchor_tokens
+        if len(token_ids) < need or not st.prompts or not st.group:
+            return None
+        seed = seed_for(lora)
+        probe = token_bytes(token_ids[: max(need, st.group)])
+        rest = token_bytes(token_ids)
+        align = st.block_size * 4
+        for prompt in reversed(st.prompts):
+            if prompt.seed != seed:
+                continue
+            data = prompt.data
+            at = data.find(probe, align)
+            while at >= 0:
+                if at % align == 0:
+                    shown = len(data) - at  # the store's tokens this prompt covers must all agree
+                    if data[at : at + len(rest)] == rest[:shown]:
+                        return self._held_prefix(st, parent, prompt, at)
+                at = data.find(probe, at + 4)
+        return None
+
+    def _held_prefix(self, st: _Stream, parent: Any, prompt: PromptBlocks, end: int) -> _Node:
+        """Record `prompt`'s first `end` bytes as held by the backend, under `parent` (the engine block
+        that ends there), and return the node a store under `parent` chains from."""
+        group = st.group
+        anchors = st.anchors
+        if parent in anchors:
+            self._unanchor(st, parent)
+        elif len(anchors) >= self.config.max_blocks:  # bounded like the blocks: the oldest goes
+            self._unanchor(st, next(iter(anchors)))
+        keys = chain_keys(prompt.data[:end], group, prompt.seed, prompt.first_extra)
+        names: list[tuple[str, Any, int]] = []
+        for i, key in enumerate(keys):
+            name = ("anchor", parent, i)
+            self._put(st, name, key)
+            names.append(name)
+        anchors[parent] = names
+        full = len(keys) * group * 4
+        base = keys[-1] if keys else prompt.seed
+        node: _Node = base if full == end else (base, prompt.data[full:end])
+        self._put(st, parent, node)
+        return node
+
+    def _unanchor(self, st: _Stream, parent: Any) -> None:
+        """The engine removed an anchored parent: the prefix recorded held under it goes too."""
+        names = st.anchors.pop(parent, None)
+        if names is None:
+            return
+        nodes = st.nodes
+        for name in names:
+            node = nodes.pop(name, None)
+            if isinstance(node, int):
+                self._unhold(node, st.bit)
+
     def _put(self, st: _Stream, engine_hash: Any, node: _Node) -> None:
         nodes = st.nodes
         old = nodes.pop(engine_hash, None)
@@ -458,6 +562,7 @@ class KvIndex:
             if isinstance(node, int):
                 self._unhold(node, bit)
         st.nodes.clear()
+        st.anchors.clear()
 
 
 class _Plan:

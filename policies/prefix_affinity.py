@@ -556,7 +556,7 @@ class PrefixAffinity(BackendPolicy):
         self._sets.note(key, choice.backend, len(features.block_hashes))
         self._demand.note(pool.name, key if g else None)
         if kv.attached(choice.backend):
-            kv.note_routed(choice.backend)
+            kv.note_routed(choice.backend, features.prompt)
             pending = self._pending
             pending[key] = (choice.backend, kv.now)
             pending.move_to_end(key)

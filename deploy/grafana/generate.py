@@ -245,14 +245,24 @@ def routing() -> list[Row]:
                     [(f"max by (pool, backend) (gateway_kv_index_blocks{{{P}}})", "{{backend}}")],
                 ),
                 Panel(
-                    "Stream gaps, engine restarts and errors per second",
+                    "Stream gaps, engine restarts, errors and stores under unknown parents per second",
                     [
                         (rate("gateway_kv_event_gaps_total", "pool, backend", P), "gaps {{backend}}"),
                         (rate("gateway_kv_event_restarts_total", "pool, backend", P), "restarts {{backend}}"),
                         (rate("gateway_kv_event_errors_total", "pool, backend", P), "errors {{backend}}"),
+                        (
+                            rate("gateway_kv_stores_anchored_total", "pool, backend", P),
+                            "anchored {{backend}}",
+                        ),
+                        (
+                            rate("gateway_kv_stores_orphaned_total", "pool, backend", P),
+                            "orphaned {{backend}}",
+                        ),
                     ],
                     "ops",
-                    "A gap replay could not fill ages the backend's blocks out; a restart forgets them.",
+                    "A gap replay could not fill ages the backend's blocks out; a restart forgets them. "
+                    "Stores under a parent never heard of (stored before this gateway subscribed) are "
+                    "anchored on prompts it routed, or skipped as orphans (the index under-reports).",
                 ),
             ],
         ),

@@ -343,6 +343,20 @@ class Metrics:
             pb,
             registry=r,
         )
+        self.kv_stores_anchored = Counter(
+            "gateway_kv_stores_anchored",
+            "Stored blocks under a parent the index never heard of (stored before it subscribed, or in a "
+            "lost event), placed on a prompt routed to the backend, per worker summed.",
+            pb,
+            registry=r,
+        )
+        self.kv_stores_orphaned = Counter(
+            "gateway_kv_stores_orphaned",
+            "Stored blocks under a parent the index never heard of that no recently routed prompt "
+            "placed: skipped (the index under-reports the backend), per worker summed.",
+            pb,
+            registry=r,
+        )
         self.redis_up = Gauge(
             "gateway_redis_up",
             "1 when the last Redis probe answered (in every worker); absent without Redis.",

@@ -49,6 +49,10 @@ class KvStreamReport(Protocol):
     def restarts(self) -> int: ...
     @property
     def errors(self) -> int: ...
+    @property
+    def anchored(self) -> int: ...
+    @property
+    def orphans(self) -> int: ...
 
 
 #: the streams' reports, by backend name (`KvEventSubscriber.report`)
@@ -99,7 +103,7 @@ class MetricsSampler:
         self._redis = redis
         self._kv = kv
         #: each stream's counters at the last sample, to add what they grew by to the metrics
-        self._kv_last: dict[str, tuple[int, int, int, int]] = {}
+        self._kv_last: dict[str, tuple[int, ...]] = {}
         self._task: asyncio.Task[None] | None = None
         self._seen: set[tuple[str, str]] = set()
         self._pools: set[str] = set()
@@ -142,6 +146,8 @@ class MetricsSampler:
             m.kv_event_gaps,
             m.kv_event_restarts,
             m.kv_event_errors,
+            m.kv_stores_anchored,
+            m.kv_stores_orphaned,
         )
         for key in self._seen - seen:
             for gauge in backend_gauges:
@@ -156,7 +162,14 @@ class MetricsSampler:
 
     def _sample_kv(self, report: Mapping[str, KvStreamReport]) -> None:
         m = self._metrics
-        counters = (m.kv_events, m.kv_event_gaps, m.kv_event_restarts, m.kv_event_errors)
+        counters = (
+            m.kv_events,
+            m.kv_event_gaps,
+            m.kv_event_restarts,
+            m.kv_event_errors,
+            m.kv_stores_anchored,
+            m.kv_stores_orphaned,
+        )
         last = self._kv_last
         for pool in self._fleet.pools.values():
             for b in pool.backends.values():
@@ -167,8 +180,8 @@ class MetricsSampler:
                 m.kv_stream_connected.labels(*key).set(1 if r.connected else 0)
                 m.kv_stream_usable.labels(*key).set(1 if r.usable else 0)
                 m.kv_index_blocks.labels(*key).set(r.blocks)
-                now = (r.events, r.gaps, r.restarts, r.errors)
-                before = last.get(b.name, (0, 0, 0, 0))
+                now = (r.events, r.gaps, r.restarts, r.errors, r.anchored, r.orphans)
+                before = last.get(b.name, (0, 0, 0, 0, 0, 0))
                 for counter, value, previous in zip(counters, now, before, strict=True):
                     # a stream watched anew (its source changed) counts from 0 again
                     grown = value - previous if value >= previous else value

@@ -104,6 +104,8 @@ class StreamReport(NamedTuple):
     gaps: int
     restarts: int
     errors: int
+    anchored: int  # stores under an unknown parent placed on a routed prompt
+    orphans: int  # stores under an unknown parent skipped
 
 
 class KvEventSubscriber:
@@ -143,6 +145,7 @@ class KvEventSubscriber:
                 st.gaps,
                 st.restarts,
                 st.errors,
+                *index.parentless(name),
             )
         return out
 

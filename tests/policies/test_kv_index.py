@@ -403,3 +403,82 @@ def test_bad_bounds_are_refused() -> None:
             KvIndexConfig(**{field: 0})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="relearn_s"):
         KvIndexConfig(relearn_s=-1.0)
+
+
+def test_a_store_under_a_parent_stored_before_subscribing_is_anchored_on_the_routed_prompt() -> None:
+    """A gateway that starts beside an engine that has served: the prompt's first blocks (a shared
+    system prompt, the chat template's first tokens) were stored before it subscribed, so the store of
+    the rest names a parent it never heard of. The prompt it routed there places the store: the
+    prefix before it is held too, until the engine removes the parent."""
+    index = live_index("a", "b")
+    eng = Engine(16)
+    shared = doc(80, 1)
+    tokens = [*shared[:64], *doc(100, 2)]
+    hashes = eng.hashes(tokens)
+    prompt = PromptBlocks(tokens)
+    index.note_routed("b", prompt)  # routed elsewhere: places nothing on "a"
+    index.stored("a", hashes[4:], hashes[3], tokens[64:160], 16)
+    assert index.match(prompt, ["a"]) == {"a": 0}
+    assert index.stats()["a"]["orphans"] == 1
+    index.note_routed("a", prompt)
+    index.stored("a", hashes[4:], hashes[3], tokens[64:160], 16)
+    assert index.match(prompt, ["a", "b"]) == {"a": 160, "b": 0}
+    assert index.stats()["a"]["anchored"] == 1
+    # a later turn of the conversation, stored under the anchored chain, is keyed as usual
+    longer = [*tokens, *doc(40, 3)]
+    more = eng.hashes(longer)
+    index.stored("a", more[10:], more[9], longer[160:192], 16)
+    assert index.match(PromptBlocks(longer), ["a"]) == {"a": 192}
+    # another prompt under the same shared start is held up to it (the anchored prefix)
+    other = [*shared[:64], *doc(50, 4)]
+    assert index.match(PromptBlocks(other), ["a"]) == {"a": 64}
+    # the engine evicts leaves first; its parent's removal takes the anchored prefix with it
+    index.removed("a", [*more[10:], *hashes[4:]])
+    assert index.match(PromptBlocks(other), ["a"]) == {"a": 64}
+    index.removed("a", [hashes[3]])
+    assert index.match(PromptBlocks(other), ["a"]) == {"a": 0}
+    assert index.holds("a") == 0 and len(index) == 0
+
+
+def test_small_pages_under_an_unknown_parent_are_anchored_mid_group() -> None:
+    """SGLang's 1-token pages: a store continues the radix tree at any token, here mid-group."""
+    index = live_index("a")
+    eng = Engine(1)
+    tokens = doc(120, 6)
+    hashes = eng.hashes(tokens)
+    prompt = PromptBlocks(tokens)
+    index.note_routed("a", prompt)
+    index.stored("a", hashes[21:], hashes[20], tokens[21:], 1)  # tokens 0-20 cached before
+    assert index.match(prompt, ["a"]) == {"a": 112}
+    index.removed("a", hashes[21:])
+    assert index.match(prompt, ["a"]) == {"a": 16}  # the anchored prefix: its full group
+    index.removed("a", [hashes[20]])
+    assert index.match(prompt, ["a"]) == {"a": 0}
+
+
+def test_a_store_too_short_or_nowhere_in_the_routed_prompts_invents_nothing() -> None:
+    index = live_index("a")
+    eng = Engine(1)
+    tokens = doc(100, 7)
+    hashes = eng.hashes(tokens)
+    index.note_routed("a", PromptBlocks(tokens))
+    index.stored("a", hashes[90:95], hashes[89], tokens[90:95], 1)  # 5 tokens: could match by chance
+    elsewhere = doc(40, 8)
+    eh = eng.hashes(elsewhere)
+    index.stored("a", eh[10:], eh[9], elsewhere[10:], 1)  # another process's request
+    # the store's tokens at the very start: no parent can precede them there
+    index.stored("a", hashes[:30], 12345, tokens[:30], 1)
+    assert index.match(PromptBlocks(tokens), ["a"]) == {"a": 0}
+    assert index.stats()["a"] == {"blocks": 0, "orphans": 3, "anchored": 0, "usable": True}
+
+
+def test_anchored_prefixes_are_bounded() -> None:
+    index = live_index("a", max_blocks=8)
+    eng = Engine(16)
+    for i in range(20):
+        tokens = doc(64, 100 + i)
+        hashes = eng.hashes(tokens)
+        index.note_routed("a", PromptBlocks(tokens))
+        index.stored("a", hashes[2:], hashes[1], tokens[32:], 16)
+    assert index.holds("a") <= 8
+    assert index.stats()["a"]["anchored"] == 20

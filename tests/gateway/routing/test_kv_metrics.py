@@ -1,7 +1,7 @@
 """The KV-event streams on `GET /metrics`: a real gateway subscribed to a real ZMQ publisher in vLLM
 0.32's wire format (tests/gateway/routing/kv_publisher.py) shows what its stream did — connected,
-usable, blocks held, events applied, an unfilled gap, an engine restart, an undecodable message —
-per backend, and nothing for a backend without events."""
+usable, blocks held, events applied, an unfilled gap, an engine restart, an undecodable message, a
+store under a parent never heard of — per backend, and nothing for a backend without events."""
 
 from __future__ import annotations
 
@@ -36,14 +36,18 @@ def test_a_streams_history_reads_off_the_metrics() -> None:
                 pub.publish([stored(list(range(400, 416)))])
                 pub.restart()  # the engine restarted: its sequence starts over
                 pub.publish([stored(list(range(500, 532)))])
+                # under a parent never announced, and no prompt routed there to place it: an orphan
+                pub.publish([stored(list(range(600, 664)), start=2)])
                 pub.pub.send_multipart((pub.topic, pub.seq.to_bytes(8, "big"), b"\xc1 not msgpack"))
                 want = {
-                    "gateway_kv_events_total": 5.0,
+                    "gateway_kv_events_total": 6.0,
                     "gateway_kv_event_gaps_total": 1.0,
                     "gateway_kv_event_restarts_total": 1.0,
                     "gateway_kv_event_errors_total": 1.0,
                     "gateway_kv_stream_connected": 1.0,
                     "gateway_kv_index_blocks": 2.0,  # what the engine stored since its restart
+                    "gateway_kv_stores_orphaned_total": 1.0,
+                    "gateway_kv_stores_anchored_total": 0.0,
                 }
                 seen: dict[str, float | None] = {}
                 text = ""
