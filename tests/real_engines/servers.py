@@ -108,6 +108,7 @@ class EngineServer:
         *,
         served_model_name: str = "tiny-qwen3",
         port: int | None = None,
+        kv_events_port: int | None = None,
         start_timeout: float = 180.0,
         stop_timeout: float = 20.0,
         log_dir: Path | None = None,
@@ -117,6 +118,7 @@ class EngineServer:
         self.served_model_name = served_model_name
         self.host = "127.0.0.1"
         self.port = port if port is not None else free_port()
+        self.kv_events_port = kv_events_port if kv_events_port is not None else free_port()
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.extra = list(extra or [])
@@ -128,6 +130,22 @@ class EngineServer:
         self._log: IO[bytes] | None = None
         self._started_at = 0.0
         self._starts = 0
+
+    @property
+    def kv_events_endpoint(self) -> str:
+        """Where a ZMQ SUB socket connects to receive the KV-cache events (topic `kv`)."""
+        return f"tcp://127.0.0.1:{self.kv_events_port}"
+
+    @property
+    def kv_events_config(self) -> str:
+        """The engine's `--kv-events-config`: ZMQ PUB on `kv_events_port`, topic `kv`. Both engines bind
+        their PUB socket only for a wildcard endpoint (`tcp://*:P`); for `tcp://host:P` they connect
+        out to one subscriber instead. So it binds every interface on this port; the tests connect
+        over loopback. (SGLang ignores `enable_kv_cache_events`, vLLM needs it.)"""
+        return (
+            '{"enable_kv_cache_events": true, "publisher": "zmq", '
+            f'"endpoint": "tcp://*:{self.kv_events_port}", "topic": "kv"}}'
+        )
 
     # -- what each engine defines ------------------------------------------------------------
     @property
@@ -323,28 +341,16 @@ class VllmServer(EngineServer):
             model_dir,
             served_model_name=served_model_name,
             port=port,
+            kv_events_port=kv_events_port,
             start_timeout=start_timeout,
             stop_timeout=stop_timeout,
             log_dir=log_dir,
             extra=extra,
         )
-        self.kv_events_port = kv_events_port if kv_events_port is not None else free_port()
         self.otlp_traces_endpoint = otlp_traces_endpoint
 
     @property
-    def kv_events_endpoint(self) -> str:
-        """Where a ZMQ SUB socket connects to receive the KV-cache events (topic `kv`)."""
-        return f"tcp://127.0.0.1:{self.kv_events_port}"
-
-    @property
     def argv(self) -> list[str]:
-        # vLLM binds its PUB socket only for a wildcard endpoint (`tcp://*:P`); for `tcp://host:P` it
-        # connects out to a subscriber instead. So it binds every interface on this port; the tests
-        # connect over loopback.
-        kv_events = (
-            '{"enable_kv_cache_events": true, "publisher": "zmq", '
-            f'"endpoint": "tcp://*:{self.kv_events_port}", "topic": "kv"}}'
-        )
         return [
             str(engine_bin("vllm", "vllm")), "serve", str(self.model_dir),
             "--host", self.host, "--port", str(self.port),
@@ -357,7 +363,7 @@ class VllmServer(EngineServer):
             # at least start as a JSON object; without, the random model gives whitespace or bare
             # scalars (`Infinity`). It may still run to max_tokens inside a string value.
             "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
-            "--kv-events-config", kv_events,
+            "--kv-events-config", self.kv_events_config,
             *(["--otlp-traces-endpoint", self.otlp_traces_endpoint] if self.otlp_traces_endpoint else []),
             # A line per request (its id and parameters, the prompt cut to 200): with it, `Request <id>
             # aborted.` when a client's disconnect cancelled the request (tests/real_engines/test_disconnect.py).
@@ -400,6 +406,7 @@ class SglangServer(EngineServer):
             "--enable-metrics", "--enable-cache-report", "--tool-call-parser", "qwen",
             "--constrained-json-disable-any-whitespace",
             "--sleep-on-idle",  # else its scheduler spins a whole core while idle
+            "--kv-events-config", self.kv_events_config,
             *self.extra,
         ]  # fmt: skip
 

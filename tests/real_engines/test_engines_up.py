@@ -9,6 +9,7 @@ completion length exact), streaming framing, metrics, cache hits and the events.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import time
@@ -20,6 +21,7 @@ import msgpack  # type: ignore[import-untyped]  # no stubs
 import pytest
 import zmq
 
+from engines.sim.block_hashes import SglangBlockHasher
 from tests.real_engines.servers import EngineServer, SglangServer, VllmServer
 
 pytestmark = pytest.mark.timeout(300)  # the first test may wait for a server's startup
@@ -210,6 +212,92 @@ def test_vllm_publishes_kv_cache_events(real_vllm: VllmServer) -> None:
 
 def _blocks(ids: list[int]) -> list[list[int]]:
     return [ids[i : i + 32] for i in range(0, len(ids) - 31, 32)]
+
+
+def test_sglang_publishes_kv_cache_events(real_sglang: SglangServer) -> None:
+    """SGLang 0.5.23's events as its own source describes them (`sglang/srt/disaggregation/kv_events.py`),
+    read from the server: the same frames and batch as vLLM's, `BlockStored` with 1-token pages (its
+    default page size) and a hash per token, stored in chains (each event's parent the previous one's
+    last hash), and the prompt's every token stored after its prefill (the answer's tokens but its
+    last when the request finishes)."""
+    prompt = f"{uuid.uuid4()} " + " ".join(f"event page {i}." for i in range(40))
+    tokenized = httpx.post(
+        real_sglang.base_url + "/tokenize",
+        json={"model": real_sglang.served_model_name, "messages": [{"role": "user", "content": prompt}],
+              "add_generation_prompt": True},
+        timeout=10,
+    ).json()  # fmt: skip
+    prompt_ids: list[int] = tokenized["tokens"]
+    assert len(prompt_ids) >= 100
+    context = zmq.Context()
+    sub = context.socket(zmq.SUB)
+    try:
+        sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.connect(real_sglang.kv_events_endpoint)
+        time.sleep(0.5)  # a SUB socket misses what is published before its subscription arrives
+        assert chat(real_sglang, prompt).status_code == 200
+        stored: list[dict[str, Any]] = []
+        offset = -1  # where the prompt's chain of new pages starts in prompt_ids
+        seqs: list[int] = []
+        deadline = time.monotonic() + 10
+        while offset < 0 or offset + len(stored_tokens(stored)) < len(prompt_ids):
+            assert time.monotonic() < deadline, f"no BlockStored for the prompt; got {stored}"
+            if not sub.poll(500):
+                continue
+            topic, seq, payload = sub.recv_multipart()
+            assert topic == b"kv" and len(seq) == 8
+            seqs.append(int.from_bytes(seq, "big"))
+            timestamp, events, _dp_rank = msgpack.unpackb(payload, strict_map_key=False)
+            assert timestamp > 0
+            for e in events:
+                if e["type"] != "BlockStored":
+                    continue
+                if stored:
+                    stored.append(e)
+                elif (at := _find(prompt_ids, e["token_ids"])) >= 0:
+                    # the prompt's first new page: after whatever earlier requests left cached (the
+                    # chat template's first tokens are every chat's)
+                    offset = at
+                    stored.append(e)
+    finally:
+        sub.close()
+        context.term()
+    assert seqs == sorted(seqs)
+    assert all(e.get("block_size", 1) == 1 for e in stored)  # omitted at its default
+    assert all(len(e["block_hashes"]) == len(e["token_ids"]) for e in stored)
+    # the chain hangs off the cached prefix (or is a root when nothing was cached)
+    assert (stored[0].get("parent_block_hash") is None) == (offset == 0)
+    for before, after in itertools.pairwise(stored):
+        assert after["parent_block_hash"] == before["block_hashes"][-1]
+    # every prompt token, in order (what follows them is the answer's)
+    assert stored_tokens(stored)[: len(prompt_ids) - offset] == prompt_ids[offset:]
+    # the hashes are the simulators' (engines/sim/block_hashes.py, read from SGLang's source): each
+    # page's SHA-256 chained over the previous page's digest from the root, its first 8 bytes as a
+    # signed int64
+    hasher = SglangBlockHasher()
+    digest: bytes | None = None
+    expected: list[int] = []
+    for token in prompt_ids:
+        digest = hasher.digest(digest, [token])
+        expected.append(hasher.external(digest))
+    assert [h for e in stored for h in e["block_hashes"]][: len(expected) - offset] == expected[offset:]
+    if offset:
+        assert stored[0]["parent_block_hash"] == expected[offset - 1]
+
+
+def _find(haystack: list[int], needle: list[int]) -> int:
+    """Where `needle` (at least 8 tokens, so not a chance match) starts in `haystack`, or -1."""
+    if len(needle) < 8:
+        return -1
+    for at in range(len(haystack) - len(needle) + 1):
+        if haystack[at : at + len(needle)] == needle:
+            return at
+    return -1
+
+
+def stored_tokens(stored: list[dict[str, Any]]) -> list[int]:
+    return [t for e in stored for t in e["token_ids"]]
 
 
 def test_sglang_never_reached_a_missing_kernel(real_sglang: SglangServer) -> None:
