@@ -20,7 +20,9 @@ sent to that backend (`note_routed`): the first prompt in which the store's toke
 `anchor_tokens` of them) follow a whole number of blocks places it, and the parent is the prompt's
 prefix before them. The engine only extends a prefix it holds, so that prefix is recorded as held
 too, under the parent's hash: when the engine removes the parent (engines evict leaves first, so
-after its children), the prefix goes with it. A store that no recent prompt places (a request
+after its children), the prefix goes with it (and with it a group another anchored prefix shares: the
+index may then under-report that one, never over-report). The recorded prefixes count against
+`max_blocks`, oldest dropped first. A store that no recent prompt places (a request
 another routing process sent, or too short to place: a decode's last few tokens) is skipped and
 counted (`orphans`): the index under-reports, it never invents a block. Its later stores under a
 parent already anchored or heard are keyed as usual, so what this process routes itself fills in
@@ -116,6 +118,7 @@ class _Stream:
     """One backend's blocks as its events described them."""
 
     __slots__ = (
+        "anchor_names",
         "anchored",
         "anchors",
         "bit",
@@ -140,6 +143,7 @@ class _Stream:
         self.anchored = 0  # stores under an unknown parent placed on a prompt routed here
         # an anchored parent's hash -> the node names of the prefix recorded held under it
         self.anchors: dict[Any, list[tuple[str, Any, int]]] = {}
+        self.anchor_names = 0  # the names in `anchors`, bounded by max_blocks
         self.prompts: deque[PromptBlocks] = deque(maxlen=prompts)  # the last routed here, newest last
         self.unanswered = 0  # requests routed here since its last event
         self.quiet_since = 0.0
@@ -505,15 +509,19 @@ class KvIndex:
         anchors = st.anchors
         if parent in anchors:
             self._unanchor(st, parent)
-        elif len(anchors) >= self.config.max_blocks:  # bounded like the blocks: the oldest goes
-            self._unanchor(st, next(iter(anchors)))
         keys = chain_keys(prompt.data[:end], group, prompt.seed, prompt.first_extra)
+        # bounded like the blocks (their names may have aged out of `nodes` already): the oldest go,
+        # and a prefix longer than the bound is recorded held up to it (the store still chains on)
+        held = keys[: self.config.max_blocks]
+        while anchors and st.anchor_names + len(held) > self.config.max_blocks:
+            self._unanchor(st, next(iter(anchors)))
         names: list[tuple[str, Any, int]] = []
-        for i, key in enumerate(keys):
+        for i, key in enumerate(held):
             name = ("anchor", parent, i)
             self._put(st, name, key)
             names.append(name)
         anchors[parent] = names
+        st.anchor_names += len(names)
         full = len(keys) * group * 4
         base = keys[-1] if keys else prompt.seed
         node: _Node = base if full == end else (base, prompt.data[full:end])
@@ -525,6 +533,7 @@ class KvIndex:
         names = st.anchors.pop(parent, None)
         if names is None:
             return
+        st.anchor_names -= len(names)
         nodes = st.nodes
         for name in names:
             node = nodes.pop(name, None)
@@ -563,6 +572,7 @@ class KvIndex:
                 self._unhold(node, bit)
         st.nodes.clear()
         st.anchors.clear()
+        st.anchor_names = 0
 
 
 class _Plan:

@@ -482,3 +482,18 @@ def test_anchored_prefixes_are_bounded() -> None:
         index.stored("a", hashes[2:], hashes[1], tokens[32:], 16)
     assert index.holds("a") <= 8
     assert index.stats()["a"]["anchored"] == 20
+
+
+def test_anchored_prefixes_count_against_max_blocks() -> None:
+    """Each anchored prefix records its groups; all of them together stay within `max_blocks`, even
+    when the nodes they name have aged out of the index already."""
+    index = live_index("a", max_blocks=16)
+    eng = Engine(1)
+    for i in range(30):
+        tokens = doc(400, 200 + i)
+        hashes = eng.hashes(tokens)
+        index.note_routed("a", PromptBlocks(tokens))
+        index.stored("a", hashes[300:], hashes[299], tokens[300:], 1)  # 4 full groups before it
+    st = index._streams["a"]  # the bound is internal: what the anchors keep, not what matches
+    assert st.anchor_names == sum(len(names) for names in st.anchors.values()) <= 16
+    assert index.holds("a") <= 16 and index.parentless("a") == (30, 0)
