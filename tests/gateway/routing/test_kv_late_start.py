@@ -1,0 +1,104 @@
+"""A gateway that starts beside an engine that has already served (a restart, a new replica).
+
+The SGLang simulator with SGLang's default 1-token pages publishes its KV-cache events; a
+conversation's first turn, with a long system prompt, is sent to it directly before the gateway
+exists. Its second turn through the gateway is cached by the engine after the part it already held,
+so the engine's store names a parent the gateway never heard of. With anchoring (the default) the
+index places that store on the prompt it routed and counts the prefix before it as held too, so a
+third conversation with the same system prompt is known to be warm there; with `anchor_prompts: 0`
+the store is skipped as an orphan and nothing is known (docs/routing.md, *Unknown parents*).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from engines.sim.launcher import free_port
+from gateway.admission.tokens import mint_token
+from gateway.demo import SERVED
+from tests.conftest import MODEL, fast_sim, single_pool_config
+from tests.support import GatewayProcess, wait_until
+
+SECRET = "test-secret-for-the-late-start-0123456789"
+USER = {"Authorization": "Bearer " + mint_token(SECRET, "alice")}
+ADMIN = {"Authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}
+SYSTEM = "You are the archivist. " + " ".join(f"rule {i}: keep record {i * 7} intact." for i in range(80))
+
+
+def chat(question: str, answer_first: bool = False) -> dict[str, Any]:
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Where is record 7?"}]
+    if answer_first:
+        messages += [{"role": "assistant", "content": "In the east wing."}]
+    messages.append({"role": "user", "content": question})
+    return {"model": MODEL, "messages": messages, "max_tokens": 4}
+
+
+def metric(text: str, name: str) -> float | None:
+    found = re.search(rf'^{name}\{{[^}}]*backend="sglang-0"[^}}]*\}} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else None
+
+
+@pytest.mark.parametrize("anchor_prompts", [32, 0])
+def test_a_late_gateway_learns_what_the_engine_held_before_it_subscribed(anchor_prompts: int) -> None:
+    port = free_port()
+    events = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{port}", "topic": "kv"})
+    with fast_sim("sglang", "--page-size", "1", "--kv-events-config", events) as sim:
+        # before any gateway: the conversation's first turn, straight to the engine
+        first = chat("Where is record 7?")
+        first["messages"] = first["messages"][:2]
+        r = httpx.post(
+            sim.base_url + "/v1/chat/completions", json=dict(first, model=SERVED["sglang"]), timeout=30
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] > 400
+
+        config = single_pool_config("sglang", [sim.base_url])
+        backend = config["pools"][0]["backends"][0]
+        backend["kv_events"] = {"endpoint": f"tcp://127.0.0.1:{port}", "topic": "kv"}
+        config["models"][0]["tokenizer"] = "sim"
+        config["routing"] = {
+            "scrape_interval_s": 0,
+            "policy_options": {"kv": {"anchor_prompts": anchor_prompts}},
+        }
+        config["metrics"] = {"sample_interval_s": 0.1}
+        with GatewayProcess(config, env={"GATEWAY_JWT_SECRET": SECRET}) as gw:
+
+            def held(body: dict[str, Any]) -> int:
+                r = httpx.post(gw.base_url + "/admin/routes/explain", json=body, headers=ADMIN, timeout=10)
+                assert r.status_code == 200, r.text
+                return int(r.json()["kv_held_tokens"]["sglang-0"])
+
+            def counts() -> tuple[float | None, float | None]:
+                text = httpx.get(gw.base_url + "/metrics", timeout=10).text
+                return metric(text, "gateway_kv_stores_anchored_total"), metric(
+                    text, "gateway_kv_stores_orphaned_total"
+                )
+
+            wait_until(
+                lambda: counts() == (0.0, 0.0), 10, what="the stream's series (subscribed, nothing heard)"
+            )
+            time.sleep(0.5)  # the SUB socket's subscription reaches the publisher
+            third = chat("Who keeps record 14?")
+            assert held(third) == 0  # nothing heard: the engine's cache predates the gateway
+
+            second = chat("And record 21?", answer_first=True)
+            r = httpx.post(gw.base_url + "/v1/chat/completions", json=second, headers=USER, timeout=30)
+            assert r.status_code == 200, r.text
+            tokens = int(r.json()["usage"]["prompt_tokens"])
+            if anchor_prompts:
+                # the prompt's store anchored; the answer's chains under it as usual
+                wait_until(lambda: counts() == (1.0, 0.0), 10, what="the store anchored on the routed prompt")
+                # the second turn is held whole (in 64-token groups), and so is the system prompt the
+                # engine had cached before the gateway started: another conversation's start is warm
+                assert held(second) >= tokens - 63
+                assert held(third) >= 400
+            else:
+                # the prompt's store, then the answer's chained under it: both orphans
+                wait_until(lambda: counts() == (0.0, 2.0), 10, what="the stores skipped as orphans")
+                assert held(second) == 0 and held(third) == 0
