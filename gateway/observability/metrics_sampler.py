@@ -102,7 +102,16 @@ class MetricsSampler:
         self._interval = interval_s
         self._redis = redis
         self._kv = kv
-        #: each stream's counters at the last sample, to add what they grew by to the metrics
+        #: the KV streams' counters, in the order of `_kv_counts`
+        self._kv_counters = (
+            metrics.kv_events,
+            metrics.kv_event_gaps,
+            metrics.kv_event_restarts,
+            metrics.kv_event_errors,
+            metrics.kv_stores_anchored,
+            metrics.kv_stores_orphaned,
+        )
+        #: each stream's counts at the last sample, to add what they grew by to the metrics
         self._kv_last: dict[str, tuple[int, ...]] = {}
         self._task: asyncio.Task[None] | None = None
         self._seen: set[tuple[str, str]] = set()
@@ -142,12 +151,7 @@ class MetricsSampler:
             m.kv_stream_connected,
             m.kv_stream_usable,
             m.kv_index_blocks,
-            m.kv_events,
-            m.kv_event_gaps,
-            m.kv_event_restarts,
-            m.kv_event_errors,
-            m.kv_stores_anchored,
-            m.kv_stores_orphaned,
+            *self._kv_counters,
         )
         for key in self._seen - seen:
             for gauge in backend_gauges:
@@ -162,14 +166,7 @@ class MetricsSampler:
 
     def _sample_kv(self, report: Mapping[str, KvStreamReport]) -> None:
         m = self._metrics
-        counters = (
-            m.kv_events,
-            m.kv_event_gaps,
-            m.kv_event_restarts,
-            m.kv_event_errors,
-            m.kv_stores_anchored,
-            m.kv_stores_orphaned,
-        )
+        counters = self._kv_counters
         last = self._kv_last
         for pool in self._fleet.pools.values():
             for b in pool.backends.values():
@@ -180,8 +177,8 @@ class MetricsSampler:
                 m.kv_stream_connected.labels(*key).set(1 if r.connected else 0)
                 m.kv_stream_usable.labels(*key).set(1 if r.usable else 0)
                 m.kv_index_blocks.labels(*key).set(r.blocks)
-                now = (r.events, r.gaps, r.restarts, r.errors, r.anchored, r.orphans)
-                before = last.get(b.name, (0, 0, 0, 0, 0, 0))
+                now = _kv_counts(r)
+                before = last.get(b.name, (0,) * len(now))
                 for counter, value, previous in zip(counters, now, before, strict=True):
                     # a stream watched anew (its source changed) counts from 0 again
                     grown = value - previous if value >= previous else value
@@ -214,3 +211,8 @@ class MetricsSampler:
                 if stop_requested():  # the cancel was swallowed on its way (gateway/core/tasks.py)
                     return
                 log.exception("metrics sampling failed")
+
+
+def _kv_counts(r: KvStreamReport) -> tuple[int, ...]:
+    """A stream's counts, in the order of `MetricsSampler._kv_counters`."""
+    return (r.events, r.gaps, r.restarts, r.errors, r.anchored, r.orphans)

@@ -472,18 +472,6 @@ def test_a_store_too_short_or_nowhere_in_the_routed_prompts_invents_nothing() ->
     assert index.stats()["a"] == {"blocks": 0, "orphans": 3, "anchored": 0, "usable": True}
 
 
-def test_anchored_prefixes_are_bounded() -> None:
-    index = live_index("a", max_blocks=8)
-    eng = Engine(16)
-    for i in range(20):
-        tokens = doc(64, 100 + i)
-        hashes = eng.hashes(tokens)
-        index.note_routed("a", PromptBlocks(tokens))
-        index.stored("a", hashes[2:], hashes[1], tokens[32:], 16)
-    assert index.holds("a") <= 8
-    assert index.stats()["a"]["anchored"] == 20
-
-
 def test_anchored_prefixes_count_against_max_blocks() -> None:
     """Each anchored prefix records its groups; all of them together stay within `max_blocks`, even
     when the nodes they name have aged out of the index already."""

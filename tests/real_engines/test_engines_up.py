@@ -14,6 +14,7 @@ import json
 import re
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -176,32 +177,16 @@ def test_vllm_publishes_kv_cache_events(real_vllm: VllmServer) -> None:
     prompt_ids: list[int] = tokenized["tokens"]
     full_blocks = len(prompt_ids) // 32
     assert full_blocks >= 3
-    context = zmq.Context()
-    sub = context.socket(zmq.SUB)
-    try:
-        sub.setsockopt(zmq.SUBSCRIBE, b"kv")
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.connect(real_vllm.kv_events_endpoint)
-        time.sleep(0.5)  # a SUB socket misses what is published before its subscription arrives
-        assert chat(real_vllm, prompt).status_code == 200
-        stored: list[dict[str, Any]] = []
-        seqs: list[int] = []
-        deadline = time.monotonic() + 10
-        while sum(len(e["token_ids"]) for e in stored) < full_blocks * 32:
-            assert time.monotonic() < deadline, f"no BlockStored for the prompt's blocks; got {stored}"
-            if not sub.poll(500):
-                continue
-            topic, seq, payload = sub.recv_multipart()
-            assert topic == b"kv" and len(seq) == 8
-            seqs.append(int.from_bytes(seq, "big"))
-            timestamp, events, _dp_rank = msgpack.unpackb(payload, strict_map_key=False)
-            assert timestamp > 0
-            stored += [
-                e for e in events if e["type"] == "BlockStored" and e["token_ids"][:32] in _blocks(prompt_ids)
-            ]
-    finally:
-        sub.close()
-        context.term()
+    stored: list[dict[str, Any]] = []
+    seqs: list[int] = []
+    for events in batches(real_vllm, prompt, seqs):
+        stored += [
+            e for e in events if e["type"] == "BlockStored" and e["token_ids"][:32] in _blocks(prompt_ids)
+        ]
+        if sum(len(e["token_ids"]) for e in stored) >= full_blocks * 32:
+            break
+    else:
+        pytest.fail(f"no BlockStored for the prompt's blocks; got {stored}")
     assert seqs == sorted(seqs)
     assert all(e["block_size"] == 32 for e in stored)
     assert all(len(e["block_hashes"]) * 32 == len(e["token_ids"]) for e in stored)
@@ -212,6 +197,33 @@ def test_vllm_publishes_kv_cache_events(real_vllm: VllmServer) -> None:
 
 def _blocks(ids: list[int]) -> list[list[int]]:
     return [ids[i : i + 32] for i in range(0, len(ids) - 31, 32)]
+
+
+def batches(server: EngineServer, prompt: str, seqs: list[int], timeout: float = 10) -> Iterator[list[Any]]:
+    """Subscribes to `server`'s KV events, sends `prompt` as a chat, then yields each message's events
+    (its frames checked, its sequence appended to `seqs`) for `timeout` seconds or until the caller
+    stops."""
+    context = zmq.Context()
+    sub = context.socket(zmq.SUB)
+    try:
+        sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.connect(server.kv_events_endpoint)
+        time.sleep(0.5)  # a SUB socket misses what is published before its subscription arrives
+        assert chat(server, prompt).status_code == 200
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not sub.poll(500):
+                continue
+            topic, seq, payload = sub.recv_multipart()
+            assert topic == b"kv" and len(seq) == 8
+            seqs.append(int.from_bytes(seq, "big"))
+            timestamp, events, _dp_rank = msgpack.unpackb(payload, strict_map_key=False)
+            assert timestamp > 0
+            yield events
+    finally:
+        sub.close()
+        context.term()
 
 
 def test_sglang_publishes_kv_cache_events(real_sglang: SglangServer) -> None:
@@ -229,40 +241,24 @@ def test_sglang_publishes_kv_cache_events(real_sglang: SglangServer) -> None:
     ).json()  # fmt: skip
     prompt_ids: list[int] = tokenized["tokens"]
     assert len(prompt_ids) >= 100
-    context = zmq.Context()
-    sub = context.socket(zmq.SUB)
-    try:
-        sub.setsockopt(zmq.SUBSCRIBE, b"kv")
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.connect(real_sglang.kv_events_endpoint)
-        time.sleep(0.5)  # a SUB socket misses what is published before its subscription arrives
-        assert chat(real_sglang, prompt).status_code == 200
-        stored: list[dict[str, Any]] = []
-        offset = -1  # where the prompt's chain of new pages starts in prompt_ids
-        seqs: list[int] = []
-        deadline = time.monotonic() + 10
-        while offset < 0 or offset + len(stored_tokens(stored)) < len(prompt_ids):
-            assert time.monotonic() < deadline, f"no BlockStored for the prompt; got {stored}"
-            if not sub.poll(500):
+    stored: list[dict[str, Any]] = []
+    offset = -1  # where the prompt's chain of new pages starts in prompt_ids
+    seqs: list[int] = []
+    for events in batches(real_sglang, prompt, seqs):
+        for e in events:
+            if e["type"] != "BlockStored":
                 continue
-            topic, seq, payload = sub.recv_multipart()
-            assert topic == b"kv" and len(seq) == 8
-            seqs.append(int.from_bytes(seq, "big"))
-            timestamp, events, _dp_rank = msgpack.unpackb(payload, strict_map_key=False)
-            assert timestamp > 0
-            for e in events:
-                if e["type"] != "BlockStored":
-                    continue
-                if stored:
-                    stored.append(e)
-                elif (at := _find(prompt_ids, e["token_ids"])) >= 0:
-                    # the prompt's first new page: after whatever earlier requests left cached (the
-                    # chat template's first tokens are every chat's)
-                    offset = at
-                    stored.append(e)
-    finally:
-        sub.close()
-        context.term()
+            if stored:
+                stored.append(e)
+            elif (at := _find(prompt_ids, e["token_ids"])) >= 0:
+                # the prompt's first new page: after whatever earlier requests left cached (the chat
+                # template's first tokens are every chat's)
+                offset = at
+                stored.append(e)
+        if offset >= 0 and offset + len(stored_tokens(stored)) >= len(prompt_ids):
+            break
+    else:
+        pytest.fail(f"no BlockStored for the prompt; got {stored}")
     assert seqs == sorted(seqs)
     assert all(e.get("block_size", 1) == 1 for e in stored)  # omitted at its default
     assert all(len(e["block_hashes"]) == len(e["token_ids"]) for e in stored)

@@ -78,7 +78,8 @@ async def test_running_waiting_and_kv_use_are_scraped(
     gateway: GatewayProcess, real_engine: EngineServer
 ) -> None:
     """Ten long requests (whole, not streamed: a stream per token would starve vLLM's API server, and
-    its /metrics with it, on 2 cores) against 8 running slots; cancelled once the scrape showed them.
+    its /metrics with it, on 2 cores) against 8 running slots, the last two sent once the engine runs
+    eight; cancelled once the scrape showed them.
 
     The load goes to the engine itself: what is under test is what the gateway's scraper reads of it.
     (Sent through the gateway, 2 of the 10 and once 8 of the 10 were answered 503 `overloaded` in
@@ -97,8 +98,18 @@ async def test_running_waiting_and_kv_use_are_scraped(
             )
             for i in range(SLOTS + 2)
         ]
-        tasks = [asyncio.create_task(engine.post("/v1/chat/completions", json=b)) for b in bodies]
+        tasks = [asyncio.create_task(engine.post("/v1/chat/completions", json=b)) for b in bodies[:SLOTS]]
         try:
+            # the last two only once the engine runs eight, so they must wait: sent with the others, a
+            # starved vLLM API server once handed two to the engine core, then the other eight 16 s
+            # later, when the first two had finished - 8 running, never one waiting (2026-12-05)
+            deadline = time.monotonic() + 60
+            while await asyncio.to_thread(running, real_engine) < SLOTS:
+                assert time.monotonic() < deadline, f"the engine never ran {SLOTS} requests"
+                await asyncio.sleep(0.1)
+            tasks += [
+                asyncio.create_task(engine.post("/v1/chat/completions", json=b)) for b in bodies[SLOTS:]
+            ]
             deadline = time.monotonic() + 60
             pools: Any = None
             while not (seen["running"] >= SLOTS and seen["waiting"] >= 1 and seen["kv_usage"] > 0):
