@@ -80,10 +80,13 @@ def test_a_late_gateway_learns_what_the_engine_held_before_it_subscribed(anchor_
                     text, "gateway_kv_stores_orphaned_total"
                 )
 
-            wait_until(
-                lambda: counts() == (0.0, 0.0), 10, what="the stream's series (subscribed, nothing heard)"
-            )
-            time.sleep(0.5)  # the SUB socket's subscription reaches the publisher
+            def connected() -> bool:
+                text = httpx.get(gw.base_url + "/metrics", timeout=10).text
+                return metric(text, "gateway_kv_stream_connected") == 1.0
+
+            wait_until(connected, 10, what="the gateway's SUB socket connected to the engine's publisher")
+            assert counts() == (0.0, 0.0)  # nothing heard: the engine stored its cache before
+            time.sleep(0.5)  # the subscription reaches the publisher (ZMQ drops what precedes it)
             third = chat("Who keeps record 14?")
             assert held(third) == 0  # nothing heard: the engine's cache predates the gateway
 
