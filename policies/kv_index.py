@@ -238,8 +238,8 @@ class KvIndex:
         self.version += 1
         st = self._streams.get(backend)
         if st is not None:
-            if prompt is not None and prompt.data and st.prompts.maxlen:
-                st.prompts.append(prompt)
+            if prompt is not None:
+                st.prompts.append(prompt)  # a deque of anchor_prompts: 0 keeps none
             if st.unanswered == 0:
                 st.quiet_since = self.now
             st.unanswered += 1
@@ -449,12 +449,6 @@ class KvIndex:
         st = self._streams.get(backend)
         return len(st.nodes) if st is not None else 0
 
-    def parentless(self, backend: str) -> tuple[int, int]:
-        """Stores under a parent this index never heard of, for `backend`: (anchored on a routed
-        prompt, skipped as orphans); see the module docstring, *Unknown parents*."""
-        st = self._streams.get(backend)
-        return (st.anchored, st.orphans) if st is not None else (0, 0)
-
     def block_size(self, backend: str) -> int:
         """The engine's block size as its events said (0 until known)."""
         st = self._streams.get(backend)
@@ -490,16 +484,8 @@ class KvIndex:
         rest = token_bytes(token_ids)
         align = st.block_size * 4
         for prompt in reversed(st.prompts):
-            if prompt.seed != seed:
-                continue
-            data = prompt.data
-            at = data.find(probe, align)
-            while at >= 0:
-                if at % align == 0:
-                    shown = len(data) - at  # the store's tokens this prompt covers must all agree
-                    if data[at : at + len(rest)] == rest[:shown]:
-                        return self._held_prefix(st, parent, prompt, at)
-                at = data.find(probe, at + 4)
+            if prompt.seed == seed and (at := _place(prompt.data, probe, rest, align)) >= 0:
+                return self._held_prefix(st, parent, prompt, at)
         return None
 
     def _held_prefix(self, st: _Stream, parent: Any, prompt: PromptBlocks, end: int) -> _Node:
@@ -509,7 +495,12 @@ class KvIndex:
         anchors = st.anchors
         if parent in anchors:
             self._unanchor(st, parent)
-        keys = chain_keys(prompt.data[:end], group, prompt.seed, prompt.first_extra)
+        step = group * 4
+        keys = prompt.keys(group)  # cached on the prompt (matching it computed them)
+        if end // step <= len(keys):
+            keys = keys[: end // step]
+        else:  # past the tokens a prompt is keyed on
+            keys = tuple(chain_keys(prompt.data[:end], group, prompt.seed, prompt.first_extra))
         # bounded like the blocks (their names may have aged out of `nodes` already): the oldest go,
         # and a prefix longer than the bound is recorded held up to it (the store still chains on)
         held = keys[: self.config.max_blocks]
@@ -522,7 +513,7 @@ class KvIndex:
             names.append(name)
         anchors[parent] = names
         st.anchor_names += len(names)
-        full = len(keys) * group * 4
+        full = len(keys) * step
         base = keys[-1] if keys else prompt.seed
         node: _Node = base if full == end else (base, prompt.data[full:end])
         self._put(st, parent, node)
@@ -600,6 +591,18 @@ class _Plan:
         if index.now == self.now:
             return True
         return all(index._usable(st) == usable for st, usable in self.watch)
+
+
+def _place(data: bytes, probe: bytes, rest: bytes, align: int) -> int:
+    """Where in `data` (a prompt's token bytes) a store's tokens `rest` start: at a multiple of `align`
+    (a block boundary) past the first block, `probe` (their start) found there, and every token of
+    `rest` that `data` covers agreeing; -1 if nowhere."""
+    at = data.find(probe, align)
+    while at >= 0:
+        if at % align == 0 and data[at : at + len(rest)] == rest[: len(data) - at]:
+            return at
+        at = data.find(probe, at + 4)
+    return -1
 
 
 def _record(out: dict[str, int], names: Mapping[int, str], mask: int, tokens: int) -> None:

@@ -55,6 +55,16 @@ class KvStreamReport(Protocol):
     def orphans(self) -> int: ...
 
 
+#: each count of a stream's report and the counter (a `Metrics` attribute) that shows it
+_KV_COUNTS = (
+    ("events", "kv_events"),
+    ("gaps", "kv_event_gaps"),
+    ("restarts", "kv_event_restarts"),
+    ("errors", "kv_event_errors"),
+    ("anchored", "kv_stores_anchored"),
+    ("orphans", "kv_stores_orphaned"),
+)
+
 #: the streams' reports, by backend name (`KvEventSubscriber.report`)
 KvReport = Callable[[], Mapping[str, KvStreamReport]]
 
@@ -102,15 +112,8 @@ class MetricsSampler:
         self._interval = interval_s
         self._redis = redis
         self._kv = kv
-        #: the KV streams' counters, in the order of `_kv_counts`
-        self._kv_counters = (
-            metrics.kv_events,
-            metrics.kv_event_gaps,
-            metrics.kv_event_restarts,
-            metrics.kv_event_errors,
-            metrics.kv_stores_anchored,
-            metrics.kv_stores_orphaned,
-        )
+        #: the KV streams' counters, in the order of `_KV_COUNTS`
+        self._kv_counters = tuple(getattr(metrics, metric) for _, metric in _KV_COUNTS)
         #: each stream's counts at the last sample, to add what they grew by to the metrics
         self._kv_last: dict[str, tuple[int, ...]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -177,7 +180,7 @@ class MetricsSampler:
                 m.kv_stream_connected.labels(*key).set(1 if r.connected else 0)
                 m.kv_stream_usable.labels(*key).set(1 if r.usable else 0)
                 m.kv_index_blocks.labels(*key).set(r.blocks)
-                now = _kv_counts(r)
+                now = tuple(getattr(r, count) for count, _ in _KV_COUNTS)
                 before = last.get(b.name, (0,) * len(now))
                 for counter, value, previous in zip(counters, now, before, strict=True):
                     # a stream watched anew (its source changed) counts from 0 again
@@ -211,8 +214,3 @@ class MetricsSampler:
                 if stop_requested():  # the cancel was swallowed on its way (gateway/core/tasks.py)
                     return
                 log.exception("metrics sampling failed")
-
-
-def _kv_counts(r: KvStreamReport) -> tuple[int, ...]:
-    """A stream's counts, in the order of `MetricsSampler._kv_counters`."""
-    return (r.events, r.gaps, r.restarts, r.errors, r.anchored, r.orphans)

@@ -108,6 +108,10 @@ class StreamReport(NamedTuple):
     orphans: int  # stores under an unknown parent skipped
 
 
+#: `KvIndex.stats()` of a backend the index has no stream for
+_NOT_ATTACHED: Mapping[str, int | bool] = {"blocks": 0, "orphans": 0, "anchored": 0, "usable": False}
+
+
 class KvEventSubscriber:
     """The event streams of the backends `watch`ed, feeding one index. Start and stop on the event
     loop that routes; `clock` is the logical clock handed to the index (seconds)."""
@@ -135,17 +139,20 @@ class KvEventSubscriber:
         """Per watched backend: its stream's counters and the index's view of it (for the metrics)."""
         index = self.index
         index.tick(self._clock())
+        stats = index.stats()
         out = {}
         for name, (_, _, st) in self._streams.items():
+            seen = stats.get(name, _NOT_ATTACHED)
             out[name] = StreamReport(
                 st.connected,
-                index.usable(name),
-                index.holds(name),
+                bool(seen["usable"]),
+                int(seen["blocks"]),
                 st.events,
                 st.gaps,
                 st.restarts,
                 st.errors,
-                *index.parentless(name),
+                int(seen["anchored"]),
+                int(seen["orphans"]),
             )
         return out
 
