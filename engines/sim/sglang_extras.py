@@ -77,6 +77,8 @@ class SglangEndpoints:
             "max_prefill_tokens": cfg.max_prefill_tokens,
             "schedule_policy": cfg.schedule_policy,
             "kv_events_config": self._kv_events_config(),
+            "kv_events": self._kv_events(),
+            "dp_size": 1,
             "host": cfg.host,
             "port": cfg.port,
         }
@@ -94,6 +96,25 @@ class SglangEndpoints:
                 "replay_endpoint": pub.replay_endpoint,
             }
         )
+
+    def _kv_events(self) -> dict[str, Any] | None:
+        """SGLang 0.5.23's descriptor of its publisher (`describe_kv_events_publisher`): what a router
+        subscribes to, rank r on `endpoint_port_base + r` (one rank here); None without events."""
+        pub = self.engine.publisher
+        if pub is None or not pub.endpoint.startswith("tcp://"):
+            return None
+        host, _, port = pub.endpoint.removeprefix("tcp://").rpartition(":")
+        described: dict[str, Any] = {
+            "publisher": "zmq",
+            "endpoint_host": host.strip("[]"),
+            "endpoint_port_base": int(port),
+            "topic": pub.cfg.topic,
+            "block_size": self.cfg.block_size,
+            "dp_size": 1,
+        }
+        if pub.replay_endpoint is not None and pub.replay_endpoint.startswith("tcp://"):
+            described["replay_endpoint_port_base"] = int(pub.replay_endpoint.rpartition(":")[2])
+        return described
 
     async def server_info(self, scope: Scope, receive: Receive, send: Send) -> None:
         await asgi.send_json(send, 200, self.info())

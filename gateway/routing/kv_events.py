@@ -18,10 +18,8 @@ Per backend (`_Stream.run`):
 Nothing here can fail a request: every error is logged (rate-limited) and the loop goes on; the index
 only ever loses knowledge, and routing without it is today's approximate affinity.
 
-Discovery (`discover`): vLLM serves `GET /kv_event_sources`, its publisher config per data-parallel
-rank; a wildcard host (`tcp://*:5557`) is replaced by the backend's own host. A backend with several
-ranks has one cache per rank behind one URL: its events would not say which rank a request reaches,
-so it is not subscribed (approximate affinity).
+Discovery (`KvEventSync`, for pools with `kv_event_discovery`): each engine is asked where it
+publishes, in its own dialect (`gateway.routing.kv_discovery`).
 """
 
 from __future__ import annotations
@@ -31,9 +29,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
-from urllib.parse import urlsplit
 
 import zmq
 import zmq.asyncio
@@ -42,6 +38,7 @@ from zmq.utils.monitor import parse_monitor_message
 from engines.kv_events import END_SEQ, DecodeError, KvEvent, Removed, Stored, decode_batch, sequence
 from gateway.core.fleet import Fleet
 from gateway.core.settings import PoolSettings
+from gateway.routing.kv_discovery import DISCOVERY, KvSource
 from policies.kv_index import KvIndex
 
 log = logging.getLogger("gateway.kv_events")
@@ -49,49 +46,6 @@ log = logging.getLogger("gateway.kv_events")
 _MONITORED = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED
 #: messages handled before yielding to the event loop (a replay may bring thousands)
 _YIELD_EVERY = 64
-
-
-@dataclass(frozen=True, slots=True)
-class KvSource:
-    """Where one backend's events come from."""
-
-    endpoint: str
-    topic: str = ""
-    replay_endpoint: str | None = None
-
-
-def discover(sources: Any, backend_url: str) -> KvSource | None:
-    """A backend's source from its `GET /kv_event_sources` answer, or None (none, or several
-    data-parallel ranks)."""
-    if not isinstance(sources, Mapping):
-        return None
-    configs = [c for c in sources.values() if isinstance(c, Mapping) and c.get("enable_kv_cache_events")]
-    configs = [
-        c for c in configs if c.get("publisher", "zmq") == "zmq" and isinstance(c.get("endpoint"), str)
-    ]
-    if len(configs) != 1:
-        if len(configs) > 1:
-            log.warning("%s publishes KV events per data-parallel rank: not used for routing", backend_url)
-        return None
-    config = configs[0]
-    host = urlsplit(backend_url).hostname or "127.0.0.1"
-    replay = config.get("replay_endpoint")
-    return KvSource(
-        endpoint=_with_host(config["endpoint"], host),
-        topic=str(config.get("topic") or ""),
-        replay_endpoint=_with_host(replay, host) if isinstance(replay, str) else None,
-    )
-
-
-def _with_host(endpoint: str, host: str) -> str:
-    """`tcp://*:5557` (a bind address) -> `tcp://<host>:5557` (where to connect)."""
-    scheme, sep, rest = endpoint.partition("://")
-    if not sep or scheme != "tcp":
-        return endpoint
-    addr, _, port = rest.rpartition(":")
-    if addr in ("*", "0.0.0.0", "[::]", "::", ""):
-        addr = f"[{host}]" if ":" in host else host
-    return f"tcp://{addr}:{port}"
 
 
 class StreamReport(NamedTuple):
@@ -416,8 +370,8 @@ def configured_sources(pools: Sequence[PoolSettings]) -> dict[str, KvSource]:
 class KvEventSync:
     """Keeps the subscriber's streams equal to the fleet's backends, every `interval_s`: the source
     the config names for a backend, or for pools with `kv_event_discovery` the one its engine
-    announces at `GET /kv_event_sources` (asked again every `rediscover_s` while it has none, and
-    when its URL changes). Backends that leave the fleet (the admin API, a reload) are unwatched
+    announces (vLLM's `GET /kv_event_sources`, SGLang's `GET /server_info`; asked again every
+    `rediscover_s` while it has none, and when its URL changes). Backends that leave the fleet (the admin API, a reload) are unwatched
     and their blocks forgotten; a drained backend stays watched (its cache is still there when it
     is undrained). The config is read through `pools` on every pass, so a reload takes effect."""
 
@@ -465,7 +419,7 @@ class KvEventSync:
         backends = self._backends()
         pools = self._pools()
         configured = configured_sources(pools)
-        discovery = {p.name for p in pools if p.kv_event_discovery}
+        discovery = {p.name: DISCOVERY[p.dialect] for p in pools if p.kv_event_discovery}
         sub = self.subscriber
         for name in [n for n in sub.watched if n not in backends]:
             sub.unwatch(name)
@@ -475,6 +429,7 @@ class KvEventSync:
         for name, (pool, url) in backends.items():
             source = configured.get(name)
             if source is None and pool in discovery:
+                path, read = discovery[pool]
                 asked = self._asked.get(name)
                 if (
                     asked is not None
@@ -484,13 +439,11 @@ class KvEventSync:
                     continue  # discovered already, or asked recently in vain
                 self._asked[name] = (url, now)
                 try:
-                    answer = await asyncio.wait_for(
-                        self._fetch(url + "/kv_event_sources"), self._fetch_timeout
-                    )
+                    answer = await asyncio.wait_for(self._fetch(url + path), self._fetch_timeout)
                 except Exception as exc:
                     log.info("no KV event sources from %s: %s", name, exc or type(exc).__name__)
                     answer = None
-                source = discover(answer, url)
+                source = read(answer, url)
             if source is not None:
                 sub.watch(name, source)
             elif name in sub.watched:

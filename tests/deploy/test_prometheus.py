@@ -242,7 +242,7 @@ def _gateway_config(urls: dict[str, list[str]], dead_url: str, redis_url: str) -
                 "weight": 0.5,
                 "models": {MODELS[engine]: SERVED[engine]},
                 "backends": backends,
-                "kv_event_discovery": engine == "vllm",  # (vLLM's /kv_event_sources)
+                "kv_event_discovery": engine == "vllm",  # (only the first vLLM simulator publishes)
             }
         )
     config: dict[str, Any] = {

@@ -12,13 +12,15 @@ the token ids they computed. If the two disagreed by one token, nothing would ma
   and the second is routed there as a hit;
 - a prompt whose rendezvous home is the simulator, sent to the engine directly (as another gateway
   would): the gateway routes it to the engine, `affinity:index` - only the engine's events can have
-  told it.
+  told it;
+- the same with a gateway that is not told where the engine publishes (`kv_event_discovery`): it asks
+  the engine (vLLM's `GET /kv_event_sources`, SGLang's `GET /server_info`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,7 +32,7 @@ from policies.features import FeatureConfig, extract_features
 from policies.prefix_affinity import PrefixAffinity
 from policies.types import BackendView, PoolView
 from tests.conftest import MODEL, fast_sim
-from tests.real_engines.rig import real_pool_config
+from tests.real_engines.rig import metric, real_pool_config
 from tests.real_engines.servers import EngineServer
 from tests.support import GatewayProcess, wait_until
 
@@ -73,20 +75,38 @@ def with_home(engine: str, name: str, start: int) -> dict[str, Any]:
     return prompt(seed)
 
 
-@pytest.fixture(scope="module")
-def gateway(real_engine: EngineServer) -> Iterator[GatewayProcess]:
+@contextlib.contextmanager
+def gateway_beside(real_engine: EngineServer, *, discover: bool) -> Iterator[GatewayProcess]:
+    """A gateway whose pool is the real engine and a simulator; it subscribes to the engine's events
+    at the endpoint the config names, or (`discover`) where the engine itself says it publishes."""
     engine = real_engine.engine
     real, simulated = names(engine)
     with fast_sim(engine, "--model", real_engine.served_model_name, "--max-model-len", "4096") as sim:
         config = real_pool_config(engine, [real_engine.base_url, sim.base_url], real_engine.served_model_name)
         backends = config["pools"][0]["backends"]
-        backends[0].update(name=real, kv_events={"endpoint": real_engine.kv_events_endpoint, "topic": "kv"})
+        backends[0]["name"] = real
+        if discover:
+            config["pools"][0]["kv_event_discovery"] = True
+        else:
+            backends[0]["kv_events"] = {"endpoint": real_engine.kv_events_endpoint, "topic": "kv"}
         backends[1]["name"] = simulated
         config["models"][0]["tokenizer"] = str(real_engine.model_dir)
         config["routing"]["scrape_interval_s"] = 0  # routing by the events and the gateway's own counts
         with GatewayProcess(config, env={"GATEWAY_JWT_SECRET": SECRET}) as gw:
-            time.sleep(1.0)  # the SUB socket reaches the engine's publisher (ZMQ drops what precedes it)
+            # the SUB socket reaches the engine's publisher (ZMQ drops what precedes it)
+            wait_until(lambda: connected(gw, real), 20, what=f"the subscription to {engine}'s publisher")
             yield gw
+
+
+@pytest.fixture(scope="module")
+def gateway(real_engine: EngineServer) -> Iterator[GatewayProcess]:
+    with gateway_beside(real_engine, discover=False) as gw:
+        yield gw
+
+
+def connected(gateway: GatewayProcess, backend: str) -> bool:
+    text = httpx.get(gateway.base_url + "/metrics", timeout=10).text
+    return metric(text, "gateway_kv_stream_connected", f'backend="{backend}"') == 1
 
 
 def held(gateway: GatewayProcess, body: dict[str, Any]) -> dict[str, int]:
@@ -137,9 +157,30 @@ def test_the_same_long_prompt_twice_the_index_knows_the_real_engine_holds_it(
 def test_a_prompt_sent_to_the_engine_elsewhere_is_routed_there_by_its_events(
     gateway: GatewayProcess, real_engine: EngineServer
 ) -> None:
+    routed_there_by_its_events(gateway, real_engine, 1000)
+
+
+def test_the_gateway_finds_where_the_engine_publishes(real_engine: EngineServer) -> None:
+    """No `kv_events` in the config, `kv_event_discovery` on the pool: the gateway asks the engine
+    (vLLM's `GET /kv_event_sources`, SGLang's `GET /server_info`), subscribes, and routes by what
+    it hears. The engine has served before this gateway existed (SGLang stores only what it did not
+    hold, under a parent this gateway never heard of), so the gateway first learns from a prompt it
+    routes there itself (docs/routing.md, *Unknown parents*)."""
+    engine = real_engine.engine
+    real, _ = names(engine)
+    with gateway_beside(real_engine, discover=True) as gw:
+        body = with_home(engine, real, 3000)
+        assert send(gw, body) == "default+affinity:miss"
+        wait_until(lambda: held(gw, body)[real] >= 320, 20, what=f"{engine}'s BlockStored for the prompt")
+        routed_there_by_its_events(gw, real_engine, 2000)
+
+
+def routed_there_by_its_events(gateway: GatewayProcess, real_engine: EngineServer, seed: int) -> None:
+    """A prompt whose rendezvous home is the simulator, sent to the engine directly: the gateway
+    routes it to the engine by the engine's events alone."""
     engine = real_engine.engine
     real, simulated = names(engine)
-    body = with_home(engine, simulated, 1000)
+    body = with_home(engine, simulated, seed)
     direct = dict(body, model=real_engine.served_model_name)
     r = httpx.post(real_engine.base_url + "/v1/chat/completions", json=direct, timeout=120)
     assert r.status_code == 200, r.text

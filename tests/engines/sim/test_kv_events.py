@@ -307,10 +307,13 @@ def test_eviction_publishes_block_removed_and_reset_all_blocks_cleared(
 
 def test_kv_event_sources_and_a_restart() -> None:
     """vLLM serves its publisher config per data-parallel rank on `GET /kv_event_sources` ({} without
-    events); SGLang's radix cache records AllBlocksCleared when it starts, so a restarted SGLang
+    events), SGLang describes its publisher in `GET /server_info` (`kv_events`, null without); SGLang's radix cache records AllBlocksCleared when it starts, so a restarted SGLang
     engine's first message (sequence 0) says so."""
     with SimProcess("vllm", extra=["--fast"]) as plain:
         assert httpx.get(plain.base_url + "/kv_event_sources").json() == {}
+    with SimProcess("sglang", extra=["--fast"]) as plain:
+        info = httpx.get(plain.base_url + "/server_info").json()
+        assert info["kv_events"] is None and info["kv_events_config"] is None
     port = free_port()
     cfg = {
         "enable_kv_cache_events": True,
@@ -334,7 +337,19 @@ def test_kv_event_sources_and_a_restart() -> None:
             "replay_endpoint": f"tcp://*:{replay}",
             "topic": "kv",
         }
-        with SimProcess("sglang", extra=["--fast", "--kv-events-config", json.dumps(cfg)]):
+        with SimProcess("sglang", extra=["--fast", "--kv-events-config", json.dumps(cfg)]) as sglang:
+            # where it publishes, as SGLang 0.5.23's `/server_info` says it (`describe_kv_events_publisher`)
+            info = httpx.get(sglang.base_url + "/server_info").json()
+            assert info["dp_size"] == 1 and json.loads(info["kv_events_config"])["topic"] == "kv"
+            assert info["kv_events"] == {
+                "publisher": "zmq",
+                "endpoint_host": "*",
+                "endpoint_port_base": pub,
+                "topic": "kv",
+                "block_size": info["page_size"],
+                "dp_size": 1,
+                "replay_endpoint_port_base": replay,
+            }
             sub = Subscriber(pub, replay)
             try:
                 deadline = time.monotonic() + 10

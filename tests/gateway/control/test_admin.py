@@ -90,6 +90,11 @@ def _requests_by_backend(sims: dict[str, list[SimProcess]]) -> dict[str, int]:
     }
 
 
+def _gateway_log(gateway: GatewayProcess) -> str:
+    """The gateway log without its access log (a backend taken out, a probe timed out), for a failure."""
+    return "\n".join(line for line in gateway.log().splitlines() if not line.startswith("{"))[-4000:]
+
+
 async def _send_many(
     base_url: str, bodies: list[dict[str, Any]], headers: dict[str, str] | None = None
 ) -> list[httpx.Response]:
@@ -159,7 +164,8 @@ def test_weighted_split_matches_weights_and_zero_removes_a_pool(gateway: Gateway
         assert http.put("/admin/pools/sglang/weight", json={"weight": 0.2}).json()["ok"]
     bodies = [_chat(f"conversation {i} about topic {i * 7919 % 1000}") for i in range(2000)]
     responses = asyncio.run(_send_many(gateway.base_url, bodies))
-    assert all(r.status_code == 200 for r in responses)
+    failed = [(r.status_code, r.text) for r in responses if r.status_code != 200]
+    assert not failed, f"{failed[:3]}; the gateway log:\n{_gateway_log(gateway)}"
     split = Counter(r.headers["x-gateway-pool"] for r in responses)
     expected = {"vllm": 1600.0, "sglang": 400.0}
     chi2 = sum((split[p] - e) ** 2 / e for p, e in expected.items())
@@ -170,6 +176,8 @@ def test_weighted_split_matches_weights_and_zero_removes_a_pool(gateway: Gateway
     assert audit[0]["action"] == "set_weight" and audit[0]["target"] == "sglang" and audit[0]["after"] == 0
     assert audit[0]["actor"] == "ops" and audit[0]["before"] == 0.2
     responses = asyncio.run(_send_many(gateway.base_url, [_chat(f"after zero {i}") for i in range(100)]))
+    failed = [(r.status_code, r.text) for r in responses if r.status_code != 200]
+    assert not failed, f"{failed[:3]}; the gateway log:\n{_gateway_log(gateway)}"
     assert {r.headers["x-gateway-pool"] for r in responses} == {"vllm"}
 
 

@@ -18,13 +18,15 @@ from typing import Any
 import httpx
 import pytest
 
+from engines.sim.launcher import free_port
 from gateway.admission.tokens import mint_token
-from gateway.routing.kv_events import KvEventSubscriber, KvEventSync, KvSource
+from gateway.routing.kv_discovery import KvSource
+from gateway.routing.kv_events import KvEventSubscriber, KvEventSync
 from gateway.settings import BackendSettings, KvEventsSettings, PoolSettings
 from policies.kv_index import KvIndex
 from tests.conftest import fast_sim, single_pool_config
 from tests.gateway.routing.kv_publisher import Publisher
-from tests.support import GatewayProcess
+from tests.support import GatewayProcess, wait_until
 
 SECRET = "test-secret-for-kv-sync-0123456789abcdef"
 ADMIN = {"Authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}
@@ -137,6 +139,46 @@ def test_admin_changes_to_the_fleet_change_the_subscriptions(publishers: list[Pu
         engine.close()
 
 
+def test_an_sglang_engine_is_found_through_its_server_info() -> None:
+    """The SGLang simulator publishes (`--kv-events-config`) and says where in `/server_info`, as SGLang
+    0.5.23 does; the gateway's pool has discovery on and no `kv_events`: it subscribes, and what the
+    engine stores for a request is then known to routing."""
+    port = free_port()
+    events = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{port}", "topic": "kv"})
+    with fast_sim("sglang", "--kv-events-config", events) as sim:
+        config = single_pool_config("sglang", [sim.base_url])
+        config["auth"] = {"enabled": True}
+        config["models"][0]["tokenizer"] = "sim"
+        config["pools"][0]["kv_event_discovery"] = True
+        config["routing"] = {"scrape_interval_s": 0}
+        config["metrics"] = {"sample_interval_s": 0.1}
+        body = {
+            "model": "test-model",
+            "messages": [{"role": "user", "content": " ".join(f"fact {i} is {i * 3}." for i in range(150))}],
+            "max_tokens": 2,
+        }
+        with (
+            GatewayProcess(config, env={"GATEWAY_JWT_SECRET": SECRET}) as gw,
+            httpx.Client(base_url=gw.base_url, headers=ADMIN, timeout=10) as admin,
+        ):
+
+            def connected() -> bool:
+                line = 'gateway_kv_stream_connected{backend="sglang-0",pool="sglang"} 1.0'
+                return line in admin.get("/metrics").text
+
+            def held() -> int:
+                r = admin.post("/admin/routes/explain", json=body)
+                assert r.status_code == 200, r.text
+                return int(r.json()["kv_held_tokens"]["sglang-0"])
+
+            wait_until(connected, 10, what="the subscription to the discovered publisher")
+            assert held() == 0
+            r = admin.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200, r.text
+            assert r.json()["usage"]["prompt_tokens"] > 600
+            wait_until(lambda: held() >= 512, 10, what="the engine's BlockStored for the prompt")
+
+
 class Answers:
     """`fetch_json` for the sync: the answers of each URL, counted (the transport's narrow interface)."""
 
@@ -152,9 +194,15 @@ class Answers:
         return answer
 
 
-def pool(discovery: bool, *backends: BackendSettings) -> PoolSettings:
-    return PoolSettings(
-        name="p", dialect="vllm", models={"m": "m"}, backends=list(backends), kv_event_discovery=discovery
+def pool(discovery: bool, *backends: BackendSettings, name: str = "p", dialect: str = "vllm") -> PoolSettings:
+    return PoolSettings.model_validate(
+        {
+            "name": name,
+            "dialect": dialect,
+            "models": {"m": "m"},
+            "backends": backends,
+            "kv_event_discovery": discovery,
+        }
     )
 
 
@@ -184,6 +232,35 @@ async def test_discovery_is_asked_again_only_when_it_failed_or_the_url_changed()
         del fleet["b"]
         await sync.sync()
         assert "http://b:8000/kv_event_sources" not in answers.asked[asked:]
+    finally:
+        await sync.stop()
+
+
+async def test_each_pool_asks_its_engines_in_their_dialect() -> None:
+    """vLLM backends are asked `GET /kv_event_sources`, SGLang's `GET /server_info` (its `kv_events`)."""
+    sub = KvEventSubscriber(KvIndex())
+    fleet = {"v": ("vp", "http://v:8000"), "s": ("sp", "http://s:30000")}
+    described = {
+        "publisher": "zmq",
+        "endpoint_host": "*",
+        "endpoint_port_base": 5557,
+        "topic": "kv",
+        "dp_size": 1,
+    }
+    answers = Answers(
+        {
+            "http://v:8000/kv_event_sources": {
+                "0": {"enable_kv_cache_events": True, "endpoint": "tcp://*:5557"}
+            },
+            "http://s:30000/server_info": {"dp_size": 1, "kv_events": {**described, "block_size": 1}},
+        }
+    )
+    pools = [pool(True, name="vp", dialect="vllm"), pool(True, name="sp", dialect="sglang")]
+    sync = KvEventSync(sub, lambda: fleet, lambda: pools, answers)
+    try:
+        await sync.sync()
+        assert sorted(answers.asked) == ["http://s:30000/server_info", "http://v:8000/kv_event_sources"]
+        assert dict(sub.watched) == {"v": KvSource("tcp://v:5557"), "s": KvSource("tcp://s:5557", "kv")}
     finally:
         await sync.stop()
 

@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from gateway.routing.kv_events import KvEventSubscriber, KvSource, discover
+from gateway.routing.kv_discovery import KvSource
+from gateway.routing.kv_events import KvEventSubscriber
 from policies.kv_blocks import PromptBlocks
 from policies.kv_index import KvIndex, KvIndexConfig
 from tests.gateway.routing.kv_publisher import CLEARED, Publisher, removed, stored, vllm_hashes
@@ -298,27 +299,3 @@ async def test_a_dead_publisher_makes_the_stream_unusable(subscriber: KvEventSub
     await until(lambda: not subscriber.index.usable("v0"))
     subscriber.unwatch("v0")
     assert not subscriber.index.attached("v0")
-
-
-def test_discovery_from_kv_event_sources() -> None:
-    answer = {
-        "0": {
-            "enable_kv_cache_events": True,
-            "publisher": "zmq",
-            "endpoint": "tcp://*:5557",
-            "replay_endpoint": "tcp://*:5558",
-            "buffer_steps": 10000,
-            "hwm": 100000,
-            "max_queue_size": 100000,
-            "topic": "kv",
-        }
-    }
-    src = discover(answer, "http://10.1.2.3:8000")
-    assert src == KvSource("tcp://10.1.2.3:5557", "kv", "tcp://10.1.2.3:5558")
-    assert discover({}, "http://h:1") is None
-    assert discover({"0": {**answer["0"], "enable_kv_cache_events": False}}, "http://h:1") is None
-    two = {"0": answer["0"], "1": {**answer["0"], "endpoint": "tcp://*:5558"}}
-    assert discover(two, "http://h:1") is None  # data-parallel ranks: not used
-    assert discover({"0": {**answer["0"], "endpoint": "tcp://engine:6000"}}, "http://h:1") == KvSource(
-        "tcp://engine:6000", "kv", "tcp://h:5558"
-    )
