@@ -14,7 +14,8 @@ releases encoded them as arrays `[tag, field, ...]` in declaration order, which 
 - `AllBlocksCleared`.
 
 Normalised here: hashes as ints; SGLang's `cache_salt` as the first block's extra key (`[salt]`, as vLLM
-publishes it), when the store starts a chain; events for another storage tier (`medium` other than
+publishes it), when the store starts a chain; vLLM's LoRA adapter name (`lora_name`, which also leads
+every block's `extra_keys`: `[["tiny-lora"], ...]` from real vLLM 0.32) as `Stored.lora` only; events for another storage tier (`medium` other than
 the GPU's: CPU offload, disk) or another KV-cache group (`group_idx` > 0: a hybrid model's sliding
 window layers) are dropped, since only the GPU's full-attention blocks save a prefill. Nothing here
 does I/O; malformed events are skipped (`decode_batch` never raises on a decodable msgpack batch).
@@ -150,7 +151,19 @@ def decode_event(item: Any) -> KvEvent | None:
     if isinstance(salt, str) and salt and parent is None and extra is None:
         extra = [[salt]] + [None] * (len(hashes) - 1)
     lora = fields.get("lora_name")
-    return Stored(hashes, parent, tokens, block_size, extra, lora if isinstance(lora, str) else None)
+    if not isinstance(lora, str) or not lora:
+        lora = None
+    elif extra is not None:
+        extra = _without_lora(extra, lora)
+    return Stored(hashes, parent, tokens, block_size, extra, lora)
+
+
+def _without_lora(extra: list[Any], lora: str) -> list[Any] | None:
+    """A LoRA adapter's blocks: vLLM leads every block's extra keys with the adapter's name (then a
+    salt, multimodal identifiers); the name is `Stored.lora` (the chain's namespace), so it is taken
+    out of the extra keys, which then hold what a request of that adapter must also supply."""
+    out = [(e[1:] or None) if isinstance(e, list) and e and e[0] == lora else e for e in extra]
+    return out if any(e is not None for e in out) else None
 
 
 def _hash(value: Any) -> int | None:

@@ -10,7 +10,10 @@ Keys. A block is indexed by the gateway's own chained key over its token ids
 (`policies.kv_blocks`), never by the engine's hash: the engines' hashes depend on settings the gateway
 cannot see (hash algorithm, seed), while the token ids are in every `BlockStored`. Per backend the
 index maps each engine hash to the key computed for it (`nodes`), found through the event's
-`parent_block_hash`; a `BlockRemoved` looks the key up there.
+`parent_block_hash`; a `BlockRemoved` looks the key up there. A LoRA adapter's blocks (`stored(lora=)`:
+vLLM caches them apart from the base model's) are keyed from the adapter's seed (`seed_for`), so they
+match only prompts keyed in that namespace; the names heard are kept in `adapters` (the gateway keys
+a model the engines serve as an adapter there).
 
 Unknown parents. A store whose parent the index never heard of - stored before this process
 subscribed (a gateway that starts or restarts beside engines that have served: every chat prompt
@@ -82,6 +85,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies.kv_blocks import PromptBlocks, block_key, chain_keys, seed_for, token_bytes
+
+#: LoRA adapter names remembered (`KvIndex.adapters`): a bound whatever the events say
+_ADAPTERS = 1024
 
 # A node of a backend's engine blocks: the key of a full group, or (parent group's key, pending
 # token bytes of a group not yet full).
@@ -167,6 +173,8 @@ class KvIndex:
         # or unanswered long enough to turn silent) are rechecked on every call.
         self._liveness = 0
         self._plan: _Plan | None = None
+        #: the LoRA adapters the engines stored blocks for (`stored(lora=...)`), at most `_ADAPTERS`
+        self.adapters: set[str] = set()
 
     # -- streams ----------------------------------------------------------------------------------
     def attach(self, backend: str) -> None:
@@ -293,6 +301,8 @@ class KvIndex:
             self._liveness += 1
         elif block_size != st.block_size:
             return 0  # a partial block: not indexed (a request is matched in whole blocks)
+        if lora is not None and lora not in self.adapters and len(self.adapters) < _ADAPTERS:
+            self.adapters.add(lora)
         nodes = st.nodes
         if parent is None:
             base, pend = seed_for(lora), b""

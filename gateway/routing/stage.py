@@ -72,11 +72,24 @@ class RouteStage:
         ):
             extras["tokenized"] = True
             kv.tick(time.monotonic())
-            prompt = await self.tokens.blocks_async(ctx.body, features.anchor_hash)
+            lora = self._adapter(ctx.body.get("model"), kv.adapters)
+            prompt = await self.tokens.blocks_async(ctx.body, features.anchor_hash, lora)
             if prompt is not None:
                 features = dataclasses.replace(features, prompt=prompt)
         extras["features"] = features
         return features
+
+    def _adapter(self, model: Any, adapters: set[str]) -> str | None:
+        """The LoRA adapter the engines serve `model` as: the first of its served names (per pool)
+        that the engines' events named as one (vLLM keeps an adapter's blocks in a namespace of its
+        own, `lora_name` in its events); None for a base model, or before any adapter was heard of."""
+        if not adapters or not isinstance(model, str):
+            return None
+        for pool in self._fleet.pools.values():
+            served = pool.models.get(model)
+            if served is not None and served in adapters:
+                return served
+        return None
 
     def snapshot(self, now: float) -> FleetSnapshot:
         """The fleet as routing sees it: with the other processes' in-flight counts when shared."""
@@ -127,7 +140,7 @@ class RouteStage:
         if kv is not None and kv.streams and self.tokens is not None:
             # what the engines' events say each backend holds of this prompt (tokens), as routing sees
             # it (no conversation: a dry run leaves the tokenizer's reuse cache alone)
-            prompt = self.tokens.blocks(body)
+            prompt = self.tokens.blocks(body, lora=self._adapter(body.get("model"), kv.adapters))
             if prompt is not None:
                 features = dataclasses.replace(features, prompt=prompt)
                 held = kv.match(prompt, kv.names)

@@ -39,7 +39,7 @@ from typing import Any, Protocol
 
 from engines.request import prompt_tools
 from gateway.core.settings import ModelSettings
-from policies.kv_blocks import PromptBlocks, salt_extra, token_bytes
+from policies.kv_blocks import PromptBlocks, salt_extra, seed_for, token_bytes
 
 log = logging.getLogger("gateway.tokens")
 
@@ -258,9 +258,13 @@ class PromptTokens:
     def serves(self, model: str) -> bool:
         return model in self._tokenizers
 
-    def blocks(self, body: Mapping[str, Any], conversation: int | None = None) -> PromptBlocks | None:
+    def blocks(
+        self, body: Mapping[str, Any], conversation: int | None = None, lora: str | None = None
+    ) -> PromptBlocks | None:
         """The request's token blocks, or None (no tokenizer for its model, or it failed: routing
-        then goes on without them). `conversation` (the anchor) keys the reuse of earlier keys."""
+        then goes on without them). `conversation` (the anchor) keys the reuse of earlier keys;
+        `lora` is the LoRA adapter the engines serve the model as (its blocks are keyed in the
+        adapter's namespace, as the engines cache them)."""
         begun = self._begin(body)
         if begun is None:
             return None
@@ -270,10 +274,10 @@ class PromptTokens:
         except Exception as exc:
             self._fail(model, exc)
             return None
-        return self._end(model, body, work, encoded, conversation)
+        return self._end(model, body, work, encoded, conversation, lora)
 
     async def blocks_async(
-        self, body: Mapping[str, Any], conversation: int | None = None
+        self, body: Mapping[str, Any], conversation: int | None = None, lora: str | None = None
     ) -> PromptBlocks | None:
         """`blocks`, with a long encoding in the worker thread (see the class docstring)."""
         begun = self._begin(body)
@@ -300,7 +304,7 @@ class PromptTokens:
         except Exception as exc:
             self._fail(model, exc)
             return None
-        return self._end(model, body, work, encoded, conversation)
+        return self._end(model, body, work, encoded, conversation, lora)
 
     def _begin(self, body: Mapping[str, Any]) -> tuple[str, Tokenizer, _Work] | None:
         """The request's model, its tokenizer and what is left to encode; None without a tokenizer
@@ -322,6 +326,7 @@ class PromptTokens:
         work: _Work,
         encoded: Sequence[list[int]],
         conversation: int | None,
+        lora: str | None,
     ) -> PromptBlocks | None:
         """The encoded pieces into the cache and the request's blocks (None when that failed)."""
         try:
@@ -329,7 +334,7 @@ class PromptTokens:
         except Exception as exc:
             self._fail(model, exc)
             return None
-        return self._prompt(model, body, data, length, conversation)
+        return self._prompt(model, body, data, length, conversation, lora)
 
     def close(self) -> None:
         """Stop the worker thread (it finishes what it runs)."""
@@ -354,10 +359,12 @@ class PromptTokens:
         data: bytes,
         length: int | None,
         conversation: int | None,
+        lora: str | None,
     ) -> PromptBlocks:
         salt = body.get("cache_salt")
         prompt = PromptBlocks(
             data,
+            seed=seed_for(lora),
             first_extra=salt_extra(salt if isinstance(salt, str) else None),
             max_tokens=self._max_tokens,
             length=length,

@@ -195,6 +195,22 @@ def test_vllm_salt_and_lora_are_kept_other_tiers_and_groups_are_dropped() -> Non
     assert event.extra_keys == [["salt"], None] and event.lora == "adapter"
 
 
+def test_vllm_lora_name_leaves_the_extra_keys() -> None:
+    """Real vLLM 0.32 leads every block's extra keys with the adapter's name (`[["tiny-lora"], ...]`
+    for a LoRA request, measured): it becomes `Stored.lora`, and only what else a block was hashed
+    with (a salt) stays an extra key."""
+    events = [
+        VBlockStored([1, 2], None, TOKENS[:32], 16, 1, "GPU", "tiny-lora", extra_keys=[("tiny-lora",), ("tiny-lora",)]),
+        VBlockStored([3, 4], None, TOKENS[:32], 16, 1, "GPU", "tiny-lora", extra_keys=[("tiny-lora", "salt"), ("tiny-lora",)]),
+        VBlockStored([5], None, TOKENS[:16], 16, None, "GPU", None, extra_keys=[None]),
+    ]  # fmt: skip
+    plain, salted, base = decode_batch(encode(VllmEventBatch(0.0, events))).events
+    assert isinstance(plain, Stored) and isinstance(salted, Stored) and isinstance(base, Stored)
+    assert plain.lora == "tiny-lora" and plain.extra_keys is None
+    assert salted.lora == "tiny-lora" and salted.extra_keys == [["salt"], None]
+    assert base.lora is None and base.extra_keys == [None]
+
+
 def test_vllm_array_encoded_events_of_earlier_releases() -> None:
     payload = encode(
         VllmEventBatch(

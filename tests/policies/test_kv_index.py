@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.kv_blocks import PromptBlocks, salt_extra
+from policies.kv_blocks import PromptBlocks, salt_extra, seed_for
 from policies.kv_index import KvIndex, KvIndexConfig
 
 
@@ -213,6 +213,22 @@ def test_salted_blocks_match_only_the_same_salt() -> None:
     assert index.match(PromptBlocks(tokens), ["a"]) == {"a": 0}
     assert index.match(PromptBlocks(tokens, first_extra=salt_extra("s1")), ["a"]) == {"a": 64}
     assert index.match(PromptBlocks(tokens, first_extra=salt_extra("s2")), ["a"]) == {"a": 0}
+
+
+def test_a_lora_adapters_blocks_match_only_its_requests() -> None:
+    """An adapter's blocks are its own cache namespace (vLLM hashes them with its name): they match a
+    prompt keyed in that namespace (`seed_for(name)`), never the base model's, and the reverse."""
+    index = live_index("a")
+    tokens = doc(64)
+    hashes = Engine(16).hashes(tokens)
+    index.stored("a", hashes, None, tokens, 16, lora="tiny-lora")
+    assert index.adapters == {"tiny-lora"}
+    assert index.match(PromptBlocks(tokens, seed=seed_for("tiny-lora"))) == {"a": 64}
+    assert index.match(PromptBlocks(tokens)) == {"a": 0}
+    assert index.match(PromptBlocks(tokens, seed=seed_for("other"))) == {"a": 0}
+    index.stored("a", Engine(16, salt=8).hashes(tokens), None, tokens, 16)  # the base model's own
+    assert index.match(PromptBlocks(tokens)) == {"a": 64}
+    assert index.adapters == {"tiny-lora"}
 
 
 def test_a_silent_stream_is_not_trusted_until_it_speaks() -> None:

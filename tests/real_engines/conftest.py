@@ -1,5 +1,6 @@
 """Session-scoped real engine servers: `real_vllm`, `real_sglang`, and `real_engine` (both, parametrized);
-`real_vllm_spare`, a second vLLM server for the failover test to kill (started only when it is used);
+`real_vllm_spare`, a second vLLM server for the failover test to kill (started only when it is used), which
+also serves a LoRA adapter of the tiny model (`LORA_MODEL`, for tests/real_engines/test_engine_lora.py);
 `vllm_traces`, the OTLP/HTTP receiver `real_vllm` exports its OpenTelemetry spans to (`--otlp-traces-endpoint`:
 vLLM makes one span per finished request, a child of the `traceparent` it was sent, and exports it every
 0.2 s from a thread of its API server; tests/real_engines/test_tracing.py points a gateway at it too).
@@ -23,9 +24,17 @@ from pathlib import Path
 import pytest
 
 from tests.otlp_receiver import OtlpReceiver
-from tests.real_engines.servers import ENGINES_DIR, EngineServer, SglangServer, VllmServer, build_tiny_model
+from tests.real_engines.servers import (
+    ENGINES_DIR,
+    EngineServer,
+    SglangServer,
+    VllmServer,
+    build_tiny_lora,
+    build_tiny_model,
+)
 
 SERVED_MODEL = "tiny-qwen3"
+LORA_MODEL = "tiny-lora"  # the LoRA adapter the spare vLLM server also serves
 ENGINES = ("sglang", "vllm")  # what `real_engine` is parametrized over
 _KINDS: dict[str, type[EngineServer]] = {"vllm": VllmServer, "sglang": SglangServer, "vllm_spare": VllmServer}
 _servers: dict[str, EngineServer] = {}
@@ -39,7 +48,7 @@ _closed: list[bool] = []  # set at the session's end: nothing is launched any mo
 _started: set[str] = set()  # every engine launched in this session
 # Started only once the others are healthy: three engines importing PyTorch at once, beside both test
 # runs, held the CPU for the first ~90 s of `make test` (a simulator then once took over 15 s to
-# listen), and the only test that uses the spare runs long after (tests/real_engines/test_failover.py).
+# listen), and the tests that use the spare run long after (test_engine_lora.py, test_failover.py).
 LATER = {"vllm_spare"}
 
 
@@ -88,6 +97,15 @@ def _launch_locked(engines: set[str]) -> None:
             traces = _receiver[0].url
             server = VllmServer(
                 model, served_model_name=SERVED_MODEL, log_dir=logs, otlp_traces_endpoint=traces
+            )
+        elif engine == "vllm_spare":
+            try:
+                adapter = build_tiny_lora(model)
+            except Exception as exc:
+                _errors[engine] = exc
+                continue
+            server = VllmServer(
+                model, served_model_name=SERVED_MODEL, log_dir=logs, extra=lora_flags(adapter)
             )
         else:
             server = _KINDS[engine](model, served_model_name=SERVED_MODEL, log_dir=logs)
@@ -173,9 +191,24 @@ def vllm_traces(real_vllm: VllmServer) -> OtlpReceiver:
     return _receiver[0]
 
 
+def lora_flags(adapter: Path) -> list[str]:
+    """vLLM's flags to serve `adapter` as the model `LORA_MODEL` (its `/v1/models` lists it, `parent`
+    the base model)."""
+    return [
+        "--enable-lora",
+        "--lora-modules",
+        f"{LORA_MODEL}={adapter}",
+        "--max-lora-rank",
+        "8",
+        "--max-loras",
+        "1",
+    ]
+
+
 @pytest.fixture(scope="session")
 def real_vllm_spare() -> VllmServer:
-    """Another vLLM server (~2.7 GB): tests may kill it; it is not restarted."""
+    """Another vLLM server (~2.7 GB), serving the tiny model's LoRA adapter too (`LORA_MODEL`,
+    `build_lora.py`): tests may kill it; it is not restarted."""
     server = _running("vllm_spare")
     assert isinstance(server, VllmServer)
     return server

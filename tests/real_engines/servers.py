@@ -15,6 +15,7 @@ error if it does not come up or exits); `stop()` sends SIGTERM to the process gr
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import signal
 import subprocess
@@ -75,6 +76,22 @@ def build_tiny_model(timeout: float = 300.0) -> Path:
     if out.returncode != 0:
         raise RuntimeError(f"build_model.py failed ({out.returncode}):\n{out.stdout}\n{out.stderr[-4000:]}")
     return Path(out.stdout.strip().splitlines()[-1])
+
+
+def build_tiny_lora(model_dir: Path, timeout: float = 120.0) -> Path:
+    """A LoRA adapter for the tiny model (`build_lora.py`), built once beside it: `<model dir>.lora-<key>`,
+    the key a hash of the script (a change to it builds a new one)."""
+    key = hashlib.sha256((HERE / "build_lora.py").read_bytes()).hexdigest()[:12]
+    out = model_dir.parent / f"{model_dir.name}.lora-{key}"
+    if (out / "adapter_config.json").exists():
+        return out
+    done = subprocess.run(
+        [str(engine_bin("vllm", "python")), str(HERE / "build_lora.py"), "--model", str(model_dir), "--out", str(out)],
+        capture_output=True, text=True, timeout=timeout, env={**os.environ, **OFFLINE_ENV}, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"build_lora.py failed ({done.returncode}):\n{done.stdout}\n{done.stderr[-4000:]}")
+    return out
 
 
 def _group_stats(pgid: int) -> list[tuple[int, list[str]]]:

@@ -13,7 +13,7 @@ from engines.sim import tokenizer as sim_tokenizer
 from engines.sim.prompt import render_chat
 from gateway.core.settings import ModelSettings
 from gateway.routing.tokens import HfTokenizer, PromptTokens, SimTokenizer, build_prompt_tokens
-from policies.kv_blocks import PromptBlocks
+from policies.kv_blocks import PromptBlocks, seed_for
 
 CHATML = (
     "{% if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n"
@@ -96,6 +96,11 @@ def test_a_growing_conversation_reuses_its_keys(tok_dir: Path) -> None:
     # a salted request lives in another namespace
     salted = tokens.blocks(chat(long, cache_salt="t1"))
     assert salted is not None and salted.keys(16)[0] != first.keys(16)[0]
+    # so does a LoRA adapter's (keyed from the adapter's seed), and it does not reuse the base's keys
+    adapter = tokens.blocks(chat(long, "an answer", "a follow-up"), conversation=7, lora="tiny-lora")
+    assert adapter is not None and adapter.token_ids() == second.token_ids()
+    assert adapter.keys(16) == PromptBlocks(adapter.token_ids(), seed=seed_for("tiny-lora")).keys(16)
+    assert not set(adapter.keys(16)) & set(second.keys(16))
 
 
 def test_completions_and_failures(tok_dir: Path) -> None:
