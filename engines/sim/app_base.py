@@ -29,6 +29,7 @@ from engines.sim.config import FaultKind, SimConfig
 from engines.sim.engine import Engine, Run
 from engines.sim.faults import FaultUpdateError
 from engines.sim.generator import Output
+from engines.sim.prefix_cache import LoraRequest
 from engines.sim.request import Kind, PromptIn, RequestError, max_tokens_of, parse_body
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -64,6 +65,8 @@ class Prepared:
     top_logprobs: int = 0
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the LoRA adapter the request names (vLLM `--lora-modules`), or None for the base model
+    lora: str | None = None
     _head: bytes = field(default=b"", init=False, repr=False)
 
     def stream_head(self) -> bytes:
@@ -114,7 +117,7 @@ class Prepared:
     def engine_args(self, cfg: SimConfig, session_id: str | None, k: int = 0) -> dict[str, object]:
         """What the batching engine needs beyond prompt `k`: the output's token ids (the blocks it
         fills are cached and hashed), the engine's `max_new_tokens` (SGLang's memory reserve), the
-        request's `cache_salt` and session."""
+        request's `cache_salt`, its LoRA adapter (name, id, path: its own cache namespace) and session."""
         rng = self.choices_of(k)
         first = self.outputs[rng.start] if rng else None
         out_ids = tokenizer.encode(first.reasoning_text + first.text + first.tool_text) if first else []
@@ -126,8 +129,17 @@ class Prepared:
             if max_tokens is not None
             else max(1, cfg.max_model_len - len(self.prompts[k].ids)),
             "cache_salt": salt if isinstance(salt, str) and salt else None,
+            "lora": lora_request(cfg, self.lora),
             "session_id": session_id,
         }
+
+
+def lora_request(cfg: SimConfig, name: str | None) -> LoraRequest | None:
+    """vLLM's `LoRARequest` for adapter `name`: its name, its id (1, 2, ... in `--lora-modules`
+    order) and its path."""
+    if name is None or name not in cfg.lora_modules:
+        return None
+    return LoraRequest(name, list(cfg.lora_modules).index(name) + 1, cfg.lora_modules[name])
 
 
 Emit = Callable[[bytes], Awaitable[None]]

@@ -93,11 +93,20 @@ class VllmBlockHasher:
         self.none_hash = self._fn(seed)
         self.int_hashes = int_hashes
 
-    def digest(self, parent: bytes | None, token_ids: Sequence[int], cache_salt: str | None = None) -> bytes:
+    def digest(
+        self,
+        parent: bytes | None,
+        token_ids: Sequence[int],
+        cache_salt: str | None = None,
+        lora: tuple[str, str] | None = None,
+    ) -> bytes:
         """The digest of one full block; `parent` is the previous block's digest (None: first block,
-        which is also the only one a `cache_salt` enters)."""
-        extra = (("cache_salt", cache_salt),) if parent is None and cache_salt else None
-        return self._fn((parent or self.none_hash, tuple(token_ids), extra))
+        which is also the only one a `cache_salt` enters). `lora` (the adapter's name and path) enters
+        every block, before the salt (vLLM's `generate_block_hash_extra_keys`)."""
+        keys: tuple[tuple[str, ...], ...] = (("lora", *lora),) if lora is not None else ()
+        if parent is None and cache_salt:
+            keys += (("cache_salt", cache_salt),)
+        return self._fn((parent or self.none_hash, tuple(token_ids), keys or None))
 
     def external(self, digest: bytes) -> int | bytes:
         """The hash as events carry it."""
@@ -109,8 +118,15 @@ class SglangBlockHasher:
 
     __slots__ = ()
 
-    def digest(self, parent: bytes | None, token_ids: Sequence[int], cache_salt: str | None = None) -> bytes:
-        """The digest of one page; `parent` is the previous page's digest (None: first page)."""
+    def digest(
+        self,
+        parent: bytes | None,
+        token_ids: Sequence[int],
+        cache_salt: str | None = None,
+        lora: tuple[str, str] | None = None,
+    ) -> bytes:
+        """The digest of one page; `parent` is the previous page's digest (None: first page). (`lora`
+        is not used: the SGLang simulator serves no adapters.)"""
         if parent is None and cache_salt is not None:
             parent = hashlib.sha256(b"sglang-cache-salt-v1\0" + cache_salt.encode("utf-8")).digest()
         h = hashlib.sha256(parent) if parent is not None else hashlib.sha256()

@@ -12,7 +12,8 @@ one-request-at-a-time cost model of before, with its defaults.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from typing import Literal, cast
 
 from engines.sim.block_hashes import HASH_ALGOS, HashAlgo
@@ -69,6 +70,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add(g, "--enable-prompt-tokens-details", action="store_true", help="vLLM: cached_tokens")
     _add(g, "--enable-cache-report", action="store_true", help="SGLang: cached_tokens")
     _add(g, "--enable-metrics", action="store_true", help="SGLang: serve /metrics")
+    _add(g, "--enable-lora", action="store_true", help="vLLM: serve LoRA adapters (--lora-modules)")
+    _add(
+        g,
+        "--lora-modules",
+        nargs="+",
+        default=[],
+        help="vLLM: adapters as name=path (or vLLM's JSON form), each served as its own model name",
+    )
+    _add(g, "--max-lora-rank", type=int, default=16, help="vLLM (accepted; the simulator has no weights)")
+    _add(g, "--max-loras", type=int, default=1, help="vLLM (accepted; the simulator has no weights)")
     _add(g, "--max-model-len", "--context-length", dest="max_model_len", type=int, default=8192)
     _add(g, "--eos-token-id", type=int, default=2)
     _add(
@@ -217,6 +228,8 @@ class SimConfig:
     enable_cache_report: bool = False
     enable_metrics: bool = False
     max_model_len: int = 8192
+    #: vLLM's LoRA adapters (`--lora-modules`): name -> path, in the order given (ids 1, 2, ...)
+    lora_modules: dict[str, str] = field(default_factory=dict)
     #: vLLM's `VLLM_MAX_COMPLETION_PROMPTS` (its default): most prompts in one completions batch
     max_completion_prompts: int = 1024
     eos_token_id: int = 2
@@ -300,6 +313,7 @@ class SimConfig:
             enable_cache_report=a.enable_cache_report,
             enable_metrics=a.enable_metrics,
             max_model_len=a.max_model_len,
+            lora_modules=_lora_modules(engine, a.enable_lora, a.lora_modules),
             eos_token_id=a.eos_token_id,
             embedding_dim=max(0, a.embedding_dim),
             scheduler=scheduler,
@@ -362,6 +376,31 @@ class SimConfig:
             ),
             record_events=self.kv_events is not None,
         )
+
+
+def _lora_modules(engine: str, enabled: bool, given: list[str]) -> dict[str, str]:
+    """vLLM's `--lora-modules`: `name=path` or `{"name": ..., "path": ...}` each (vLLM refuses them
+    without `--enable-lora`)."""
+    if not given:
+        return {}
+    if engine != "vllm":
+        raise ValueError("--lora-modules is vLLM's flag (SGLang's adapters are not simulated)")
+    if not enabled:
+        raise ValueError("--lora-modules needs --enable-lora")
+    out: dict[str, str] = {}
+    for item in given:
+        if item.lstrip().startswith("{"):
+            try:
+                spec = json.loads(item)
+                name, path = spec["name"], spec["path"]
+            except (ValueError, KeyError, TypeError):
+                raise ValueError(f"--lora-modules: not a LoRA module: {item!r}") from None
+        else:
+            name, sep, path = item.partition("=")
+            if not sep or not name or not path:
+                raise ValueError(f"--lora-modules: expected name=path, got {item!r}")
+        out[str(name)] = str(path)
+    return out
 
 
 def parse_config(argv: list[str]) -> SimConfig:

@@ -30,7 +30,7 @@ from engines.sim.config import SimConfig
 from engines.sim.faults import FaultState
 from engines.sim.kv_events import EventEncoder, KvEventPublisher
 from engines.sim.metrics import EngineMetrics, LiveGauges
-from engines.sim.prefix_cache import Lease, PrefixCache, usable_hit
+from engines.sim.prefix_cache import Lease, LoraRequest, PrefixCache, usable_hit
 from engines.sim.scheduler import Scheduler
 from engines.sim.stats import SimStats
 from engines.sim.step_model import BlockEvent, ClearedBlocks, RemovedBlocks, StepEngine, StoredBlocks
@@ -181,12 +181,19 @@ class Engine:
     ) -> Run:
         """A new request's life; see the module docstring. `account=False` (health probes) keeps it out
         of `/sim/stats` and the metrics while it still takes a slot and costs time. `extra`
-        (`Prepared.engine_args`): `output_ids`, `max_new`, `cache_salt`, `session_id`."""
+        (`Prepared.engine_args`): `output_ids`, `max_new`, `cache_salt`, `lora`, `session_id`."""
         kw = extra or {}
         if self.batching:
             return BatchRun(self, prompt_ids, budget_tokens, account, kw)
-        salt = kw.get("cache_salt")
-        return SerialRun(self, prompt_ids, budget_tokens, account, salt if isinstance(salt, str) else None)
+        salt, lora = kw.get("cache_salt"), kw.get("lora")
+        return SerialRun(
+            self,
+            prompt_ids,
+            budget_tokens,
+            account,
+            salt if isinstance(salt, str) else None,
+            lora if isinstance(lora, LoraRequest) else None,
+        )
 
     def _admitted(self, ticket: Ticket) -> None:
         if ticket.account:
@@ -272,6 +279,7 @@ class SerialRun:
         "_first",
         "_gen",
         "_lease",
+        "_lora",
         "_prompt",
         "_salt",
         "_t0",
@@ -280,12 +288,19 @@ class SerialRun:
     )
 
     def __init__(
-        self, engine: Engine, prompt_ids: list[int], budget_tokens: int, account: bool, salt: str | None
+        self,
+        engine: Engine,
+        prompt_ids: list[int],
+        budget_tokens: int,
+        account: bool,
+        salt: str | None,
+        lora: LoraRequest | None = None,
     ) -> None:
         self._engine = engine
         self._account = account
         self._prompt = prompt_ids
         self._salt = salt
+        self._lora = lora
         self._budget = len(prompt_ids) + budget_tokens
         self._lease: Lease | None = None
         self._t0 = time.perf_counter()
@@ -305,7 +320,7 @@ class SerialRun:
             raise
         self._t_admit = time.perf_counter()
         eng.scheduler.running_tokens += self._budget
-        lease = eng.cache.acquire(self._prompt, self._salt) if self._account else Lease([], 0)
+        lease = eng.cache.acquire(self._prompt, self._salt, self._lora) if self._account else Lease([], 0)
         self._lease = lease
         bs = eng.cfg.block_size
         self.cached_tokens = usable_hit(lease.cached_tokens, len(self._prompt), bs)
@@ -317,7 +332,7 @@ class SerialRun:
             if new:
                 parent = lease.keys[hit - 1] if hit else None
                 tokens = self._prompt[hit * bs : len(lease.keys) * bs]
-                eng._publish([StoredBlocks(new, parent, tokens, self._salt, None)])
+                eng._publish([StoredBlocks(new, parent, tokens, self._salt, None, self._lora)])
         return self
 
     async def prefill(self) -> None:

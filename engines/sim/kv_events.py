@@ -46,6 +46,7 @@ import msgpack
 import zmq
 
 from engines.sim.block_hashes import HASH_ALGOS, HashAlgo, SglangBlockHasher, VllmBlockHasher
+from engines.sim.prefix_cache import LoraRequest
 from engines.sim.step_model import BlockEvent, ClearedBlocks, RemovedBlocks, StoredBlocks
 
 Dialect = Literal["vllm", "sglang"]
@@ -160,20 +161,24 @@ def vllm_block_stored(
     cache_salt: str | None = None,
     first_block: bool = False,
     session_id: str | None = None,
+    lora: LoraRequest | None = None,
 ) -> dict[str, Any]:
     """vLLM's `BlockStored` map (`first_block`: the run starts at the request's first block, the
-    only one a `cache_salt` enters)."""
+    only one a `cache_salt` enters). A LoRA adapter's blocks carry its id and name, and every
+    block's extra keys start with its name (vLLM 0.32: `[["tiny-lora"], ...]`)."""
+    head = [lora.name] if lora is not None else []
     out: dict[str, Any] = {
         "type": "BlockStored",
         "block_hashes": hashes,
         "parent_block_hash": parent,
         "token_ids": token_ids,
         "block_size": block_size,
-        "lora_id": None,
+        "lora_id": lora.id if lora is not None else None,
         "medium": MEDIUM_GPU,
-        "lora_name": None,
+        "lora_name": lora.name if lora is not None else None,
         "extra_keys": [
-            [cache_salt] if i == 0 and first_block and cache_salt else None for i in range(len(hashes))
+            [*head, cache_salt] if i == 0 and first_block and cache_salt else (head or None)
+            for i in range(len(hashes))
         ],
         "group_idx": 0,
     }
@@ -270,8 +275,9 @@ class EventEncoder:
             return None
         hashes: list[Any] = []
         digest = parent
+        lora = (ev.lora.name, ev.lora.path) if ev.lora is not None else None
         for i, key in enumerate(ev.keys):
-            digest = hasher.digest(digest, ev.token_ids[i * bs : (i + 1) * bs], ev.cache_salt)
+            digest = hasher.digest(digest, ev.token_ids[i * bs : (i + 1) * bs], ev.cache_salt, lora)
             self._digests[key] = digest
             hashes.append(hasher.external(digest))
         parent_hash = hasher.external(parent) if parent is not None else None
@@ -284,6 +290,7 @@ class EventEncoder:
                 cache_salt=ev.cache_salt,
                 first_block=ev.parent is None,
                 session_id=ev.session_id,
+                lora=ev.lora,
             )
         assert not isinstance(parent_hash, bytes)
         return sglang_block_stored(hashes, parent_hash, list(ev.token_ids), bs, cache_salt=ev.cache_salt)

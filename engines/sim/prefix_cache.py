@@ -30,6 +30,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 def usable_hit(cached_tokens: int, prompt_tokens: int, block_size: int) -> int:
@@ -38,9 +39,21 @@ def usable_hit(cached_tokens: int, prompt_tokens: int, block_size: int) -> int:
     return min(cached_tokens, ((prompt_tokens - 1) // block_size) * block_size) if prompt_tokens else 0
 
 
-def chain_seed(cache_salt: str | None) -> int:
-    """The parent key of a request's first block: 0, or derived from its `cache_salt`."""
-    return zlib.crc32(cache_salt.encode("utf-8")) + 1 if cache_salt else 0
+class LoraRequest(NamedTuple):
+    """A request's LoRA adapter, as vLLM's `LoRARequest` names it (its blocks are cached apart)."""
+
+    name: str
+    id: int
+    path: str
+
+
+def chain_seed(cache_salt: str | None, lora: LoraRequest | None = None) -> int:
+    """The parent key of a request's first block: 0, or derived from its `cache_salt` and its LoRA
+    adapter (each a cache namespace of its own)."""
+    seed = zlib.crc32(cache_salt.encode("utf-8")) + 1 if cache_salt else 0
+    if lora is not None:
+        seed = hash((seed, "lora", lora.name, lora.path))
+    return seed
 
 
 def next_key(parent: int, tokens: Sequence[int]) -> int:
@@ -74,22 +87,29 @@ class PrefixCache:
         self.on_evict: Callable[[int], None] | None = None
 
     @staticmethod
-    def block_keys(token_ids: Sequence[int], block_size: int, cache_salt: str | None = None) -> list[int]:
+    def block_keys(
+        token_ids: Sequence[int],
+        block_size: int,
+        cache_salt: str | None = None,
+        lora: LoraRequest | None = None,
+    ) -> list[int]:
         """Chained hash keys of the full blocks of `token_ids`."""
         keys: list[int] = []
-        parent = chain_seed(cache_salt)
+        parent = chain_seed(cache_salt, lora)
         for start in range(0, len(token_ids) - block_size + 1, block_size):
             parent = hash((parent, *token_ids[start : start + block_size]))
             keys.append(parent)
         return keys
 
     # ---- whole requests ------------------------------------------------------------------------
-    def acquire(self, token_ids: list[int], cache_salt: str | None = None) -> Lease:
+    def acquire(
+        self, token_ids: list[int], cache_salt: str | None = None, lora: LoraRequest | None = None
+    ) -> Lease:
         """Look the prompt up, insert its missing blocks and pin them all; returns the hit."""
         self.queries_tokens += len(token_ids)
         if not self.enabled:
             return Lease([], 0)
-        keys = self.block_keys(token_ids, self.block_size, cache_salt)
+        keys = self.block_keys(token_ids, self.block_size, cache_salt, lora)
         refs = self._refs
         hit_blocks = self.hit_blocks(keys)
         held: list[int] = []

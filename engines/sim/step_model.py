@@ -53,7 +53,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from engines.sim.prefix_cache import PrefixCache, chain_seed, next_key, usable_hit
+from engines.sim.prefix_cache import LoraRequest, PrefixCache, chain_seed, next_key, usable_hit
 
 Flavour = Literal["vllm", "sglang"]
 SchedulePolicy = Literal["fcfs", "lpm"]
@@ -120,6 +120,7 @@ class Seq:
         "held",
         "id",
         "keys",
+        "lora",
         "max_new",
         "order",
         "out_len",
@@ -141,6 +142,7 @@ class Seq:
         output_ids: list[int] | None = None,
         max_new: int | None = None,
         cache_salt: str | None = None,
+        lora: LoraRequest | None = None,
         session_id: str | None = None,
         tag: object = None,
     ) -> None:
@@ -153,6 +155,7 @@ class Seq:
         self.tokens = prompt + outs
         self.max_new = max_new if max_new is not None else self.out_len
         self.cache_salt = cache_salt
+        self.lora = lora
         self.session_id = session_id
         self.tag = tag
         self.state: State = "waiting"
@@ -186,6 +189,7 @@ class StoredBlocks:
     token_ids: list[int]
     cache_salt: str | None
     session_id: str | None
+    lora: LoraRequest | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,7 +358,7 @@ class StepEngine:
         bs = self.block_size
         while len(keys) <= i:
             j = len(keys)
-            parent = keys[-1] if keys else chain_seed(seq.cache_salt)
+            parent = keys[-1] if keys else chain_seed(seq.cache_salt, seq.lora)
             keys.append(next_key(parent, seq.tokens[j * bs : (j + 1) * bs]))
         return keys[i]
 
@@ -385,7 +389,7 @@ class StepEngine:
         bs = self.block_size
         parent = seq.keys[start - 1] if start else None
         tokens = seq.tokens[start * bs : (start + len(keys)) * bs]
-        self._events.append(StoredBlocks(keys, parent, tokens, seq.cache_salt, seq.session_id))
+        self._events.append(StoredBlocks(keys, parent, tokens, seq.cache_salt, seq.session_id, seq.lora))
 
     def _allocate(self, seq: Seq, n: int, force: bool = False) -> bool:
         """Blocks for `n` more tokens of `seq` (beyond those it holds)."""

@@ -171,7 +171,8 @@ class VllmApp(SimApp):
                 err.param = f"body.{loc.group(1)}" if loc else None
             raise
         model = body.get("model")
-        if model is not None and model != cfg.served_model_name:
+        lora = model if isinstance(model, str) and model in cfg.lora_modules else None
+        if model is not None and model != cfg.served_model_name and lora is None:
             raise RequestError(
                 f"The model `{model}` does not exist. Valid aliases: {cfg.served_model_name}.",
                 status=404,
@@ -255,7 +256,7 @@ class VllmApp(SimApp):
             kind=kind,
             body=first_body,
             request_id=("chatcmpl-" if kind == "chat" else "cmpl-") + hex_id(),
-            model=cfg.served_model_name,
+            model=lora or cfg.served_model_name,  # an adapter answers under its own name
             created=int(time.time()),
             prompts=prompts,
             outputs=outputs,
@@ -267,6 +268,7 @@ class VllmApp(SimApp):
             top_logprobs=top if isinstance(top, int) else 0,
             seed=seed,
             extra=extra,
+            lora=lora,
         )
 
     def _completion_prompts(self, body: dict[str, Any]) -> list[PromptIn]:

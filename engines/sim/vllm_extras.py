@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from engines.sim import asgi, tokenizer
 from engines.sim.asgi import Receive, Scope, Send
 from engines.sim.config import SimConfig
@@ -49,15 +51,24 @@ class VllmEndpoints:
         await asgi.send_bytes(send, 200, self.engine.metrics.render(), asgi.TEXT_HEADERS)
 
     async def models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The served model, then each LoRA adapter (vLLM's card: `root` its path, `parent` the
+        served model, no `max_model_len`)."""
         cfg = self.cfg
-        card = {
-            "id": cfg.served_model_name,
+        cards = [self._card(cfg.served_model_name, cfg.model, None, cfg.max_model_len)]
+        cards += [
+            self._card(name, path, cfg.served_model_name, None) for name, path in cfg.lora_modules.items()
+        ]
+        await asgi.send_json(send, 200, {"object": "list", "data": cards})
+
+    def _card(self, name: str, root: str, parent: str | None, max_len: int | None) -> dict[str, Any]:
+        return {
+            "id": name,
             "object": "model",
             "created": int(self.engine.started),
             "owned_by": "vllm",
-            "root": cfg.model,
-            "parent": None,
-            "max_model_len": cfg.max_model_len,
+            "root": root,
+            "parent": parent,
+            "max_model_len": max_len,
             "permission": [
                 {
                     "id": f"modelperm-{hex_id()}",
@@ -75,7 +86,6 @@ class VllmEndpoints:
                 }
             ],
         }
-        await asgi.send_json(send, 200, {"object": "list", "data": [card]})
 
     async def tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await asgi.read_json(receive)

@@ -13,15 +13,20 @@ served as an adapter, and then keys that model's requests the same way; so what 
 
 from __future__ import annotations
 
+import json
 import random
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import msgpack
 import pytest
+import zmq
 
+from engines.sim.launcher import free_port
 from gateway.admission.tokens import mint_token
-from tests.conftest import MODEL
+from tests.conftest import MODEL, fast_sim
 from tests.real_engines.conftest import LORA_MODEL, SERVED_MODEL
 from tests.real_engines.rig import metric, real_pool_config
 from tests.real_engines.servers import VllmServer
@@ -92,6 +97,68 @@ def send(gateway: GatewayProcess, body: dict[str, Any]) -> tuple[str, int]:
 def test_the_spare_serves_the_adapter(real_vllm_spare: VllmServer) -> None:
     models = httpx.get(real_vllm_spare.base_url + "/v1/models", timeout=10).json()["data"]
     assert {(m["id"], m.get("parent")) for m in models} == {(SERVED_MODEL, None), (LORA_MODEL, SERVED_MODEL)}
+
+
+def test_the_simulator_serves_and_publishes_an_adapter_as_vllm_does(real_vllm_spare: VllmServer) -> None:
+    """The vLLM simulator with the same `--lora-modules`: the same model cards, and an adapter's
+    `BlockStored` with the same LoRA fields (`lora_id`, `lora_name`, extra keys led by the name)."""
+    path = next(m["root"] for m in models(real_vllm_spare.base_url) if m["id"] == LORA_MODEL)
+    port = free_port()
+    config = json.dumps(
+        {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}", "topic": "kv"}
+    )
+    flags = ["--served-model-name", SERVED_MODEL, "--enable-lora", "--lora-modules", f"{LORA_MODEL}={path}"]
+    with fast_sim("vllm", *flags, "--kv-events-config", config) as sim:
+        cards = {name: [(m["id"], m["root"], m["parent"]) for m in models(url) if m["id"] == LORA_MODEL]
+                 for name, url in (("real", real_vllm_spare.base_url), ("sim", sim.base_url))}  # fmt: skip
+        assert cards["real"] == cards["sim"] == [(LORA_MODEL, path, SERVED_MODEL)], cards
+        stored = {
+            name: lora_store(url, endpoint, 10 + i)
+            for i, (name, url, endpoint) in enumerate(
+                (("real", real_vllm_spare.base_url, real_vllm_spare.kv_events_endpoint),
+                 ("sim", sim.base_url, f"tcp://127.0.0.1:{port}"))
+            )
+        }  # fmt: skip
+    for name, event in stored.items():
+        n = len(event["block_hashes"])
+        assert isinstance(event["lora_id"], int) and event["lora_id"] >= 1, (name, event["lora_id"])
+        assert event["lora_name"] == LORA_MODEL and event["extra_keys"] == [[LORA_MODEL]] * n, (name, event)
+
+
+def models(url: str) -> list[dict[str, Any]]:
+    r = httpx.get(url + "/v1/models", timeout=10)
+    assert r.status_code == 200, r.text
+    data: list[dict[str, Any]] = r.json()["data"]
+    return data
+
+
+def lora_store(url: str, endpoint: str, seed: int) -> dict[str, Any]:
+    """The first `BlockStored` of the adapter's prompt sent to the engine at `url` (its events at
+    `endpoint`)."""
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    try:
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(endpoint)
+        time.sleep(0.5)  # the subscription reaches the publisher (ZMQ drops what precedes it)
+        body = dict(chat(LORA_MODEL, seed), max_tokens=1)
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if sub.poll(200):
+                _, _, payload = sub.recv_multipart()
+                for event in msgpack.unpackb(payload, raw=False)[1]:
+                    if (
+                        isinstance(event, dict)
+                        and event.get("type") == "BlockStored"
+                        and event.get("lora_name")
+                    ):
+                        return event
+        raise AssertionError(f"no BlockStored of the adapter from {url}")
+    finally:
+        sub.close(linger=0)
+        ctx.term()
 
 
 def test_an_adapters_blocks_are_held_for_the_adapter_only(gateway: GatewayProcess) -> None:

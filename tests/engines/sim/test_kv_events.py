@@ -94,6 +94,21 @@ def test_vllm_block_hashes_match_vllm() -> None:
     assert VllmBlockHasher(seed="x", int_hashes=False).external(b"\x01" * 32) == b"\x01" * 32
 
 
+def test_vllm_lora_block_hashes_match_vllm() -> None:
+    """A LoRA adapter's blocks: `("lora", name, path)` enters every block's hash, before the salt
+    (values from vLLM 0.32's `hash_block_tokens` with `generate_block_hash_extra_keys`' keys)."""
+    for algo, want in (
+        ("sha256", [13439703413516696250, 15539058644357107485, 3360549560723219424]),
+        ("sha256_cbor", [1140946308907503535, 16054235195499064838, 2786106097942577754]),
+    ):
+        h = VllmBlockHasher(algo, seed="vllm-none-hash")  # type: ignore[arg-type]
+        lora = ("ad", "/adapters/ad")
+        d1 = h.digest(None, TOKENS[:16], lora=lora)
+        d2 = h.digest(d1, TOKENS[16:], lora=lora)
+        salted = h.digest(None, TOKENS[:16], "salt-1", lora)
+        assert [h.external(d) for d in (d1, d2, salted)] == want
+
+
 def test_sglang_block_hashes_match_sglang() -> None:
     """Values from SGLang 0.5.23's `mem_cache/cpp_utils/hash_binding.cpp` (compiled from the wheel),
     pages of 16, `hash_str_to_int64`; salted: the chain seeded with SHA-256(b"sglang-cache-salt-v1\\0" + salt)."""
@@ -303,6 +318,63 @@ def test_eviction_publishes_block_removed_and_reset_all_blocks_cleared(
     assert events[-1] == {"type": "AllBlocksCleared"}
     seqs = [seq for _, seq, _ in msgs]
     assert seqs == sorted(set(seqs))
+
+
+@pytest.mark.parametrize("scheduler", ["batching", "serial"])
+def test_vllm_lora_adapters(scheduler: str) -> None:
+    """`--enable-lora --lora-modules name=path`: `/v1/models` lists the adapter (`parent` the served
+    model), a request naming it is answered under its name, its blocks are cached apart from the base
+    model's (the same prompt is a miss across, a hit within), and its `BlockStored` carry its id and
+    name, every block's extra keys led by the name (as real vLLM 0.32's: tests/real_engines/test_engine_lora.py)."""
+    port = free_port()
+    cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}", "topic": "kv"}
+    flags = [
+        "--fast",
+        "--scheduler",
+        scheduler,
+        "--enable-prompt-tokens-details",
+        "--kv-events-config",
+        json.dumps(cfg),
+    ]
+    flags += ["--enable-lora", "--lora-modules", "ad=/adapters/ad", "--max-lora-rank", "8"]
+    with SimProcess("vllm", extra=flags) as sim:
+        cards = httpx.get(sim.base_url + "/v1/models").json()["data"]
+        base = cards[0]["id"]
+        assert [(c["id"], c["root"], c["parent"]) for c in cards[1:]] == [("ad", "/adapters/ad", base)]
+        assert cards[1]["max_model_len"] is None
+        sub = Subscriber(port, free_port())
+        time.sleep(0.3)
+        try:
+            text = " ".join(f"word{i}" for i in range(100))
+
+            def cached(model: str) -> int:
+                body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 2}
+                r = httpx.post(sim.base_url + "/v1/chat/completions", json=body, timeout=10)
+                assert r.status_code == 200 and r.json()["model"] == model, r.text
+                return int(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+            first, across, within = cached("ad"), cached(base), cached("ad")
+            assert first == across == 0 and within >= 96, (first, across, within)
+            stored = [e for e in events_of(sub.receive(until=lambda m: len(events_of(m)) >= 2))]
+            adapter, plain = (e for e in stored if e["type"] == "BlockStored")
+            n = len(adapter["block_hashes"])
+            assert (adapter["lora_id"], adapter["lora_name"], adapter["extra_keys"]) == (
+                1,
+                "ad",
+                [["ad"]] * n,
+            )
+            assert (plain["lora_id"], plain["lora_name"], plain["extra_keys"]) == (None, None, [None] * n)
+            assert (
+                adapter["token_ids"] == plain["token_ids"]
+                and adapter["block_hashes"] != plain["block_hashes"]
+            )
+        finally:
+            sub.close()
+    with (
+        pytest.raises(RuntimeError, match="--enable-lora"),
+        SimProcess("vllm", extra=["--fast", "--lora-modules", "ad=/x"]),
+    ):
+        pass
 
 
 def test_kv_event_sources_and_a_restart() -> None:
