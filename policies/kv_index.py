@@ -42,21 +42,23 @@ group's parent key until the group is full; a page removed inside a group ends t
 when the group's last page goes (its key), so holes are seen at the group's granularity.
 
 Matching is prefix semantics: a backend holds a prompt's first `d` blocks when every one of them is
-held (an engine cannot use a block whose parent it evicted). The scan reads the first key, then the
-last key of each stretch of `scan_stride` keys, with one bitmask of backends per key, stopping when
-no backend is left; where some backends drop out at a stretch's last key, the stretch is scanned key
-by key for them, so where each backend's held prefix ends is found exactly. A backend that holds a
-stretch's last key is taken to hold the whole stretch: a *hole* inside it (a block removed while a
-later block of its chain stays held) is not seen. Engines evict leaves first (vLLM's free-block queue
+held (an engine cannot use a block whose parent it evicted). With one bitmask of backends per key,
+the default scan (`scan_stride` 0, `_bisect`) reads the first key, then the last: the backends
+holding both hold the whole prompt; for the others it reads the key halfway between one they hold
+and one they do not, and so on, so where each backend's held prefix ends is found exactly in about
+log2(keys) reads (a 128-key document held whole: 2). `scan_stride` N reads the first key, then the
+last key of each stretch of N keys, and scans a stretch key by key where some backends drop out in
+it. Either way a backend that holds a key read is taken to hold every key before it: a *hole* there
+(a block removed while a later block of its chain stays held) is not seen. Engines evict leaves first (vLLM's free-block queue
 takes a finished request's last block first, and a block in use keeps its parents in use; SGLang's
 radix cache evicts leaves only), so their removals make no holes; the index's own ageing (`max_blocks`,
 oldest stored first) removes a chain from its first block, which is always read. A hole can come from an
 engine's recomputing a block after a lost removal and the like; it over-reports one backend until the
-engine stores the hole's block again. Cost: a dict lookup and an `and` per `scan_stride` keys, plus at
-most `scan_stride - 1` per stretch in which backends drop out (`scan_stride` 1: every key, exact
-whatever the holes;
-bench/kv_micro.py measured a long document's 128 keys at ~100-250 ns a lookup on this machine, the
-decision's largest cost with events).
+engine stores the hole's block again. Cost: a dict lookup and an `and` per key read (`scan_stride` 1:
+every key, exact whatever the holes). The lookups were the decision's largest cost with events
+(bench/kv_micro.py: ~100-250 ns each on this machine, more when the index is cold in the CPU's
+caches); a long document's match took 10.0 / 6.1 us with `scan_stride` 8 and 3.9 / 3.3 bisecting
+(2026-12-05, two alternated runs, compiled), with the replay's decisions identical.
 
 Bounds and ageing (no clock here: a logical clock `now` is passed in by the caller, seconds in the
 gateway). Each backend keeps at most `max_blocks` engine blocks; beyond that the oldest stored are
@@ -100,9 +102,10 @@ class KvIndexConfig:
 
     max_blocks: int = 32768
     min_block_tokens: int = 64
-    #: `match` reads one key in `scan_stride` and scans a stretch key by key only where a backend's
-    #: held prefix ends in it (1: every key; see the module docstring, *Matching*)
-    scan_stride: int = 8
+    #: `match` reads the first and last keys and halves where prefixes end (0), or one key in
+    #: `scan_stride` and a stretch key by key where a prefix ends in it (1: every key; see the module
+    #: docstring, *Matching*)
+    scan_stride: int = 0
     silent_requests: int = 16
     silent_s: float = 10.0
     relearn_s: float = 30.0
@@ -112,8 +115,10 @@ class KvIndexConfig:
     anchor_tokens: int = 16
 
     def __post_init__(self) -> None:
-        if min(self.max_blocks, self.min_block_tokens, self.silent_requests, self.scan_stride) < 1:
-            raise ValueError("max_blocks, min_block_tokens, silent_requests and scan_stride must be >= 1")
+        if min(self.max_blocks, self.min_block_tokens, self.silent_requests) < 1 or self.scan_stride < 0:
+            raise ValueError(
+                "max_blocks, min_block_tokens and silent_requests must be >= 1, scan_stride >= 0"
+            )
         if self.anchor_prompts < 0 or self.anchor_tokens < 1:
             raise ValueError("anchor_prompts must be >= 0 and anchor_tokens >= 1")
         if self.silent_s < 0 or self.relearn_s < 0:
@@ -384,6 +389,10 @@ class KvIndex:
         get = self._holders.get
         bits = self._names
         stride = self.config.scan_stride
+        if stride == 0:
+            for group, mask in groups:
+                _bisect(prompt.keys(group), group, mask, get, bits, out)
+            return out
         for group, mask in groups:
             # the last key of each stretch of `stride` keys, with one bitmask of backends: those
             # holding it are taken to hold the stretch; where some drop out, the stretch is scanned
@@ -613,6 +622,42 @@ def _place(data: bytes, probe: bytes, rest: bytes, align: int) -> int:
             return at
         at = data.find(probe, at + 4)
     return -1
+
+
+def _bisect(
+    keys: Sequence[int], group: int, mask: int, get: Any, bits: Mapping[int, str], out: dict[str, int]
+) -> None:
+    """`match` with `scan_stride` 0: the first key, then the last; where some backends hold the first
+    and not the last, the key halfway, and so on (a held prefix ends where a backend holds one key and
+    not the next): a few reads whatever the prompt's length, a hole between two keys read not seen."""
+    n = len(keys)
+    if not n:
+        return
+    mask &= get(keys[0], 0)
+    if not mask:
+        return
+    # (lo, hi, m): every backend of `m` holds key `lo`; its prefix ends in lo..hi
+    todo = [(0, n - 1, mask)]
+    while todo:
+        lo, hi, m = todo.pop()
+        if lo < hi:
+            h = get(keys[hi], 0) & m
+            if h:
+                _record(out, bits, h, (hi + 1) * group)
+                m &= ~h
+                if not m:
+                    continue
+            hi -= 1
+            if lo < hi:
+                mid = (lo + hi + 1) // 2
+                h = get(keys[mid], 0) & m
+                if h:
+                    todo.append((mid, hi, h))
+                    m &= ~h
+                if m:
+                    todo.append((lo, mid - 1, m))
+                continue
+        _record(out, bits, m, (lo + 1) * group)
 
 
 def _record(out: dict[str, int], names: Mapping[int, str], mask: int, tokens: int) -> None:

@@ -105,11 +105,35 @@ def test_a_removed_block_ends_the_held_prefix() -> None:
     assert len(index) == 0
 
 
+def test_the_bisecting_scan_finds_where_each_prefix_ends() -> None:
+    """The default scan (`scan_stride` 0) reads the first key, the last, then halves: removals from the
+    tail, as engines evict, end each backend's prefix exactly wherever it ends, in a few reads; a hole
+    is not seen (see policies.kv_index, *Matching*); the first key always is."""
+    index = live_index("a", "b", "c", "d", "e")
+    tokens = doc(16 * 40)
+    eng = Engine(16)
+    hashes = {n: eng.store(index, n, tokens) for n in "abcde"}
+    for name, end in (("a", 1), ("b", 13), ("c", 20), ("d", 39)):
+        index.removed(name, hashes[name][end:])
+    assert index.match(PromptBlocks(tokens)) == {
+        "a": 16,
+        "b": 16 * 13,
+        "c": 16 * 20,
+        "d": 16 * 39,
+        "e": 16 * 40,
+    }
+    index.removed("e", [hashes["e"][20]])  # a hole: not seen
+    index.removed("d", [hashes["d"][0]])  # the first block: seen
+    assert index.match(PromptBlocks(tokens), ["d", "e"]) == {"d": 0, "e": 16 * 40}
+    assert index.match(PromptBlocks(tokens[: 16 * 21]), ["c"]) == {"c": 16 * 20}  # shorter prompts too
+    assert index.match(PromptBlocks(tokens[:16]), ["a", "d"]) == {"a": 16, "d": 0}
+
+
 def test_the_strided_scan_finds_where_each_prefix_ends() -> None:
-    """The default scan reads one key in `scan_stride` (8): removals from the tail, as engines evict,
-    end each backend's prefix exactly, wherever in a stretch; a hole inside a stretch whose last key
-    is held is not seen (see policies.kv_index, *Matching*); the first key always is."""
-    index = live_index("a", "b", "c", "d")
+    """`scan_stride` 8 reads one key in 8: removals from the tail, as engines evict, end each
+    backend's prefix exactly, wherever in a stretch; a hole inside a stretch whose last key is held
+    is not seen (see policies.kv_index, *Matching*); the first key always is."""
+    index = live_index("a", "b", "c", "d", scan_stride=8)
     tokens = doc(16 * 40)
     eng = Engine(16)
     hashes = {n: eng.store(index, n, tokens) for n in "abcd"}
@@ -277,14 +301,14 @@ def test_detach_frees_the_slot_and_the_keys() -> None:
 @given(
     st.lists(st.tuples(st.sampled_from("sr"), st.integers(0, 5), st.integers(0, 1)), max_size=60),
     # (stride, leaves first): any removals only when every key is read
-    st.sampled_from([(1, False), (1, True), (2, True), (3, True), (8, True)]),
+    st.sampled_from([(1, False), (1, True), (2, True), (3, True), (8, True), (0, True)]),
 )
 def test_matches_agree_with_a_model_of_the_engines(
     ops: list[tuple[str, int, int]], scan: tuple[int, bool]
 ) -> None:
     """Random stores and removals of six prompts sharing prefixes (up to 12 blocks) on two backends:
     the index's match is the longest prefix whose every block the model says is held. Exact with
-    any removals when every key is read; with a stride, when the engines evict leaves first (a
+    any removals when every key is read; with a stride or bisecting, when the engines evict leaves first (a
     block no held block of the backend chains from) as real ones do."""
     stride, leaves_first = scan
     base = doc(96, 9)
@@ -414,9 +438,11 @@ def test_memory_per_block_is_bounded() -> None:
 
 
 def test_bad_bounds_are_refused() -> None:
-    for field in ("max_blocks", "min_block_tokens", "silent_requests", "scan_stride"):
+    for field in ("max_blocks", "min_block_tokens", "silent_requests"):
         with pytest.raises(ValueError, match=field):
             KvIndexConfig(**{field: 0})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="scan_stride"):
+        KvIndexConfig(scan_stride=-1)
     with pytest.raises(ValueError, match="relearn_s"):
         KvIndexConfig(relearn_s=-1.0)
 
