@@ -15,10 +15,11 @@ releases encoded them as arrays `[tag, field, ...]` in declaration order, which 
 
 Normalised here: hashes as ints; SGLang's `cache_salt` as the first block's extra key (`[salt]`, as vLLM
 publishes it), when the store starts a chain; vLLM's LoRA adapter name (`lora_name`, which also leads
-every block's `extra_keys`: `[["tiny-lora"], ...]` from real vLLM 0.32) as `Stored.lora` only; events for another storage tier (`medium` other than
-the GPU's: CPU offload, disk) or another KV-cache group (`group_idx` > 0: a hybrid model's sliding
-window layers) are dropped, since only the GPU's full-attention blocks save a prefill. Nothing here
-does I/O; malformed events are skipped (`decode_batch` never raises on a decodable msgpack batch).
+every block's `extra_keys`: `[["tiny-lora"], ...]` from real vLLM 0.32) as `Stored.lora` only; events
+for another storage tier (`medium` other than the GPU's: CPU offload, disk) or another KV-cache group
+(`group_idx` > 0: a hybrid model's sliding window layers) are dropped, since only the GPU's
+full-attention blocks save a prefill. Nothing here does I/O; malformed events are skipped
+(`decode_batch` never raises on a decodable msgpack batch).
 """
 
 from __future__ import annotations

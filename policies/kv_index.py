@@ -41,18 +41,18 @@ matched with few keys: the scan's dict lookups are the decision's largest cost w
 group's parent key until the group is full; a page removed inside a group ends the held prefix only
 when the group's last page goes (its key), so holes are seen at the group's granularity.
 
-Matching is prefix semantics: a backend holds a prompt's first `d` blocks when every one of them is
-held (an engine cannot use a block whose parent it evicted). With one bitmask of backends per key,
-the default scan (`scan_stride` 0, `_bisect`) reads the first key, then the last: the backends
-holding both hold the whole prompt; for the others it reads the key halfway between one they hold
-and one they do not, and so on, so where each backend's held prefix ends is found exactly in about
-log2(keys) reads (a 128-key document held whole: 2). `scan_stride` N reads the first key, then the
-last key of each stretch of N keys, and scans a stretch key by key where some backends drop out in
-it. Either way a backend that holds a key read is taken to hold every key before it: a *hole* there
-(a block removed while a later block of its chain stays held) is not seen. Engines evict leaves first (vLLM's free-block queue
-takes a finished request's last block first, and a block in use keeps its parents in use; SGLang's
-radix cache evicts leaves only), so their removals make no holes; the index's own ageing (`max_blocks`,
-oldest stored first) removes a chain from its first block, which is always read. A hole can come from an
+Matching is prefix semantics: a backend holds a prompt's first `d` blocks when every one of them is held
+(an engine cannot use a block whose parent it evicted). With one bitmask of backends per key, the
+default scan (`scan_stride` 0, `_bisect`) reads the first key, then the last: the backends holding both
+hold the whole prompt; for the others it reads the key halfway between one they hold and one they do
+not, and so on, so where each backend's held prefix ends is found exactly in about log2(keys) reads (a
+128-key document held whole: 2). `scan_stride` N reads the first key, then the last key of each stretch
+of N keys, and scans a stretch key by key where some backends drop out in it. Either way a backend that
+holds a key read is taken to hold every key before it: a *hole* there (a block removed while a later
+block of its chain stays held) is not seen. Engines evict leaves first (vLLM's free-block queue takes a
+finished request's last block first, and a block in use keeps its parents in use; SGLang's radix cache
+evicts leaves only), so their removals make no holes; the index's own ageing (`max_blocks`, oldest
+stored first) removes a chain from its first block, which is always read. A hole can come from an
 engine's recomputing a block after a lost removal and the like; it over-reports one backend until the
 engine stores the hole's block again. Cost: a dict lookup and an `and` per key read (`scan_stride` 1:
 every key, exact whatever the holes). The lookups were the decision's largest cost with events

@@ -368,12 +368,12 @@ def configured_sources(pools: Sequence[PoolSettings]) -> dict[str, KvSource]:
 
 
 class KvEventSync:
-    """Keeps the subscriber's streams equal to the fleet's backends, every `interval_s`: the source
-    the config names for a backend, or for pools with `kv_event_discovery` the one its engine
-    announces (vLLM's `GET /kv_event_sources`, SGLang's `GET /server_info`; asked again every
-    `rediscover_s` while it has none, and when its URL changes). Backends that leave the fleet (the admin API, a reload) are unwatched
-    and their blocks forgotten; a drained backend stays watched (its cache is still there when it
-    is undrained). The config is read through `pools` on every pass, so a reload takes effect."""
+    """Keeps the subscriber's streams equal to the fleet's backends, every `interval_s`: the source the
+    config names for a backend, or for pools with `kv_event_discovery` the one its engine announces
+    (vLLM's `GET /kv_event_sources`, SGLang's `GET /server_info`; asked again every `rediscover_s` while
+    it has none, and when its URL changes). Backends that leave the fleet (the admin API, a reload) are
+    unwatched and their blocks forgotten; a drained backend stays watched (its cache is still there when
+    it is undrained). The config is read through `pools` on every pass, so a reload takes effect."""
 
     def __init__(
         self,

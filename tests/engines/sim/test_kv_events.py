@@ -325,7 +325,8 @@ def test_vllm_lora_adapters(scheduler: str) -> None:
     """`--enable-lora --lora-modules name=path`: `/v1/models` lists the adapter (`parent` the served
     model), a request naming it is answered under its name, its blocks are cached apart from the base
     model's (the same prompt is a miss across, a hit within), and its `BlockStored` carry its id and
-    name, every block's extra keys led by the name (as real vLLM 0.32's: tests/real_engines/test_engine_lora.py)."""
+    name, every block's extra keys led by the name (as real vLLM 0.32's:
+    tests/real_engines/test_engine_lora.py)."""
     port = free_port()
     cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}", "topic": "kv"}
     flags = [
@@ -379,7 +380,8 @@ def test_vllm_lora_adapters(scheduler: str) -> None:
 
 def test_kv_event_sources_and_a_restart() -> None:
     """vLLM serves its publisher config per data-parallel rank on `GET /kv_event_sources` ({} without
-    events), SGLang describes its publisher in `GET /server_info` (`kv_events`, null without); SGLang's radix cache records AllBlocksCleared when it starts, so a restarted SGLang
+    events), SGLang describes its publisher in `GET /server_info` (`kv_events`, null without); SGLang's
+    radix cache records AllBlocksCleared when it starts, so a restarted SGLang
     engine's first message (sequence 0) says so."""
     with SimProcess("vllm", extra=["--fast"]) as plain:
         assert httpx.get(plain.base_url + "/kv_event_sources").json() == {}
