@@ -33,9 +33,9 @@ what it missed.
 
 Granularity. A backend's blocks are keyed in groups of `group` tokens: its block size, or for engines
 with small pages (SGLang's default page size is 1 token) the first multiple of it of at least
-`min_block_tokens` (64: vLLM's 16-token blocks are keyed four at a time), so that a request is
-matched with few keys: the scan's dict lookups are the decision's largest cost with events
-(bench/kv_micro.py: 8,192 tokens were 512 lookups a backend group at 16, 128 at 64), and a
+`min_block_tokens` (64: vLLM's 16-token blocks are keyed four at a time), so that a request has few
+keys to hash and match (8,192 tokens are 512 keys at 16, 128 at 64: read key by key, their lookups
+were the decision's largest cost with events, bench/kv_micro.py), and a
 64-token granularity is far finer than the cost rule weighs a cache (a request's prefill is worth
 `blocks_per_request` x 32 tokens). Pages inside a group are kept as pending token bytes under the
 group's parent key until the group is full; a page removed inside a group ends the held prefix only

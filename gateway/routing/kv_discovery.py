@@ -46,9 +46,7 @@ def discover_vllm(sources: Any, backend_url: str) -> KvSource | None:
     configs = [
         c for c in configs if c.get("publisher", "zmq") == "zmq" and isinstance(c.get("endpoint"), str)
     ]
-    if len(configs) > 1:
-        log.warning("%s publishes KV events per data-parallel rank: not used for routing", backend_url)
-    if len(configs) != 1:
+    if not configs or not _one_rank(len(configs), backend_url):
         return None
     config = configs[0]
     return _source(config["endpoint"], config.get("topic"), config.get("replay_endpoint"), backend_url)
@@ -61,31 +59,51 @@ def discover_sglang(info: Any, backend_url: str) -> KvSource | None:
         return None
     described = info.get("kv_events")
     if isinstance(described, Mapping):  # 0.5.23: what the engine bound, resolved by the engine
-        port, replay_port = described.get("endpoint_port_base"), described.get("replay_endpoint_port_base")
-        host = described.get("endpoint_host")
-        if described.get("publisher") != "zmq" or not _is_port(port) or not isinstance(host, str):
-            return None
-        host = f"[{host}]" if ":" in host and not host.startswith("[") else host
-        endpoint = f"tcp://{host}:{port}"
-        replay = f"tcp://{host}:{replay_port}" if _is_port(replay_port) else None
-        topic, ranks = described.get("topic"), described.get("dp_size", 1)
+        found = _described(described)
     elif isinstance(info.get("kv_events_config"), str):  # older servers: the flag's JSON as given
-        try:
-            config = orjson.loads(info["kv_events_config"])
-        except orjson.JSONDecodeError:
-            return None
-        if not isinstance(config, Mapping) or config.get("publisher", "null") != "zmq":
-            return None
-        endpoint = config.get("endpoint", "tcp://*:5557")
-        replay, topic, ranks = config.get("replay_endpoint"), config.get("topic"), info.get("dp_size", 1)
-        if not isinstance(endpoint, str):
-            return None
+        found = _flag(info["kv_events_config"], info.get("dp_size", 1))
     else:
         return None
-    if ranks != 1:
-        log.warning("%s publishes KV events per data-parallel rank: not used for routing", backend_url)
+    if found is None or not _one_rank(found[3], backend_url):
         return None
-    return _source(endpoint, topic, replay, backend_url)
+    return _source(*found[:3], backend_url)
+
+
+#: an SGLang publisher as read: endpoint, topic, replay endpoint, data-parallel ranks
+_Found = tuple[str, Any, Any, Any]
+
+
+def _described(described: Mapping[str, Any]) -> _Found | None:
+    """SGLang 0.5.23's `kv_events` descriptor (rank r publishes on the base ports + r)."""
+    port, replay_port = described.get("endpoint_port_base"), described.get("replay_endpoint_port_base")
+    host = described.get("endpoint_host")
+    if described.get("publisher") != "zmq" or not _is_port(port) or not isinstance(host, str):
+        return None
+    host = _bracketed(host.strip("[]"))
+    replay = f"tcp://{host}:{replay_port}" if _is_port(replay_port) else None
+    return f"tcp://{host}:{port}", described.get("topic"), replay, described.get("dp_size", 1)
+
+
+def _flag(text: str, ranks: Any) -> _Found | None:
+    """The `--kv-events-config` JSON an SGLang server was started with, with SGLang's defaults."""
+    try:
+        config = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(config, Mapping) or config.get("publisher", "null") != "zmq":
+        return None
+    endpoint = config.get("endpoint", "tcp://*:5557")
+    if not isinstance(endpoint, str):
+        return None
+    return endpoint, config.get("topic"), config.get("replay_endpoint"), ranks
+
+
+def _one_rank(ranks: Any, backend_url: str) -> bool:
+    """One data-parallel rank: one cache behind the URL (several: not used, see the docstring)."""
+    if ranks == 1:
+        return True
+    log.warning("%s publishes KV events per data-parallel rank: not used for routing", backend_url)
+    return False
 
 
 #: per pool dialect: the path its engines announce their publisher at, and how to read the answer
@@ -117,5 +135,10 @@ def _with_host(endpoint: str, host: str) -> str:
         return endpoint
     addr, _, port = rest.rpartition(":")
     if addr in _WILDCARDS:
-        addr = f"[{host}]" if ":" in host else host
+        addr = _bracketed(host)
     return f"tcp://{addr}:{port}"
+
+
+def _bracketed(host: str) -> str:
+    """A host as an endpoint names it: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host else host

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
+import msgpack  # type: ignore[import-untyped]  # no stubs
+import zmq
 
 from tests.conftest import MODEL, single_pool_config
 from tests.real_engines.servers import EngineServer
@@ -67,3 +71,33 @@ def engine_connections(server: EngineServer) -> dict[int, str]:
         if fields and fields[0] != "LISTEN":
             found[int(fields[4].rsplit(":", 1)[1])] = fields[0]
     return found
+
+
+def kv_event_batches(
+    endpoint: str, send: Callable[[], object], seqs: list[int] | None = None, timeout: float = 10
+) -> Iterator[list[Any]]:
+    """Subscribes to the KV events published at `endpoint` (topic `kv`), calls `send` (a request to
+    the engine), then yields each message's events (its frames checked, its sequence appended to
+    `seqs`) for `timeout` seconds or until the caller stops."""
+    context = zmq.Context()
+    sub = context.socket(zmq.SUB)
+    try:
+        sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.connect(endpoint)
+        time.sleep(0.5)  # a SUB socket misses what is published before its subscription arrives
+        send()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not sub.poll(500):
+                continue
+            topic, seq, payload = sub.recv_multipart()
+            assert topic == b"kv" and len(seq) == 8
+            if seqs is not None:
+                seqs.append(int.from_bytes(seq, "big"))
+            timestamp, events, _dp_rank = msgpack.unpackb(payload, strict_map_key=False)
+            assert timestamp > 0
+            yield events
+    finally:
+        sub.close()
+        context.term()

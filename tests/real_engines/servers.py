@@ -60,22 +60,7 @@ def build_tiny_model(timeout: float = 300.0) -> Path:
     """The tiny model's directory, built (or found in its cache, `.engines/models/<key>/`) by
     `build_model.py` with the vLLM environment's python: always that one, so the cache key and the
     bytes do not depend on which engine asked first."""
-    out = subprocess.run(
-        [
-            str(engine_bin("vllm", "python")),
-            str(HERE / "build_model.py"),
-            "--root",
-            str(ENGINES_DIR / "models"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **OFFLINE_ENV},
-        check=False,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"build_model.py failed ({out.returncode}):\n{out.stdout}\n{out.stderr[-4000:]}")
-    return Path(out.stdout.strip().splitlines()[-1])
+    return Path(_build("build_model.py", "--root", str(ENGINES_DIR / "models"), timeout=timeout))
 
 
 def build_tiny_lora(model_dir: Path, timeout: float = 120.0) -> Path:
@@ -83,15 +68,25 @@ def build_tiny_lora(model_dir: Path, timeout: float = 120.0) -> Path:
     the key a hash of the script (a change to it builds a new one)."""
     key = hashlib.sha256((HERE / "build_lora.py").read_bytes()).hexdigest()[:12]
     out = model_dir.parent / f"{model_dir.name}.lora-{key}"
-    if (out / "adapter_config.json").exists():
-        return out
-    done = subprocess.run(
-        [str(engine_bin("vllm", "python")), str(HERE / "build_lora.py"), "--model", str(model_dir), "--out", str(out)],
-        capture_output=True, text=True, timeout=timeout, env={**os.environ, **OFFLINE_ENV}, check=False,
-    )  # fmt: skip
-    if done.returncode != 0:
-        raise RuntimeError(f"build_lora.py failed ({done.returncode}):\n{done.stdout}\n{done.stderr[-4000:]}")
+    if not (out / "adapter_config.json").exists():
+        _build("build_lora.py", "--model", str(model_dir), "--out", str(out), timeout=timeout)
     return out
+
+
+def _build(script: str, *args: str, timeout: float) -> str:
+    """Runs one of this folder's build scripts with the vLLM environment's python (it has torch,
+    transformers, safetensors; the gateway's own environment does not); its last output line."""
+    out = subprocess.run(
+        [str(engine_bin("vllm", "python")), str(HERE / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **OFFLINE_ENV},
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"{script} failed ({out.returncode}):\n{out.stdout}\n{out.stderr[-4000:]}")
+    return out.stdout.strip().splitlines()[-1]
 
 
 def _group_stats(pgid: int) -> list[tuple[int, list[str]]]:

@@ -13,22 +13,20 @@ served as an adapter, and then keys that model's requests the same way; so what 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import msgpack
 import pytest
-import zmq
 
 from engines.sim.launcher import free_port
 from gateway.admission.tokens import mint_token
 from tests.conftest import MODEL, fast_sim
 from tests.real_engines.conftest import LORA_MODEL, SERVED_MODEL
-from tests.real_engines.rig import metric, real_pool_config
+from tests.real_engines.rig import kv_event_batches, metric, real_pool_config
 from tests.real_engines.servers import VllmServer
 from tests.support import GatewayProcess, wait_until
 
@@ -135,30 +133,19 @@ def models(url: str) -> list[dict[str, Any]]:
 def lora_store(url: str, endpoint: str, seed: int) -> dict[str, Any]:
     """The first `BlockStored` of the adapter's prompt sent to the engine at `url` (its events at
     `endpoint`)."""
-    ctx = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
-    try:
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        sub.connect(endpoint)
-        time.sleep(0.5)  # the subscription reaches the publisher (ZMQ drops what precedes it)
-        body = dict(chat(LORA_MODEL, seed), max_tokens=1)
-        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+
+    def send() -> None:
+        r = httpx.post(
+            url + "/v1/chat/completions", json=dict(chat(LORA_MODEL, seed), max_tokens=1), timeout=120
+        )
         assert r.status_code == 200, r.text
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if sub.poll(200):
-                _, _, payload = sub.recv_multipart()
-                for event in msgpack.unpackb(payload, raw=False)[1]:
-                    if (
-                        isinstance(event, dict)
-                        and event.get("type") == "BlockStored"
-                        and event.get("lora_name")
-                    ):
-                        return event
-        raise AssertionError(f"no BlockStored of the adapter from {url}")
-    finally:
-        sub.close(linger=0)
-        ctx.term()
+
+    with contextlib.closing(kv_event_batches(endpoint, send, timeout=20)) as batches:
+        for events in batches:
+            for event in events:
+                if isinstance(event, dict) and event.get("type") == "BlockStored" and event.get("lora_name"):
+                    return event
+    raise AssertionError(f"no BlockStored of the adapter from {url}")
 
 
 def test_an_adapters_blocks_are_held_for_the_adapter_only(gateway: GatewayProcess) -> None:

@@ -18,11 +18,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import msgpack  # type: ignore[import-untyped]  # no stubs
 import pytest
-import zmq
 
 from engines.sim.block_hashes import SglangBlockHasher
+from tests.real_engines.rig import kv_event_batches
 from tests.real_engines.servers import EngineServer, SglangServer, VllmServer
 
 pytestmark = pytest.mark.timeout(300)  # the first test may wait for a server's startup
@@ -200,30 +199,12 @@ def _blocks(ids: list[int]) -> list[list[int]]:
 
 
 def batches(server: EngineServer, prompt: str, seqs: list[int], timeout: float = 10) -> Iterator[list[Any]]:
-    """Subscribes to `server`'s KV events, sends `prompt` as a chat, then yields each message's events
-    (its frames checked, its sequence appended to `seqs`) for `timeout` seconds or until the caller
-    stops."""
-    context = zmq.Context()
-    sub = context.socket(zmq.SUB)
-    try:
-        sub.setsockopt(zmq.SUBSCRIBE, b"kv")
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.connect(server.kv_events_endpoint)
-        time.sleep(0.5)  # a SUB socket misses what is published before its subscription arrives
+    """`server`'s KV events (`rig.kv_event_batches`) after `prompt` is sent to it as a chat."""
+
+    def send() -> None:
         assert chat(server, prompt).status_code == 200
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not sub.poll(500):
-                continue
-            topic, seq, payload = sub.recv_multipart()
-            assert topic == b"kv" and len(seq) == 8
-            seqs.append(int.from_bytes(seq, "big"))
-            timestamp, events, _dp_rank = msgpack.unpackb(payload, strict_map_key=False)
-            assert timestamp > 0
-            yield events
-    finally:
-        sub.close()
-        context.term()
+
+    return kv_event_batches(server.kv_events_endpoint, send, seqs, timeout)
 
 
 def test_sglang_publishes_kv_cache_events(real_sglang: SglangServer) -> None:
