@@ -20,7 +20,9 @@ virtual time, a step ending when its `duration_s` has passed; `--engine serial` 
 2026-12 (one request at a time per engine, the simulators' `PrefixCache` and serial cost model; its
 output is what this command printed then, byte for byte). What it models of the gateway: every
 replica's own in-flight counts, and the engines' running / queued / KV figures as a scrape every
-`scrape_s` seconds sees them (global, stale). What it leaves out: the network, the gateway's own
+`scrape_s` seconds sees them (global, stale), and the warm-ups a decision asks for
+(`gateway.routing.warmup`: a one-token prefill of a hot group's preamble on its next holder, counted
+in the process's in-flight requests while it runs, not among the trace's requests). What it leaves out: the network, the gateway's own
 latency, health checks, the simulators' wall-clock jitter.
 
 Use it to try a routing change and its knobs before the real bench (`make bench`), which stays the
@@ -140,6 +142,7 @@ class Result:
         return self.hit_rate / self.oracle_hit_rate if self.oracle_hit_rate else 0.0
 
 
+WARM_IDS = 1 << 40  # the replay's warm-up requests' ids (not a trace's request)
 OUTPUT_IDS = 1 << 21  # the replay's output token ids start above the tokenizer's (never a prefix hit)
 ENGINES = {"batching": FleetSpec(), "serial": SERIAL}
 
@@ -266,6 +269,7 @@ def replay(
     cached_total = prompt_total = 0
     reasons: collections.Counter[str] = collections.Counter()
     served: collections.Counter[str] = collections.Counter()
+    warm_ids = itertools.count(WARM_IDS)
 
     def load_of(b: str) -> tuple[float, float, float]:
         """Running, queued and KV use of a backend, as its metrics show them."""
@@ -427,6 +431,8 @@ def replay(
         if batch is None:
             return
         for s in batch.admitted:
+            if s.id >= WARM_IDS:
+                continue
             admitted_at[s.id] = now
             cached_total += s.cached_tokens
             prompt_total += s.prompt_len
@@ -440,7 +446,7 @@ def replay(
         if feeds and result.events:
             publish(b, result.events, now)
         for s in result.emitted:
-            if s.generated == 1:
+            if s.generated == 1 and s.id < WARM_IDS:
                 i = s.id
                 reason, ahead = why[i]
                 queued = admitted_at[i] - sent[i]
@@ -459,6 +465,10 @@ def replay(
                     )
                 )
         for s in result.finished:
+            if s.id >= WARM_IDS:  # a warm-up: it counted in its process's in-flight requests
+                replica, w = where.pop(s.id)
+                own[replica][w] -= 1
+                continue
             finished(s.id, now)
         plan(b, now)
 
@@ -500,6 +510,19 @@ def replay(
                         f = SharedRouting.placed(f, placed, not fresh)
                 d = routers[replica].decide(snapshot(now, replica), f, rand.random())
                 b, reason = d.backend, d.reason
+                if d.warm is not None and batching:
+                    # the gateway's warm-up (gateway.routing.warmup): a one-token prefill of the
+                    # group's preamble on its next holder, in the process's in-flight count meanwhile
+                    w = next(warm_ids)
+                    reasons["warm-up"] += 1
+                    where[w] = (replica, d.warm)
+                    own[replica][d.warm] += 1
+                    st = steppers[d.warm]
+                    st.model.add(
+                        Seq(w, ids[i][: d.warm_tokens], 1, output_ids=[OUTPUT_IDS * 2 + w], max_new=1)
+                    )
+                    if st.batch is None:
+                        plan(d.warm, now)
             reasons[reason] += 1
             served[b] += 1
             where[i] = (replica, b)

@@ -11,6 +11,7 @@ written down.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.metadata
 import logging
 import os
@@ -54,11 +55,12 @@ from gateway.routing.kv_events import KvEventSync, build_kv_sync
 from gateway.routing.shared_load import SharedLoad
 from gateway.routing.stage import RouteStage
 from gateway.routing.tokens import build_prompt_tokens
+from gateway.routing.warmup import Warmups
 from gateway.settings import PoolSettings, Settings, load_settings
 from gateway.upstream.h1 import H1Transport
 from gateway.upstream.health import HealthChecker
 from gateway.upstream.proxy import ProxyStage
-from gateway.upstream.transport import Transport
+from gateway.upstream.transport import JSON_HEADERS, Transport
 
 if TYPE_CHECKING:
     from gateway.observability.tracing import Tracing
@@ -153,6 +155,7 @@ class Gateway:
         route = self.route = RouteStage(self.fleet, router, features, self._on_decision, tokens)
         if self._shares_routing():
             route.shared = SharedLoad(self.fleet, router, route.prepare, s.routing.shared)
+        route.warmups = Warmups(functools.partial(post_json, transport), on_outcome=self.metrics.warmup)
         auth = self.admission.authenticate_stages()
         admit = self.admission.admit_stages(route.shared)
         sanitise = self.admission.sanitise_stage(features)
@@ -282,6 +285,8 @@ class Gateway:
             await self._health.stop()
         if self.kv_events is not None:
             await self.kv_events.stop()
+        if self.route is not None and self.route.warmups is not None:
+            await self.route.warmups.stop()
         if self.route is not None and self.route.tokens is not None:
             self.route.tokens.close()  # the tokenizer's worker thread
         if self.redis is not None:
@@ -476,6 +481,16 @@ class Gateway:
                 await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+async def post_json(transport: Transport, url: str, body: bytes) -> int:
+    """POST `body` (JSON) to `url`: the response's status, its body read and dropped (warm-ups)."""
+    resp = await transport.request("POST", url, body, JSON_HEADERS)
+    try:
+        await resp.read()
+    finally:
+        resp.close()
+    return resp.status
 
 
 def _with_request_id(send: Send, headers: dict[bytes, bytes]) -> Send:

@@ -118,8 +118,10 @@ class PromptBlocks:
         """The whole prompt's length in tokens (an estimate when only its start was tokenized)."""
         return self._length if self._length is not None else len(self.data) // 4
 
-    def token_ids(self) -> list[int]:
-        return array("I", self.data).tolist()
+    def token_ids(self, limit: int | None = None) -> list[int]:
+        """The token ids known, or the first `limit` of them."""
+        data = self.data if limit is None else self.data[: max(0, limit) * 4]
+        return array("I", data).tolist()
 
     def keys(self, block_size: int) -> tuple[int, ...]:
         """The chained keys of the prompt's full blocks of `block_size` tokens."""

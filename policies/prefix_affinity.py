@@ -42,7 +42,13 @@ trades a warm cache against a queue, refined by a bounded local prefix index.
    the pool's backends / (1 + `load_factor`) = its `span`) - is meant to be warm on `span`
    backends: while the index knows fewer holders, the one with the smallest working set among the
    others within the bound counts as warm for the preamble, one block short of the holders, so it
-   takes a request when the holders are busier by more than `tolerance` and never on a tie.
+   takes a request when the holders are busier by more than `tolerance` and never on a tie. With
+   the engines' events (5.) and the request's tokens it is *warmed* instead (`warm_spread`): the
+   request stays with the holders and the decision names that backend and the preamble's length in
+   tokens (`BackendChoice.warm`, `warm_tokens`), which the gateway sends it as a background
+   one-token prefill; one warm-up of a group at a time (`pending_s`), until its events make it a
+   holder. Otherwise the request opening it paid the whole preamble's prefill (bench.replay, agents
+   at 80 %: all of the slowest first tokens).
 4. Choice. `cost = in_flight - warm blocks / blocks_per_request` (a cached block saves prefill; a
    queued request costs a service time - on a batching engine only its share of the steps, hence
    the default of 2 blocks, docs/routing.md; `in_flight` is this replica's own fresh count - the engine's
@@ -151,6 +157,10 @@ class PrefixAffinityConfig:
     kv: KvIndexConfig = field(default_factory=KvIndexConfig)
     #: seconds a decision counts as warm on a backend with events before they confirm it
     pending_s: float = 10.0
+    #: with the engines' events and the request's tokens, a hot group's next holder is warmed in the
+    #: background with the group's preamble (`BackendChoice.warm`) instead of opened by a request's
+    #: cold prefill (module docstring, 3); False: the request is sent there (`affinity:spread`)
+    warm_spread: bool = True
     #: with every engine's events usable, the share of a short preamble's blocks (anchor mode: not a
     #: group) that counts as warm where an engine holds them; 0: assumed warm everywhere, as without
     preamble_weight: float = 0.25
@@ -231,6 +241,8 @@ class PrefixAffinity(BackendPolicy):
         self._kv = KvIndex(config.kv)
         # routing key -> (backend, when): decisions whose blocks the engine may not have announced
         self._pending: OrderedDict[int, tuple[str, float]] = OrderedDict()
+        # routing key -> (backend, when): warm-ups sent whose blocks the engine has not announced
+        self._warming: OrderedDict[int, tuple[str, float]] = OrderedDict()
         # the last `_held_tokens` answer: (prompt, index version, clock, answer)
         self._held: tuple[object, int, float, tuple[dict[str, int], float] | None] = (None, -1, 0.0, None)
         # the last request's (features, group blocks, routing key), and rendezvous orders by key
@@ -467,6 +479,7 @@ class PrefixAffinity(BackendPolicy):
         placed = -1  # a new group's placement among its first choices
         stored = False  # ... made for an earlier request by the processes' shared store
         spread = -1  # a hot group's next holder
+        warm_to = -1  # ... warmed in the background instead
         if group:
             if not known:
                 # Nothing of this group known here: place it on the first of its first
@@ -497,7 +510,15 @@ class PrefixAffinity(BackendPolicy):
                     room = [i for i in others if fits[i]]
                     if n - len(others) < span and room:
                         spread = min(room, key=sizes.__getitem__)
-                        warm[spread] = preamble - 1
+                        if config.warm_spread and exact[spread] is not None and held_tokens is not None:
+                            # warmed in the background, not by this request's cold prefill; one
+                            # warm-up of a group at a time, until its events make it a holder
+                            under_way = self._warming.get(key)
+                            if under_way is None or self._kv.now - under_way[1] >= config.pending_s:
+                                warm_to = spread
+                            spread = -1
+                        else:
+                            warm[spread] = preamble - 1
         elif (
             not deep and features.history_blocks - base > warm[0] and (exact[0] is None or names[0] == fresh)
         ):
@@ -528,6 +549,25 @@ class PrefixAffinity(BackendPolicy):
                         chosen = i
                         top_warm = w
         name = names[chosen]
+        if warm_to >= 0 and warm_to != chosen and held_tokens is not None:
+            prompt = features.prompt
+            assert prompt is not None
+            warm_len = min(prompt.tokens, int(preamble / held_tokens[1]))
+            choice = self._reason(name, chosen, placed, stored, spread, known_home, indexed, warm)
+            return choice._replace(warm=names[warm_to], warm_tokens=warm_len)
+        return self._reason(name, chosen, placed, stored, spread, known_home, indexed, warm)
+
+    @staticmethod
+    def _reason(
+        name: str,
+        chosen: int,
+        placed: int,
+        stored: bool,
+        spread: int,
+        known_home: bool,
+        indexed: bool,
+        warm: list[float],
+    ) -> BackendChoice:
         if chosen == placed and stored:
             # the group's placement, made by an earlier request through the store: its prefill is
             # under way there (nothing of it known here yet: no event, no decision of this process)
@@ -562,6 +602,12 @@ class PrefixAffinity(BackendPolicy):
             pending.move_to_end(key)
             if len(pending) > self._config.demand_entries:
                 pending.popitem(last=False)
+            if choice.warm is not None:
+                warming = self._warming
+                warming[key] = (choice.warm, kv.now)
+                warming.move_to_end(key)
+                if len(warming) > self._config.demand_entries:
+                    warming.popitem(last=False)
 
     def pool_stretch(self, pool: PoolView, features: RequestFeatures) -> float:
         """Requests `pool` may carry above the pools' bound because one of its engines holds the

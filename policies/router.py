@@ -127,7 +127,14 @@ class Router:
             policy.on_routed(pool, features, choice)
             if pool_choice.placed is not None:
                 self._groups.note(key, pool_choice.placed, pool.name, features)
-        return Decision(pool.name, choice.backend, f"{pool_choice.reason}+{choice.reason}", choice.affinity)
+        return Decision(
+            pool.name,
+            choice.backend,
+            f"{pool_choice.reason}+{choice.reason}",
+            choice.affinity,
+            choice.warm,
+            choice.warm_tokens,
+        )
 
     def _place(self, order: Sequence[PoolView], features: RequestFeatures, key: int) -> str:
         """The pool a prefix group goes to among `order` (its candidate pools in rendezvous order):

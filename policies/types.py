@@ -161,6 +161,10 @@ class BackendChoice(NamedTuple):
     backend: str
     reason: str
     affinity: Affinity = "none"
+    #: a backend to warm with the request's first `warm_tokens` tokens (a hot group's next holder,
+    #: `PrefixAffinityConfig.warm_spread`), or None
+    warm: str | None = None
+    warm_tokens: int = 0
 
 
 class Decision(NamedTuple):
@@ -174,6 +178,8 @@ class Decision(NamedTuple):
     backend: str
     reason: str
     affinity: Affinity
+    warm: str | None = None
+    warm_tokens: int = 0
 
 
 class RoutingError(Exception):

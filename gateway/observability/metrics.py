@@ -357,6 +357,14 @@ class Metrics:
             pb,
             registry=r,
         )
+        self.kv_warmups = Counter(
+            "gateway_kv_warmups",
+            "Warm-ups sent to open a hot prefix group's next holder (a background one-token prefill of "
+            "its preamble; docs/routing.md, *Warm-ups*), by outcome: ok, error, skipped (the process's "
+            "cap was reached), per worker summed.",
+            [*pb, "outcome"],
+            registry=r,
+        )
         self.redis_up = Gauge(
             "gateway_redis_up",
             "1 when the last Redis probe answered (in every worker); absent without Redis.",
@@ -465,6 +473,10 @@ class Metrics:
         child.inc()
         if kind == "misconfigured" and backend is not None:
             self.misconfigured.labels(pool, backend).inc()
+
+    def warmup(self, pool: str, backend: str, outcome: str) -> None:
+        """A warm-up's outcome (`gateway.routing.warmup`): rare, so no cached children."""
+        self.kv_warmups.labels(pool, backend, outcome).inc()
 
     # -- admission and Redis ----------------------------------------------------------------------
     def reject(self, stage: str, reason: str, ctx: RequestContext | None = None) -> None:

@@ -20,6 +20,7 @@ from gateway.core.fleet import Fleet
 from gateway.core.responses import Response, safe_header_value
 from gateway.routing.shared_load import SharedLoad
 from gateway.routing.tokens import PromptTokens
+from gateway.routing.warmup import Warmups
 from policies.features import FeatureConfig, extract_features
 from policies.router import Router
 from policies.types import Decision, FleetSnapshot, RequestFeatures, RoutingError
@@ -51,6 +52,8 @@ class RouteStage:
         self._header_values: dict[str, bytes] = {}
         #: the state shared with the other routing processes (set by the root with Redis), or None
         self.shared: SharedLoad | None = None
+        #: background prefills of a hot group's next holder (`Decision.warm`; set by the root), or None
+        self.warmups: Warmups | None = None
 
     async def prepare(self, ctx: RequestContext) -> RequestFeatures:
         """The request's features, with its token blocks when the engines' events are consumed
@@ -165,6 +168,8 @@ class RouteStage:
                 "affinity": decision.affinity,
                 "features": _features_dict(features),
             }
+            if decision.warm is not None:  # a hot group's next holder would be warmed
+                out["warm"] = {"backend": decision.warm, "tokens": decision.warm_tokens}
         if held is not None:
             out["kv_held_tokens"] = held
         if self.tokens is not None:
@@ -213,6 +218,22 @@ class RouteStage:
         headers.append((b"x-gateway-route", self._header_value(decision.reason)))
         if self._on_decision is not None:
             self._on_decision(decision)
+        if decision.warm is not None and not retry:
+            self._warm(ctx, decision)
+
+    def _warm(self, ctx: RequestContext, decision: Decision) -> None:
+        """Send the warm-up the decision asks for: the request's first `warm_tokens` token ids to
+        backend `warm` of the decision's pool, under the model's name there."""
+        warmups = self.warmups
+        features: RequestFeatures | None = ctx.extras.get("features")
+        prompt = features.prompt if features is not None else None
+        pool = ctx.pool
+        backend = pool.backends.get(decision.warm) if pool is not None and decision.warm else None
+        if warmups is None or prompt is None or backend is None or ctx.model is None:
+            return
+        served = pool.models.get(ctx.model.name) if pool is not None else None
+        if served is not None:
+            warmups.send(backend, served, prompt.token_ids(decision.warm_tokens))
 
 
 def _routing_error(exc: RoutingError, ctx: RequestContext) -> ApiError:

@@ -516,3 +516,59 @@ def test_a_documents_proposal_adds_the_other_processes_working_sets() -> None:
     reported = share.report({"b0": 2})
     assert reported["b0"] == 2 and reported[SETS + chosen] > 0 and len(reported) == 2
     assert split(reported) == ({"b0": 2}, {chosen: reported[SETS + chosen]})
+
+
+def test_a_hot_groups_next_holder_is_warmed_instead_of_sent_a_cold_request() -> None:
+    """A group that is all of its pool's traffic is meant to be warm on several backends. With
+    events, its next holder is named for a warm-up of the preamble (`BackendChoice.warm`) while the
+    requests stay on the holder; once that engine's events show the preamble, it takes requests as a
+    holder. One warm-up at a time, another once `pending_s` passed without the events. Without
+    `warm_spread`, a request is sent there and prefills the preamble cold (`affinity:spread`)."""
+    rng = random.Random(11)
+    p = pool("a", 4)
+    tools = [{"type": "function", "function": {"name": "f", "description": text(rng, 900), "parameters": {}}}]
+    asks = [with_prompt([{"role": "user", "content": text(rng, 20)}], tools=tools) for _ in range(40)]
+    a0, a1 = asks[0].prompt, asks[1].prompt
+    assert a0 is not None and a1 is not None
+    ids, other = a0.token_ids(), a1.token_ids()
+    shared = next(i for i, (x, y) in enumerate(zip(ids, other, strict=False)) if x != y)
+
+    def hot(**config: Any) -> tuple[PrefixAffinity, str, list[BackendChoice]]:
+        """A process that routed the group's 40 requests, the first one's prompt held by its engine."""
+        policy = process(p, **config)
+        first = route(policy, p, asks[0])
+        engine_stores([policy], first.backend, asks[0])
+        return policy, first.backend, [route(policy, p, f) for f in asks[1:]]
+
+    proc, holder, choices = hot()
+    warmups = [c for c in choices if c.warm is not None]
+    assert len(warmups) == 1, "one warm-up of the group while it is under way"
+    target = warmups[0].warm
+    assert target is not None and target != holder
+    assert {c.backend for c in choices} == {holder}
+    # the preamble (the tool schemas: what every request shares), give or take the estimate
+    assert 0.8 * shared <= warmups[0].warm_tokens <= shared
+    busy = load(p, holder, 3)
+    assert route(proc, busy, asks[1]) == BackendChoice(holder, "affinity:hit", "hit")
+
+    # its engine computed the warm-up: a holder now, which takes requests when the holder is busier
+    Engine(16).store(proc.kv_index, target, ids[: warmups[0].warm_tokens])
+    moved = route(proc, busy, asks[1])
+    assert moved.backend == target and moved.warm is None
+
+    # no events of a warm-up for `pending_s`: warmed again (the group still wants a next holder)
+    again, _, _ = hot()
+    assert all(route(again, p, f).warm is None for f in asks[:10])
+    again.kv_index.tick(again.config.pending_s + 1)
+    assert any(route(again, p, f).warm is not None for f in asks[:10])
+
+    # without warm-ups a request opens the next holder, and prefills the preamble there cold
+    cold, cold_holder, cold_choices = hot(warm_spread=False)
+    assert all(c.warm is None for c in cold_choices)
+    spread = route(cold, load(p, cold_holder, 3), asks[1])
+    assert spread.reason == "affinity:spread" and spread.backend != cold_holder
+
+    # without the request's tokens (no tokenizer), nothing to warm it with
+    blind = process(p)
+    engine_stores([blind], holder, asks[0])
+    assert all(route(blind, p, dataclasses.replace(f, prompt=None)).warm is None for f in asks)

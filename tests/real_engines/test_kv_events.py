@@ -14,12 +14,17 @@ the token ids they computed. If the two disagreed by one token, nothing would ma
   would): the gateway routes it to the engine, `affinity:index` - only the engine's events can have
   told it;
 - the same with a gateway that is not told where the engine publishes (`kv_event_discovery`): it asks
-  the engine (vLLM's `GET /kv_event_sources`, SGLang's `GET /server_info`).
+  the engine (vLLM's `GET /kv_event_sources`, SGLang's `GET /server_info`);
+- a warm-up as the gateway sends one (`gateway.routing.warmup`: the start of a chat prompt's token ids
+  as a one-token completion): the engine takes it, and caches blocks a chat request of that prompt
+  reuses (the gateway's index then holds the chat's prompt up to the warmed prefix).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -28,6 +33,12 @@ import httpx
 import pytest
 
 from gateway.admission.tokens import mint_token
+from gateway.app import post_json
+from gateway.core.circuit import CircuitBreaker
+from gateway.core.fleet import Backend
+from gateway.routing.tokens import PromptTokens, load_tokenizer
+from gateway.routing.warmup import Warmups
+from gateway.upstream.h1 import H1Transport
 from policies.features import FeatureConfig, extract_features
 from policies.prefix_affinity import PrefixAffinity
 from policies.types import BackendView, PoolView
@@ -186,3 +197,44 @@ def routed_there_by_its_events(gateway: GatewayProcess, real_engine: EngineServe
     assert r.status_code == 200, r.text
     wait_until(lambda: held(gateway, body)[real] >= 320, 20, what=f"{engine}'s BlockStored for the prompt")
     assert send(gateway, body) == "default+affinity:index"
+
+
+def test_a_warm_up_caches_what_a_chat_request_of_the_prompt_reuses(
+    gateway: GatewayProcess, real_engine: EngineServer
+) -> None:
+    """The gateway's warm-up request, sent by its own code (`Warmups.send`) to the real engine: the
+    first 256 of a chat prompt's token ids, rendered and tokenized as the gateway does. The engine
+    answers it, and its events make the chat prompt held up to the warmed prefix - which only holds
+    if the completion's blocks are the chat request's."""
+    engine = real_engine.engine
+    real, _ = names(engine)
+    body = with_home(engine, real, 4000)
+    assert held(gateway, body)[real] == 0
+    tokens = PromptTokens({MODEL: load_tokenizer(str(real_engine.model_dir), MODEL)})
+    blocks = tokens.blocks(body)
+    assert blocks is not None and blocks.tokens > 400
+    warm = 256
+    outcomes: list[str] = []
+
+    async def send_one() -> None:
+        transport = H1Transport(connect_timeout_s=5)
+        backend = Backend(real, real_engine.base_url, engine, CircuitBreaker(3, 1.0))
+        warmups = Warmups(
+            functools.partial(post_json, transport),  # the gateway's own POST
+            timeout_s=120,
+            on_outcome=lambda _p, _b, outcome: outcomes.append(outcome),
+        )
+        try:
+            assert warmups.send(backend, real_engine.served_model_name, blocks.token_ids(warm))
+            await warmups.wait()
+        finally:
+            await warmups.stop()
+            await transport.aclose()
+
+    asyncio.run(send_one())
+    assert outcomes == ["ok"]
+    # what the engine stored is the chat prompt's start: whole 64-token groups of the warmed 256
+    wait_until(
+        lambda: held(gateway, body)[real] >= warm - 64, 30, what=f"{engine}'s BlockStored for the warm-up"
+    )
+    assert held(gateway, body)[real] <= warm
