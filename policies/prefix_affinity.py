@@ -510,7 +510,12 @@ class PrefixAffinity(BackendPolicy):
                     room = [i for i in others if fits[i]]
                     if n - len(others) < span and room:
                         spread = min(room, key=sizes.__getitem__)
-                        if config.warm_spread and exact[spread] is not None and held_tokens is not None:
+                        if (
+                            config.warm_spread
+                            and exact[spread] is not None
+                            and held_tokens is not None
+                            and _warmable(features)
+                        ):
                             # warmed in the background, not by this request's cold prefill; one
                             # warm-up of a group at a time, until its events make it a holder
                             under_way = self._warming.get(key)
@@ -656,6 +661,13 @@ class PrefixAffinity(BackendPolicy):
             out = held, features.prompt_tokens / (prompt.length * self._config.block_tokens)
         self._held = (prompt, kv.version, kv.now, out)
         return out
+
+
+def _warmable(features: RequestFeatures) -> bool:
+    """A warm-up (token ids under the model's name) can put the request's prompt where the engine
+    keeps it: not a salted prompt (`cache_salt`: its blocks carry the salt, a warm-up's would not)."""
+    prompt = features.prompt
+    return prompt is not None and prompt.first_extra is None
 
 
 def _position(names: tuple[str, ...], name: str | None) -> int:

@@ -10,7 +10,7 @@ from engines.sim import tokenizer
 from engines.sim.prompt import render_chat
 from policies.kv_blocks import PromptBlocks
 from policies.kv_index import KvIndexConfig
-from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig, opening_group
+from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig, _warmable, opening_group
 from policies.router import Router
 from policies.types import BackendChoice, FleetSnapshot, PoolView, RequestFeatures
 from tests.policies.fleet import conversation, features, fleet, grow, pool, text
@@ -567,6 +567,10 @@ def test_a_hot_groups_next_holder_is_warmed_instead_of_sent_a_cold_request() -> 
     assert all(c.warm is None for c in cold_choices)
     spread = route(cold, load(p, cold_holder, 3), asks[1])
     assert spread.reason == "affinity:spread" and spread.backend != cold_holder
+
+    # a salted prompt's blocks carry its salt, which a warm-up's would not: none is sent for it
+    salted = dataclasses.replace(asks[0], prompt=PromptBlocks(ids, first_extra=("tenant-salt",)))
+    assert _warmable(asks[0]) and not _warmable(salted)
 
     # without the request's tokens (no tokenizer), nothing to warm it with
     blind = process(p)
