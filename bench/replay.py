@@ -19,11 +19,11 @@ dialect's batching scheduler, KV pool and prefix cache, built from the fleet's s
 virtual time, a step ending when its `duration_s` has passed; `--engine serial` the fleet of before
 2026-12 (one request at a time per engine, the simulators' `PrefixCache` and serial cost model; its
 output is what this command printed then, byte for byte). What it models of the gateway: every
-replica's own in-flight counts, and the engines' running / queued / KV figures as a scrape every
+replica's own in-flight counts, the engines' running / queued / KV figures as a scrape every
 `scrape_s` seconds sees them (global, stale), and the warm-ups a decision asks for
 (`gateway.routing.warmup`: a one-token prefill of a hot group's preamble on its next holder, counted
-in the process's in-flight requests while it runs, not among the trace's requests). What it leaves out: the network, the gateway's own
-latency, health checks, the simulators' wall-clock jitter.
+in the process's in-flight requests while it runs, not among the trace's requests). What it leaves
+out: the network, the gateway's own latency, health checks, the simulators' wall-clock jitter.
 
 Use it to try a routing change and its knobs before the real bench (`make bench`), which stays the
 measurement of record: on the workloads in bench/BENCHMARKS.md it lands within a few points of the

@@ -16,7 +16,7 @@ import importlib.metadata
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import orjson
@@ -209,12 +209,8 @@ class Gateway:
     async def _get_json(self, url: str) -> Any:
         """A backend's JSON answer to a GET (KV event discovery), None when not 200."""
         assert self._transport is not None
-        resp = await self._transport.request("GET", url, headers={})
-        try:
-            body = await resp.read()
-        finally:
-            resp.close()
-        return orjson.loads(body) if resp.status == 200 else None
+        status, body = await _exchange(self._transport, "GET", url)
+        return orjson.loads(body) if status == 200 else None
 
     def _on_decision(self, decision: Any) -> None:
         self.metrics.observe_decision(decision)
@@ -484,13 +480,24 @@ class Gateway:
 
 
 async def post_json(transport: Transport, url: str, body: bytes) -> int:
-    """POST `body` (JSON) to `url`: the response's status, its body read and dropped (warm-ups)."""
-    resp = await transport.request("POST", url, body, JSON_HEADERS)
+    """POST `body` (JSON) to `url`: the response's status, its body dropped (warm-ups)."""
+    return (await _exchange(transport, "POST", url, body, JSON_HEADERS))[0]
+
+
+async def _exchange(
+    transport: Transport,
+    method: str,
+    url: str,
+    body: bytes | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> tuple[int, bytes]:
+    """One request of the gateway's own to a backend (not a client's): its status and whole body."""
+    resp = await transport.request(method, url, body, headers if headers is not None else {})
     try:
-        await resp.read()
+        data = await resp.read()
     finally:
         resp.close()
-    return resp.status
+    return resp.status, data
 
 
 def _with_request_id(send: Send, headers: dict[bytes, bytes]) -> Send:

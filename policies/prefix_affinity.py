@@ -553,14 +553,13 @@ class PrefixAffinity(BackendPolicy):
                     if chosen < 0 or w > top_warm or (w == top_warm and sizes[i] < sizes[chosen]):
                         chosen = i
                         top_warm = w
-        name = names[chosen]
-        if warm_to >= 0 and warm_to != chosen and held_tokens is not None:
-            prompt = features.prompt
-            assert prompt is not None
-            warm_len = min(prompt.tokens, int(preamble / held_tokens[1]))
-            choice = self._reason(name, chosen, placed, stored, spread, known_home, indexed, warm)
-            return choice._replace(warm=names[warm_to], warm_tokens=warm_len)
-        return self._reason(name, chosen, placed, stored, spread, known_home, indexed, warm)
+        choice = self._reason(names[chosen], chosen, placed, stored, spread, known_home, indexed, warm)
+        if warm_to < 0 or warm_to == chosen:
+            return choice
+        # the preamble's estimated blocks in the prompt's tokens (`warm_to` implies both are known)
+        assert features.prompt is not None and held_tokens is not None
+        warm_len = min(features.prompt.tokens, int(preamble / held_tokens[1]))
+        return choice._replace(warm=names[warm_to], warm_tokens=warm_len)
 
     @staticmethod
     def _reason(
@@ -602,17 +601,10 @@ class PrefixAffinity(BackendPolicy):
         self._demand.note(pool.name, key if g else None)
         if kv.attached(choice.backend):
             kv.note_routed(choice.backend, features.prompt)
-            pending = self._pending
-            pending[key] = (choice.backend, kv.now)
-            pending.move_to_end(key)
-            if len(pending) > self._config.demand_entries:
-                pending.popitem(last=False)
+            limit = self._config.demand_entries
+            _remember(self._pending, key, (choice.backend, kv.now), limit)
             if choice.warm is not None:
-                warming = self._warming
-                warming[key] = (choice.warm, kv.now)
-                warming.move_to_end(key)
-                if len(warming) > self._config.demand_entries:
-                    warming.popitem(last=False)
+                _remember(self._warming, key, (choice.warm, kv.now), limit)
 
     def pool_stretch(self, pool: PoolView, features: RequestFeatures) -> float:
         """Requests `pool` may carry above the pools' bound because one of its engines holds the
@@ -661,6 +653,16 @@ class PrefixAffinity(BackendPolicy):
             out = held, features.prompt_tokens / (prompt.length * self._config.block_tokens)
         self._held = (prompt, kv.version, kv.now, out)
         return out
+
+
+def _remember(
+    table: OrderedDict[int, tuple[str, float]], key: int, entry: tuple[str, float], limit: int
+) -> None:
+    """`table[key] = entry`, the most recent last; the oldest dropped beyond `limit` entries."""
+    table[key] = entry
+    table.move_to_end(key)
+    if len(table) > limit:
+        table.popitem(last=False)
 
 
 def _warmable(features: RequestFeatures) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 
 from engines.errors import ApiError, model_not_found, overloaded
 from gateway.core.context import RequestContext
-from gateway.core.fleet import Fleet
+from gateway.core.fleet import Fleet, Pool
 from gateway.core.responses import Response, safe_header_value
 from gateway.routing.shared_load import SharedLoad
 from gateway.routing.tokens import PromptTokens
@@ -219,21 +219,17 @@ class RouteStage:
         if self._on_decision is not None:
             self._on_decision(decision)
         if decision.warm is not None and not retry:
-            self._warm(ctx, decision)
+            self._warm(ctx, pool, decision.warm, decision.warm_tokens)
 
-    def _warm(self, ctx: RequestContext, decision: Decision) -> None:
-        """Send the warm-up the decision asks for: the request's first `warm_tokens` token ids to
-        backend `warm` of the decision's pool, under the model's name there."""
-        warmups = self.warmups
+    def _warm(self, ctx: RequestContext, pool: Pool, backend_name: str, tokens: int) -> None:
+        """Send the warm-up a decision asks for: the request's first `tokens` token ids to backend
+        `backend_name` of `pool`, under the model's name there."""
         features: RequestFeatures | None = ctx.extras.get("features")
         prompt = features.prompt if features is not None else None
-        pool = ctx.pool
-        backend = pool.backends.get(decision.warm) if pool is not None and decision.warm else None
-        if warmups is None or prompt is None or backend is None or ctx.model is None:
-            return
-        served = pool.models.get(ctx.model.name) if pool is not None else None
-        if served is not None:
-            warmups.send(backend, served, prompt.token_ids(decision.warm_tokens))
+        backend = pool.backends.get(backend_name)
+        served = pool.models.get(ctx.model.name) if ctx.model is not None else None
+        if self.warmups is not None and prompt is not None and backend is not None and served is not None:
+            self.warmups.send(backend, served, prompt.token_ids(tokens))
 
 
 def _routing_error(exc: RoutingError, ctx: RequestContext) -> ApiError:

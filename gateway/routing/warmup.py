@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 import orjson
 
 from gateway.core.fleet import Backend
+from gateway.core.tasks import cancel_and_wait
 
 log = logging.getLogger("gateway.routing")
 
@@ -50,10 +51,6 @@ class Warmups:
         self._on_outcome = on_outcome
         self._tasks: set[asyncio.Task[None]] = set()
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._tasks)
-
     def send(self, backend: Backend, model: str, token_ids: list[int]) -> bool:
         """Start warming `backend` with `token_ids` under its served model name `model`; False when
         skipped (nothing to send, or `max_in_flight` warm-ups are running)."""
@@ -74,11 +71,8 @@ class Warmups:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def stop(self) -> None:
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        """Cancel the warm-ups still running (bounded: `core.tasks.cancel_and_wait`)."""
+        await cancel_and_wait(self._tasks, 5.0, "warm-ups")
 
     async def _warm(self, backend: Backend, body: bytes) -> None:
         backend.in_flight += 1
