@@ -221,10 +221,14 @@ def replay(
     shares = [SharedRouting(r) for r in routers] if shared else []
     others: list[dict[str, int]] = [{} for _ in range(replicas)]  # the others' counts as last read
     elsewhere: list[dict[str, int]] = [{} for _ in range(replicas)]  # ... and working sets
+    queued: list[dict[str, int]] = [{} for _ in range(replicas)]  # ... and queued prefill tokens
     lose = random.Random(4321 + seed)
     deliveries: dict[int, tuple[int, str, list[BlockEvent] | None]] = {}
     delivery_ids = itertools.count()
     own = [dict.fromkeys(every, 0) for _ in range(replicas)]  # each replica's in-flight counts
+    # ... and prefill tokens sent and not yet answered with a first token (`BackendView.prefill`)
+    own_prefill = [dict.fromkeys(every, 0) for _ in range(replicas)]
+    prefill_of: dict[int, int] = {}  # request (or warm-up) -> the tokens it added there
     pick_replica = random.Random(1234 + seed)
     rand = random.Random(seed)
     ids = [prompt_ids(r) for r in trace]
@@ -298,6 +302,7 @@ def replay(
                         BackendView(
                             b,
                             in_flight=own[replica][b] + others[replica].get(b, 0),
+                            prefill=own_prefill[replica][b] + queued[replica].get(b, 0),
                             running=scraped[b][0],
                             queue_depth=scraped[b][1],
                             kv_usage=scraped[b][2],
@@ -381,8 +386,8 @@ def replay(
         """A call to the store: this process's counts and working sets out, the others' in. A
         baseline without our routers (round robin, sglang-router's model) reports its counts alone."""
         assert store is not None
-        report = shares[replica].report(own[replica]) if shares else own[replica]
-        others[replica], elsewhere[replica] = split(store.call(replica, report))
+        report = shares[replica].report(own[replica], own_prefill[replica]) if shares else own[replica]
+        others[replica], elsewhere[replica], queued[replica] = split(store.call(replica, report))
 
     def finished(i: int, now: float) -> None:
         """Request `i` left its engine: the replica's count drops, the conversation's next turn goes."""
@@ -446,6 +451,9 @@ def replay(
         if feeds and result.events:
             publish(b, result.events, now)
         for s in result.emitted:
+            if s.generated == 1 and s.id in prefill_of:
+                replica, w = where[s.id]
+                own_prefill[replica][w] -= prefill_of.pop(s.id)
             if s.generated == 1 and s.id < WARM_IDS:
                 i = s.id
                 reason, ahead = why[i]
@@ -517,6 +525,8 @@ def replay(
                     reasons["warm-up"] += 1
                     where[w] = (replica, d.warm)
                     own[replica][d.warm] += 1
+                    prefill_of[w] = d.warm_tokens
+                    own_prefill[replica][d.warm] += d.warm_tokens
                     st = steppers[d.warm]
                     st.model.add(
                         Seq(w, ids[i][: d.warm_tokens], 1, output_ids=[OUTPUT_IDS * 2 + w], max_new=1)
@@ -527,6 +537,9 @@ def replay(
             served[b] += 1
             where[i] = (replica, b)
             own[replica][b] += 1
+            if not isinstance(policy, str) and d.prefill and batching:
+                prefill_of[i] = d.prefill
+                own_prefill[replica][b] += d.prefill
             if batching:
                 st = steppers[b]
                 why[i] = (reason, len(st.model.running) + len(st.model.waiting))

@@ -61,6 +61,13 @@ trades a warm cache against a queue, refined by a bounded local prefix index.
    requests until its queue is longer than the prefill it saves; an overloaded group spills to the
    next backends of its own HRW order (the same on every replica), which then become warm too.
    If nothing fits, the least loaded backend wins.
+   Queued prefill (`BackendView.prefill`: prompt tokens the routing processes sent there whose first
+   token has not come back, less what they expected warm) adds `prefill_weight` x what a warm token
+   saves per token, less the prefix this request finds warm there (it waits for that anyway): a
+   request count does not tell a decoding sequence from a 4,000-token cold prefill, and a burst of
+   turns from several processes spilled onto one idle backend and queued behind each other's cold
+   prefills there. Not for a document's group (a long opening): its requests wait for its own
+   prefill where the placement put it, and leaving on that account copied documents.
 
 5. The engines' own KV-cache events (`policies.kv_index`, fed by the gateway's subscriber). When the
    request carries its token blocks (`features.prompt`) and a backend's event stream is usable, what
@@ -164,6 +171,9 @@ class PrefixAffinityConfig:
     #: with every engine's events usable, the share of a short preamble's blocks (anchor mode: not a
     #: group) that counts as warm where an engine holds them; 0: assumed warm everywhere, as without
     preamble_weight: float = 0.25
+    #: a backend's queued prefill (`BackendView.prefill`, estimated tokens) in the cost, at this
+    #: weight x what a warm token saves; 0: not read (see the module docstring, 4)
+    prefill_weight: float = 0.5
 
     def __post_init__(self) -> None:
         slacks = (
@@ -174,10 +184,12 @@ class PrefixAffinityConfig:
             self.placement_slack,
             self.shared_placement_slack,
             self.warm_slack,
+            self.prefill_weight,
         )
         if min(slacks) < 0:
             raise ValueError(
-                "load_factor, load_slack, warm_slack, tolerance, pool_load_factor and the placement slacks must be >= 0"
+                "load_factor, load_slack, warm_slack, prefill_weight, tolerance, pool_load_factor and the "
+                "placement slacks must be >= 0"
             )
         if min(self.group_min_blocks, self.group_choices, self.shared_group_choices, self.index_stride) < 1:
             raise ValueError("group_min_blocks, the group choices and index_stride must be >= 1")
@@ -541,7 +553,19 @@ class PrefixAffinity(BackendPolicy):
             # this replica's own, fresh in-flight counts: a scrape that still counts a finished
             # request must not push a conversation off its home at low load (the engine's figures,
             # stale but global, bound the choice through `fits`)
-            costs = [b.in_flight - value * w for b, w in zip(ranked, warm, strict=True)]
+            if config.prefill_weight and not (group and opening_group(features, config)):
+                # the prefill queued on a backend delays this request's first token, except as much
+                # of it as the prefix this request finds warm there (it would wait for that anyway);
+                # not for a document's group, whose later requests wait for its own prefill where
+                # it was placed (the placement balances the groups' blocks)
+                bt = config.block_tokens
+                per = config.prefill_weight * value / bt
+                costs = [
+                    b.in_flight - value * w + (per * (b.prefill - w * bt) if b.prefill > w * bt else 0.0)
+                    for b, w in zip(ranked, warm, strict=True)
+                ]
+            else:
+                costs = [b.in_flight - value * w for b, w in zip(ranked, warm, strict=True)]
             limit = min([costs[i] for i in candidates] if not every_fit else costs) + config.tolerance
             # HRW order: the warmest within the tolerance; on ties the earliest, or for a group the
             # one with the smallest working set (a cold copy evicts the least there)
@@ -554,6 +578,9 @@ class PrefixAffinity(BackendPolicy):
                         chosen = i
                         top_warm = w
         choice = self._reason(names[chosen], chosen, placed, stored, spread, known_home, indexed, warm)
+        uncached = features.prompt_tokens - int((warm[chosen] + base) * config.block_tokens)
+        if uncached > 0:
+            choice = choice._replace(prefill=uncached)
         if warm_to < 0 or warm_to == chosen:
             return choice
         # the preamble's estimated blocks in the prompt's tokens (`warm_to` implies both are known)

@@ -134,6 +134,7 @@ class Router:
             choice.affinity,
             choice.warm,
             choice.warm_tokens,
+            choice.prefill,
         )
 
     def _place(self, order: Sequence[PoolView], features: RequestFeatures, key: int) -> str:

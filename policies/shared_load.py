@@ -109,15 +109,23 @@ class PlacedBlocks:
         return chosen
 
 
-def with_others(snapshot: FleetSnapshot, others: Mapping[str, int]) -> FleetSnapshot:
-    """The snapshot with the other processes' in-flight counts added to this process's own."""
-    if not others:
+def with_others(
+    snapshot: FleetSnapshot, others: Mapping[str, int], prefill: Mapping[str, int] | None = None
+) -> FleetSnapshot:
+    """The snapshot with the other processes' in-flight counts (and queued prefill tokens) added to
+    this process's own."""
+    if not others and not prefill:
         return snapshot
+    more = prefill or {}
     pools: list[PoolView] = []
     for pool in snapshot.pools:
-        if any(others.get(b.name) for b in pool.backends):
+        if any(others.get(b.name) or more.get(b.name) for b in pool.backends):
             backends = tuple(
-                replace(b, in_flight=b.in_flight + n) if (n := others.get(b.name, 0)) > 0 else b
+                replace(
+                    b, in_flight=b.in_flight + others.get(b.name, 0), prefill=b.prefill + more.get(b.name, 0)
+                )
+                if others.get(b.name) or more.get(b.name)
+                else b
                 for b in pool.backends
             )
             pool = replace(pool, backends=backends)
@@ -128,19 +136,24 @@ def with_others(snapshot: FleetSnapshot, others: Mapping[str, int]) -> FleetSnap
 #: the prefix of a working set's name among the counts a process reports: what follows is the
 #: backend's name (a control character: no configured backend name begins with it)
 SETS = "\x1f"
+#: ... of a backend's queued prefill tokens (`BackendView.prefill`)
+PREFILL = "\x1e"
 
 
-def split(others: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+def split(others: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
     """The store's sums over the other processes, taken apart: (in-flight counts, working sets and
-    tails), each by backend."""
+    tails, queued prefill tokens), each by backend."""
     counts: dict[str, int] = {}
     sets: dict[str, int] = {}
+    prefill: dict[str, int] = {}
     for name, n in others.items():
         if name.startswith(SETS):
             sets[name[1:]] = n
+        elif name.startswith(PREFILL):
+            prefill[name[1:]] = n
         else:
             counts[name] = n
-    return counts, sets
+    return counts, sets, prefill
 
 
 def key_text(key: int) -> str:
@@ -166,10 +179,15 @@ class SharedRouting:
         policy = self.router.policy
         return isinstance(policy, PrefixAffinity) and group_blocks(features, policy.config) > 0
 
-    def report(self, counts: Mapping[str, int]) -> dict[str, int]:
-        """What this process reports to the store: its in-flight `counts` and, for prefix affinity,
-        its working sets and tails by backend (under `SETS` + name)."""
+    def report(self, counts: Mapping[str, int], prefill: Mapping[str, int] | None = None) -> dict[str, int]:
+        """What this process reports to the store: its in-flight `counts`, its queued `prefill`
+        tokens (under `PREFILL` + name) and, for prefix affinity, its working sets and tails by
+        backend (under `SETS` + name)."""
         out = dict(counts)
+        if prefill:
+            for name, tokens in prefill.items():
+                if tokens > 0:
+                    out[PREFILL + name] = tokens
         policy = self.router.policy
         if isinstance(policy, PrefixAffinity):
             sets = policy.working_sets()
@@ -247,4 +265,4 @@ class SharedRouting:
         return replace(features, placed_on=placed, placed_before=before)
 
 
-__all__ = ["SETS", "Ask", "PlacedBlocks", "SharedRouting", "key_text", "split", "with_others"]
+__all__ = ["PREFILL", "SETS", "Ask", "PlacedBlocks", "SharedRouting", "key_text", "split", "with_others"]

@@ -104,6 +104,9 @@ class BackendView:
     running: float | None = None
     kv_usage: float | None = None
     max_concurrency: int | None = None
+    #: estimated prompt tokens sent there whose first token has not come back yet, less what the
+    #: backend was expected to hold of them: the prefill queued ahead of a new request
+    prefill: int = 0
 
     @property
     def routable(self) -> bool:
@@ -165,6 +168,8 @@ class BackendChoice(NamedTuple):
     #: `PrefixAffinityConfig.warm_spread`), or None
     warm: str | None = None
     warm_tokens: int = 0
+    #: the estimated prompt tokens this request leaves the backend to prefill (`BackendView.prefill`)
+    prefill: int = 0
 
 
 class Decision(NamedTuple):
@@ -180,6 +185,7 @@ class Decision(NamedTuple):
     affinity: Affinity
     warm: str | None = None
     warm_tokens: int = 0
+    prefill: int = 0
 
 
 class RoutingError(Exception):

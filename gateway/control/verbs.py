@@ -107,6 +107,7 @@ class FleetControl:
                         "draining": b.draining,
                         "circuit": b.circuit.state if not b.circuit.is_open(now) else "open",
                         "in_flight": b.in_flight,
+                        "prefill_tokens": b.prefill,
                         "requests_total": b.requests_total,
                         "load": None
                         if b.load is None

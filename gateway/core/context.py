@@ -88,6 +88,10 @@ class RequestContext:
     backend: Backend | None = None
     route_reason: str = ""
     affinity: str = "none"
+    #: the prompt tokens the routing expects the backend to prefill (`Decision.prefill`), and the
+    #: backend whose `prefill` counts them until the first token comes back (the proxy keeps it)
+    prefill: int = 0
+    prefill_on: Backend | None = None
     attempts: int = 0
     status: int = 0
     usage: Usage | None = None

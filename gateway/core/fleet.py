@@ -26,6 +26,9 @@ class Backend:
     pool: str
     circuit: CircuitBreaker
     in_flight: int = 0
+    #: estimated prompt tokens of this process's requests there still waiting for their first token,
+    #: less what the routing expected the engine to hold of them (`policies.types.BackendView.prefill`)
+    prefill: int = 0
     #: result of the last active probe; None until the first probe answered
     healthy: bool | None = None
     draining: bool = False
@@ -48,6 +51,7 @@ class Backend:
             running=load.running if load else None,
             kv_usage=load.kv_usage if load else None,
             max_concurrency=None,
+            prefill=self.prefill,
         )
 
 

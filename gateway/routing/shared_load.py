@@ -58,6 +58,7 @@ class SharedLoad:
         self._clock = clock
         self._others: Mapping[str, int] = {}
         self._sets: Mapping[str, int] = {}  # the others' working sets and tails (`policies.shared_load`)
+        self._prefill: Mapping[str, int] = {}  # ... and queued prefill tokens
         self._at = -float("inf")
         #: answers received, and requests whose group placement came from the store (for operators)
         self.replies = 0
@@ -91,11 +92,13 @@ class SharedLoad:
     def counts(self) -> dict[str, int]:
         """This process's in-flight counts and working sets (`SharedRouting.report`): while it has
         either, the limiter's renewer keeps them in the store."""
-        own = {name: b.in_flight for name, b in self._fleet.backends.items() if b.in_flight > 0}
-        return self._routing.report(own)
+        backends = self._fleet.backends.items()
+        own = {name: b.in_flight for name, b in backends if b.in_flight > 0}
+        prefill = {name: b.prefill for name, b in backends if b.prefill > 0}
+        return self._routing.report(own, prefill)
 
     def heard(self, others: Mapping[str, int]) -> None:
-        self._others, self._sets = split(others)
+        self._others, self._sets, self._prefill = split(others)
         self._at = self._clock()
         self.replies += 1
 
@@ -109,6 +112,11 @@ class SharedLoad:
         than a lease (a document's placement proposal adds them to this process's own)."""
         return self._sets if self._heard_lately() else {}
 
+    def others_prefill(self) -> Mapping[str, int]:
+        """The other processes' queued prefill tokens by backend as last heard, empty once older than
+        a lease."""
+        return self._prefill if self._heard_lately() else {}
+
     def _heard_lately(self) -> bool:
         """The last answer is at most a lease old (a crashed process's figures expire with it)."""
         return self._clock() - self._at <= self.lease_s
@@ -120,7 +128,8 @@ class SharedLoad:
 
     def snapshot(self, now: float | None = None) -> FleetSnapshot:
         """The fleet with the other processes' counts added to this process's own."""
-        return with_others(self._fleet.snapshot(self._clock() if now is None else now), self.others())
+        snapshot = self._fleet.snapshot(self._clock() if now is None else now)
+        return with_others(snapshot, self.others(), self.others_prefill())
 
     def features(self, ctx: RequestContext, features: RequestFeatures) -> RequestFeatures:
         """`features` with the store's placement of the request's group, if it named one."""
@@ -136,6 +145,7 @@ class SharedLoad:
             "process": self.process,
             "others_in_flight": dict(self.others()),
             "others_working_sets": dict(self.others_sets()),
+            "others_prefill": dict(self.others_prefill()),
             "age_s": round(age, 3) if age != float("inf") else None,
             "replies": self.replies,
             "placements_read": self.placements,

@@ -194,7 +194,7 @@ class RouteStage:
             reason = "retry+" + decision.reason.rpartition("+")[2]
         else:
             reason = "failover+" + decision.reason
-        self._apply(ctx, Decision(decision.pool, decision.backend, reason, decision.affinity), retry=True)
+        self._apply(ctx, decision._replace(reason=reason, warm=None, warm_tokens=0), retry=True)
 
     def _header_value(self, text: str) -> bytes:
         """`safe_header_value`, remembered: pool names and reasons come from a small set."""
@@ -211,6 +211,7 @@ class RouteStage:
         ctx.backend = pool.backends[decision.backend]
         ctx.route_reason = decision.reason
         ctx.affinity = decision.affinity
+        ctx.prefill = decision.prefill
         headers = ctx.response_headers
         if retry:  # a retry replaces the headers of the first decision
             headers[:] = [h for h in headers if h[0] not in (b"x-gateway-pool", b"x-gateway-route")]

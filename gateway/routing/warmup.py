@@ -59,7 +59,7 @@ class Warmups:
             return False
         body = orjson.dumps({"model": model, "prompt": token_ids, "max_tokens": 1, "temperature": 0.0})
         task = asyncio.get_running_loop().create_task(
-            self._warm(backend, body), name=f"warm-up {backend.name}"
+            self._warm(backend, body, len(token_ids)), name=f"warm-up {backend.name}"
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -74,8 +74,9 @@ class Warmups:
         """Cancel the warm-ups still running (bounded: `core.tasks.cancel_and_wait`)."""
         await cancel_and_wait(self._tasks, 5.0, "warm-ups")
 
-    async def _warm(self, backend: Backend, body: bytes) -> None:
+    async def _warm(self, backend: Backend, body: bytes, tokens: int) -> None:
         backend.in_flight += 1
+        backend.prefill += tokens  # queued prefill there until it answers (`Backend.prefill`)
         outcome = "error"
         try:
             async with asyncio.timeout(self.timeout_s):
@@ -88,6 +89,7 @@ class Warmups:
             log.info("warm-up of %s failed: %s", backend.name, str(exc) or type(exc).__name__)
         finally:
             backend.in_flight -= 1
+            backend.prefill -= tokens
             self._outcome(backend, outcome)
 
     def _outcome(self, backend: Backend, outcome: str) -> None:

@@ -128,6 +128,9 @@ class ProxyStage:
             ctx.attempts += 1
             backend.in_flight += 1
             backend.requests_total += 1
+            if ctx.prefill:  # its prompt's prefill is queued there until the first token
+                backend.prefill += ctx.prefill
+                ctx.prefill_on = backend
             headers = None
             if ctx.trace is not None:  # tracing on: this attempt's span, its traceparent to the engine
                 headers = {
@@ -142,6 +145,7 @@ class ProxyStage:
                 if ctx.trace is not None:
                     ctx.trace.attempt_end(retry.kind)
                 backend.in_flight -= 1
+                _prefilled(ctx)
                 backend.circuit.failure(time.monotonic())
                 self._on_upstream_error(ctx, backend, retry.kind)
                 if retry.kind in _GONE:
@@ -149,6 +153,7 @@ class ProxyStage:
                 last_error = retry.error
             except BaseException:
                 backend.in_flight -= 1
+                _prefilled(ctx)
                 raise
             if ctx.attempts >= self._max_attempts or not self._budget.try_spend(time.monotonic()):
                 ctx.error_kind = "upstream_exhausted"
@@ -262,6 +267,7 @@ class ProxyStage:
             return error_response(err, ctx.response_headers, ctx.render_error)
         # The backend's verdict comes when the stream ends (`_end`): a stream cut midway is a failure.
         ctx.first_token_at = time.perf_counter()
+        _prefilled(ctx)
         return StreamRelay(
             ctx,
             upstream=resp,
@@ -335,6 +341,7 @@ class ProxyStage:
         if ctx.trace is not None:
             ctx.trace.attempt_end(ctx.error_kind)
         backend = ctx.backend
+        _prefilled(ctx)
         if backend is not None:
             backend.in_flight -= 1
             if ok and ctx.stream:
@@ -401,3 +408,12 @@ def _continuous_usage(ctx: RequestContext) -> bool:
 
 def _named_tool_choice(ctx: RequestContext) -> bool:
     return isinstance(ctx.body.get("tool_choice"), dict)
+
+
+def _prefilled(ctx: RequestContext) -> None:
+    """The request's prefill is done (its first token came) or will not happen there: its tokens
+    leave the backend's queued prefill."""
+    backend = ctx.prefill_on
+    if backend is not None:
+        backend.prefill -= ctx.prefill
+        ctx.prefill_on = None

@@ -152,7 +152,7 @@ def test_a_deep_engine_queue_alone_does_not_push_a_warm_group_off_its_backend() 
             for b in p.backends
         ),
     )
-    assert policy.select(busy, ask(), 0.0) == BackendChoice(home, "affinity:hit", "hit")
+    assert policy.select(busy, ask(), 0.0)[:3] == (home, "affinity:hit", "hit")
     # a queue far above the others' is still a hot spot: the bound moves the document
     assert policy.select(_with_load(busy, home, queue_depth=30.0), ask(), 0.0).backend != home
 
@@ -556,3 +556,33 @@ def test_replicas_mostly_agree_on_where_a_new_group_goes() -> None:
     dup_strict, _ = _duplicated_groups(PrefixAffinityConfig(placement_slack=0.0), 0)
     assert dup * 2 <= dup_strict
     assert most <= 11  # pure rendezvous alone: 9-10 groups on some backend with no copies at all
+
+
+def test_the_prefill_queued_on_a_backend_counts_against_it_unless_it_is_the_requests_own_prefix() -> None:
+    """`BackendView.prefill`: prompt tokens sent to a backend whose first token has not come back.
+    A conversation's first turn goes home when nothing is queued there; with another prompt's
+    4,000 tokens queued for prefill at home (none elsewhere) it goes to another backend, where its
+    first token does not wait for them - unless `prefill_weight` is 0. A later turn whose history is
+    warm at home stays there while what is queued is no more than the prefix it finds warm (it would
+    wait for that anyway). Each choice says how many tokens it leaves to prefill (`prefill`)."""
+    rng = random.Random(5)
+    p = pool("a", 3)
+    policy = PrefixAffinity()
+    opening = conversation(rng, system="You are terse.", words=200)
+    first = features(opening)
+    home = policy.rank(p, first)[0].name
+    queued = _with_load(p, home, prefill=4000)
+
+    went = policy.select(queued, first, 0.0)
+    assert went.backend != home and went.reason == "affinity:spill"
+    assert PrefixAffinity(PrefixAffinityConfig(prefill_weight=0)).select(queued, first, 0.0).backend == home
+    choice = _route(policy, p, first)
+    assert choice.backend == home
+    assert 0 < choice.prefill <= first.prompt_tokens
+
+    turn = features(grow(rng, opening, words=20))
+    own = _with_load(p, home, prefill=first.prompt_tokens)  # its first turn's prefill, not yet done
+    stayed = policy.select(own, turn, 0.0)
+    assert stayed.backend == home, stayed
+    assert 0 < stayed.prefill < turn.prompt_tokens - first.prompt_tokens + 64  # the new turn, not the history
+    assert policy.select(_with_load(p, home, prefill=first.prompt_tokens + 4000), turn, 0.0).backend != home

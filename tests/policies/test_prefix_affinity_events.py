@@ -345,7 +345,7 @@ def test_a_holder_may_run_above_the_bound_by_the_prefill_its_engine_holds() -> N
     # bound = ceil(1.25 x (16 + 1) / 8) + 6 = 9 in flight; the held blocks are worth > 30 requests
     busy = load(p, home, 16)
     assert bound_only.select(busy, ask, 0.0).backend != home
-    assert proc.select(busy, ask, 0.0) == BackendChoice(home, "affinity:hit", "hit")
+    assert proc.select(busy, ask, 0.0)[:3] == (home, "affinity:hit", "hit")
     far = load(p, home, 200)
     assert proc.select(far, ask, 0.0).backend != home
 
@@ -471,7 +471,7 @@ def test_a_first_turn_prefers_an_engine_that_holds_its_short_system_prompt() -> 
     assert partial.select(p, new, 0.0).backend == home
 
 
-def test_a_documents_proposal_adds_the_other_processes_working_sets() -> None:
+def test_a_documents_proposal_adds_the_other_processes_working_sets_and_queued_prefill_is_shared() -> None:
     """Each process sees only its part of the traffic, so a document's placement (the lightest
     working set of its first choices) proposed to the store adds the other processes' working sets
     and tails, which the store brings: here this process has sent nothing, the others have filled
@@ -479,7 +479,7 @@ def test_a_documents_proposal_adds_the_other_processes_working_sets() -> None:
     does not add them (its placement goes by the store's placed blocks)."""
     from policies.factory import parse_policy_config
     from policies.features import FeatureConfig, extract_features
-    from policies.shared_load import SETS, SharedRouting, split
+    from policies.shared_load import PREFILL, SETS, SharedRouting, split, with_others
     from policies.types import BackendView
 
     def request(system: str, user: str) -> RequestFeatures:
@@ -515,7 +515,18 @@ def test_a_documents_proposal_adds_the_other_processes_working_sets() -> None:
     share = SharedRouting(router)
     reported = share.report({"b0": 2})
     assert reported["b0"] == 2 and reported[SETS + chosen] > 0 and len(reported) == 2
-    assert split(reported) == ({"b0": 2}, {chosen: reported[SETS + chosen]})
+    assert split(reported) == ({"b0": 2}, {chosen: reported[SETS + chosen]}, {})
+    # ... and, under PREFILL + the backend, the prompt tokens it sent there that await their first
+    # token: another process's snapshot adds them to its own (`BackendView.prefill`)
+    reported = share.report({"b0": 2}, {"b0": 700, "b1": 0})
+    assert reported[PREFILL + "b0"] == 700 and PREFILL + "b1" not in reported
+    counts, _, prefill = split(reported)
+    assert counts == {"b0": 2} and prefill == {"b0": 700}
+    mine = fleet(
+        dataclasses.replace(p, backends=tuple(dataclasses.replace(b, prefill=50) for b in p.backends))
+    )
+    seen = {b.name: (b.in_flight, b.prefill) for b in with_others(mine, counts, prefill).pools[0].backends}
+    assert seen["b0"] == (2, 750) and seen["b1"] == (0, 50)
 
 
 def test_a_hot_groups_next_holder_is_warmed_instead_of_sent_a_cold_request() -> None:
@@ -549,7 +560,7 @@ def test_a_hot_groups_next_holder_is_warmed_instead_of_sent_a_cold_request() -> 
     # the preamble (the tool schemas: what every request shares), give or take the estimate
     assert 0.8 * shared <= warmups[0].warm_tokens <= shared
     busy = load(p, holder, 3)
-    assert route(proc, busy, asks[1]) == BackendChoice(holder, "affinity:hit", "hit")
+    assert route(proc, busy, asks[1])[:3] == (holder, "affinity:hit", "hit")
 
     # its engine computed the warm-up: a holder now, which takes requests when the holder is busier
     Engine(16).store(proc.kv_index, target, ids[: warmups[0].warm_tokens])
