@@ -578,7 +578,10 @@ class PrefixAffinity(BackendPolicy):
                         chosen = i
                         top_warm = w
         choice = self._reason(names[chosen], chosen, placed, stored, spread, known_home, indexed, warm)
-        uncached = features.prompt_tokens - int((warm[chosen] + base) * config.block_tokens)
+        # the prompt tokens left to prefill there: all but the short preamble where this request
+        # opens its group or the group's next holder (their warm blocks above are what they will hold)
+        held = base if chosen == spread or (chosen == placed and not stored) else warm[chosen] + base
+        uncached = features.prompt_tokens - int(held * config.block_tokens)
         if uncached > 0:
             choice = choice._replace(prefill=uncached)
         if warm_to < 0 or warm_to == chosen:

@@ -586,3 +586,7 @@ def test_the_prefill_queued_on_a_backend_counts_against_it_unless_it_is_the_requ
     assert stayed.backend == home, stayed
     assert 0 < stayed.prefill < turn.prompt_tokens - first.prompt_tokens + 64  # the new turn, not the history
     assert policy.select(_with_load(p, home, prefill=first.prompt_tokens + 4000), turn, 0.0).backend != home
+
+    # a document's first question opens its group: all of it is left to prefill where it is placed
+    doc = features([{"role": "user", "content": f"Document:\n{text(rng, 1500)}\n\nQuestion: why?"}])
+    assert PrefixAffinity().select(p, doc, 0.0).prefill == doc.prompt_tokens
