@@ -200,6 +200,11 @@ def routing() -> list[Row]:
                     [(f"sum by (pool, backend) (gateway_backend_in_flight{{{P}}})", "{{backend}}")],
                 ),
                 Panel(
+                    "Queued prefill tokens, by backend (gateway's view)",
+                    [(f"sum by (pool, backend) (gateway_backend_prefill_tokens{{{P}}})", "{{backend}}")],
+                    "short",
+                ),
+                Panel(
                     "Healthy (1) / failing probe (0)",
                     [(f"min by (pool, backend) (gateway_backend_healthy{{{P}}})", "{{backend}}")],
                     "short",

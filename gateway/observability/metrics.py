@@ -287,6 +287,14 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        self.backend_prefill_tokens = Gauge(
+            "gateway_backend_prefill_tokens",
+            "Estimated prompt tokens sent to the backend and not yet answered with a first token, "
+            "less what the routing expected it to hold (sum over workers).",
+            pb,
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.backend_draining = Gauge(
             "gateway_backend_draining",
             "1 while an operator drains the backend (no new requests).",

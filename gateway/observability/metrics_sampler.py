@@ -140,6 +140,7 @@ class MetricsSampler:
                     state = "half_open"  # due for its trial: the next request may go through
                 m.backend_circuit_state.labels(pool.name, b.name).set(_CIRCUIT_STATE[state])
                 m.backend_in_flight.labels(pool.name, b.name).set(b.in_flight)
+                m.backend_prefill_tokens.labels(pool.name, b.name).set(b.prefill)
                 m.backend_draining.labels(pool.name, b.name).set(1 if b.draining else 0)
             m.in_flight.labels(pool.name).set(total)
         if self._kv is not None:
@@ -150,6 +151,7 @@ class MetricsSampler:
             m.backend_circuit,
             m.backend_circuit_state,
             m.backend_in_flight,
+            m.backend_prefill_tokens,
             m.backend_draining,
             m.kv_stream_connected,
             m.kv_stream_usable,
