@@ -6,6 +6,8 @@ Contract:
   state: the admin explain endpoint calls it for dry runs.
 - `on_routed` is called exactly once when the gateway commits to a `select` result (not for dry runs);
   it is the only place a policy updates its routing state (round-robin cursor, prefix index).
+- `warm_skipped` is called when the gateway did not send the warm-up a committed choice asked for
+  (`BackendChoice.warm`: its warm-ups were at their cap), so that the policy does not wait for it.
 
 Policies subclass `BackendPolicy` explicitly to inherit the no-op hook. `rand` is a float in [0, 1)
 supplied by the caller (policies never use a global random source).
@@ -22,4 +24,7 @@ class BackendPolicy(Protocol):
     def select(self, pool: PoolView, features: RequestFeatures, rand: float) -> BackendChoice: ...
 
     def on_routed(self, pool: PoolView, features: RequestFeatures, choice: BackendChoice) -> None:
+        return None
+
+    def warm_skipped(self, features: RequestFeatures) -> None:
         return None

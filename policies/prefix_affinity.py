@@ -636,6 +636,11 @@ class PrefixAffinity(BackendPolicy):
             if choice.warm is not None:
                 _remember(self._warming, key, (choice.warm, kv.now), limit)
 
+    def warm_skipped(self, features: RequestFeatures) -> None:
+        """The warm-up `on_routed` recorded for the request's group was not sent: the group's next
+        request may ask for one again (instead of waiting `pending_s` for events that will not come)."""
+        self._warming.pop(self.key(features), None)
+
     def pool_stretch(self, pool: PoolView, features: RequestFeatures) -> float:
         """Requests `pool` may carry above the pools' bound because one of its engines holds the
         request's group (its events: at least half of the group), as `warm_slack` stretches the

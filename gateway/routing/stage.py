@@ -226,11 +226,20 @@ class RouteStage:
         """Send the warm-up a decision asks for: the request's first `tokens` token ids to backend
         `backend_name` of `pool`, under the model's name there."""
         features: RequestFeatures | None = ctx.extras.get("features")
-        prompt = features.prompt if features is not None else None
+        if features is None:
+            return
+        prompt = features.prompt
         backend = pool.backends.get(backend_name)
         served = pool.models.get(ctx.model.name) if ctx.model is not None else None
-        if self.warmups is not None and prompt is not None and backend is not None and served is not None:
-            self.warmups.send(backend, served, prompt.token_ids(tokens))
+        if (
+            self.warmups is None
+            or prompt is None
+            or backend is None
+            or served is None
+            or not self.warmups.send(backend, served, prompt.token_ids(tokens))
+        ):
+            # not sent (the process's warm-ups at their cap): the group may ask for one again
+            self.router.policy.warm_skipped(features)
 
 
 def _routing_error(exc: RoutingError, ctx: RequestContext) -> ApiError:

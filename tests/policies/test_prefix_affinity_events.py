@@ -567,6 +567,12 @@ def test_a_hot_groups_next_holder_is_warmed_instead_of_sent_a_cold_request() -> 
     moved = route(proc, busy, asks[1])
     assert moved.backend == target and moved.warm is None
 
+    # a warm-up the gateway did not send (its cap): the group's next request asks for it again
+    skipped, _, _ = hot()
+    assert route(skipped, p, asks[1]).warm is None
+    skipped.warm_skipped(asks[0])
+    assert route(skipped, p, asks[1]).warm == target
+
     # no events of a warm-up for `pending_s`: warmed again (the group still wants a next holder)
     again, _, _ = hot()
     assert all(route(again, p, f).warm is None for f in asks[:10])
