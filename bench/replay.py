@@ -492,6 +492,7 @@ def replay(
             sent[i] = now
             replica = pick_replica.randrange(replicas)
             reason: str = CLAIRVOYANT
+            queues = 0  # the prompt tokens our router expects the backend to prefill (`Decision.prefill`)
             if clairvoyant:
                 b = earliest(i, now)
             elif peers:
@@ -517,7 +518,7 @@ def replay(
                         shares[replica].learn(ask.key, placed)
                         f = SharedRouting.placed(f, placed, not fresh)
                 d = routers[replica].decide(snapshot(now, replica), f, rand.random())
-                b, reason = d.backend, d.reason
+                b, reason, queues = d.backend, d.reason, d.prefill
                 if d.warm is not None and batching:
                     # the gateway's warm-up (gateway.routing.warmup): a one-token prefill of the
                     # group's preamble on its next holder, in the process's in-flight count meanwhile
@@ -537,9 +538,9 @@ def replay(
             served[b] += 1
             where[i] = (replica, b)
             own[replica][b] += 1
-            if not isinstance(policy, str) and d.prefill and batching:
-                prefill_of[i] = d.prefill
-                own_prefill[replica][b] += d.prefill
+            if queues and batching:
+                prefill_of[i] = queues
+                own_prefill[replica][b] += queues
             if batching:
                 st = steppers[b]
                 why[i] = (reason, len(st.model.running) + len(st.model.waiting))

@@ -111,7 +111,7 @@ from policies.kv_index import KvIndex, KvIndexConfig
 from policies.load import LoadModel
 from policies.policy import BackendPolicy
 from policies.prefix_index import PrefixIndex
-from policies.types import BackendChoice, BackendView, PoolView, RequestFeatures
+from policies.types import Affinity, BackendChoice, BackendView, PoolView, RequestFeatures
 from policies.working_sets import WorkingSets, first_within
 
 # KV use is left out of the load score: in an engine it is the running requests' prompts, which
@@ -123,6 +123,14 @@ from policies.working_sets import WorkingSets, first_within
 # burst - pushed warm groups onto cold engines, whose cold prefills lengthened the queues further and
 # evicted other groups (bench.replay, long_document_qa at 80 %: 58 % -> 94 % of the oracle).
 AFFINITY_LOAD_MODEL = LoadModel(kv_weight=0.0, queue_high=None)
+
+# (reason, affinity) of a choice (see the module docstring's end)
+_HIT: tuple[str, Affinity] = ("affinity:hit", "hit")
+_MISS: tuple[str, Affinity] = ("affinity:miss", "miss")
+_PLACED: tuple[str, Affinity] = ("affinity:placed", "hit")
+_INDEX: tuple[str, Affinity] = ("affinity:index", "hit")
+_SPILL: tuple[str, Affinity] = ("affinity:spill", "spill")
+_SPREAD: tuple[str, Affinity] = ("affinity:spread", "spill")
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +254,8 @@ class PrefixAffinity(BackendPolicy):
         self._config = config
         self._load = config.load
         self._value = 1.0 / config.blocks_per_request
+        # a queued prefill token's cost (`prefill_weight` x what a warm token saves)
+        self._prefill_cost = config.prefill_weight * self._value / config.block_tokens
         self._index = PrefixIndex(config.index_entries, config.index_max_holders)
         self._names = NameHashes()
         self._sets = WorkingSets(config.working_set_entries)
@@ -559,7 +569,7 @@ class PrefixAffinity(BackendPolicy):
                 # not for a document's group, whose later requests wait for its own prefill where
                 # it was placed (the placement balances the groups' blocks)
                 bt = config.block_tokens
-                per = config.prefill_weight * value / bt
+                per = self._prefill_cost
                 costs = [
                     b.in_flight - value * w + (per * (b.prefill - w * bt) if b.prefill > w * bt else 0.0)
                     for b, w in zip(ranked, warm, strict=True)
@@ -577,13 +587,12 @@ class PrefixAffinity(BackendPolicy):
                     if chosen < 0 or w > top_warm or (w == top_warm and sizes[i] < sizes[chosen]):
                         chosen = i
                         top_warm = w
-        choice = self._reason(names[chosen], chosen, placed, stored, spread, known_home, indexed, warm)
+        reason, affinity = self._reason(chosen, placed, stored, spread, known_home, indexed, warm)
         # the prompt tokens left to prefill there: all but the short preamble where this request
         # opens its group or the group's next holder (their warm blocks above are what they will hold)
         held = base if chosen == spread or (chosen == placed and not stored) else warm[chosen] + base
         uncached = features.prompt_tokens - int(held * config.block_tokens)
-        if uncached > 0:
-            choice = choice._replace(prefill=uncached)
+        choice = BackendChoice(names[chosen], reason, affinity, None, 0, uncached if uncached > 0 else 0)
         if warm_to < 0 or warm_to == chosen:
             return choice
         # the preamble's estimated blocks in the prompt's tokens (`warm_to` implies both are known)
@@ -593,7 +602,6 @@ class PrefixAffinity(BackendPolicy):
 
     @staticmethod
     def _reason(
-        name: str,
         chosen: int,
         placed: int,
         stored: bool,
@@ -601,22 +609,21 @@ class PrefixAffinity(BackendPolicy):
         known_home: bool,
         indexed: bool,
         warm: list[float],
-    ) -> BackendChoice:
+    ) -> tuple[str, Affinity]:
+        """The choice's reason and affinity (module-level constants: nothing built per request)."""
         if chosen == placed and stored:
             # the group's placement, made by an earlier request through the store: its prefill is
             # under way there (nothing of it known here yet: no event, no decision of this process)
-            return BackendChoice(name, "affinity:placed", "hit")
+            return _PLACED
         if chosen == placed and chosen > 0:
-            return BackendChoice(name, "affinity:miss", "miss")
+            return _MISS
         if chosen == spread and chosen > 0:
-            return BackendChoice(name, "affinity:spread", "spill")
+            return _SPREAD
         if chosen == 0:
-            if known_home or not indexed:
-                return BackendChoice(name, "affinity:hit", "hit")
-            return BackendChoice(name, "affinity:miss", "miss")
+            return _HIT if known_home or not indexed else _MISS
         if warm[chosen] > warm[0]:
-            return BackendChoice(name, "affinity:index", "hit")
-        return BackendChoice(name, "affinity:spill", "spill")
+            return _INDEX
+        return _SPILL
 
     def on_routed(self, pool: PoolView, features: RequestFeatures, choice: BackendChoice) -> None:
         # The preamble's last block (it identifies the whole preamble: which backends were sent this

@@ -65,7 +65,7 @@ from dataclasses import dataclass, replace
 
 from policies.prefix_affinity import PrefixAffinity, group_blocks
 from policies.router import Router
-from policies.types import FleetSnapshot, PoolView, RequestFeatures, RoutingError
+from policies.types import BackendView, FleetSnapshot, PoolView, RequestFeatures, RoutingError
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,17 +119,16 @@ def with_others(
     more = prefill or {}
     pools: list[PoolView] = []
     for pool in snapshot.pools:
-        if any(others.get(b.name) or more.get(b.name) for b in pool.backends):
-            backends = tuple(
-                replace(
-                    b, in_flight=b.in_flight + others.get(b.name, 0), prefill=b.prefill + more.get(b.name, 0)
-                )
-                if others.get(b.name) or more.get(b.name)
-                else b
-                for b in pool.backends
-            )
-            pool = replace(pool, backends=backends)
-        pools.append(pool)
+        backends: list[BackendView] = []
+        changed = False
+        for b in pool.backends:
+            n = others.get(b.name, 0)
+            t = more.get(b.name, 0)
+            if n > 0 or t > 0:
+                b = replace(b, in_flight=b.in_flight + n, prefill=b.prefill + t)
+                changed = True
+            backends.append(b)
+        pools.append(replace(pool, backends=tuple(backends)) if changed else pool)
     return FleetSnapshot(tuple(pools))
 
 
@@ -165,7 +164,7 @@ class SharedRouting:
     """One routing process's side of the shared placements (see the module docstring). Not
     thread-safe (the process's event loop only)."""
 
-    __slots__ = ("_known", "_max", "_reported", "router")
+    __slots__ = ("_known", "_max", "_prefill_names", "_reported", "router")
 
     def __init__(self, router: Router, entries: int = 4096) -> None:
         self.router = router
@@ -173,6 +172,7 @@ class SharedRouting:
         self._max = max(1, entries)
         # the last working sets reported (`PrefixAffinity.working_sets`), under their store names
         self._reported: tuple[dict[str, int] | None, dict[str, int]] = (None, {})
+        self._prefill_names: dict[str, str] = {}  # backend -> PREFILL + its name, built once
 
     def grouped(self, features: RequestFeatures) -> bool:
         """The request has a prefix group, so `ask` may want its tokens (the engines' events)."""
@@ -185,9 +185,13 @@ class SharedRouting:
         backend (under `SETS` + name)."""
         out = dict(counts)
         if prefill:
+            names = self._prefill_names
             for name, tokens in prefill.items():
                 if tokens > 0:
-                    out[PREFILL + name] = tokens
+                    key = names.get(name)
+                    if key is None:
+                        key = names[name] = PREFILL + name
+                    out[key] = tokens
         policy = self.router.policy
         if isinstance(policy, PrefixAffinity):
             sets = policy.working_sets()

@@ -92,9 +92,13 @@ class SharedLoad:
     def counts(self) -> dict[str, int]:
         """This process's in-flight counts and working sets (`SharedRouting.report`): while it has
         either, the limiter's renewer keeps them in the store."""
-        backends = self._fleet.backends.items()
-        own = {name: b.in_flight for name, b in backends if b.in_flight > 0}
-        prefill = {name: b.prefill for name, b in backends if b.prefill > 0}
+        own: dict[str, int] = {}
+        prefill: dict[str, int] = {}
+        for name, b in self._fleet.backends.items():
+            if b.in_flight > 0:
+                own[name] = b.in_flight
+            if b.prefill > 0:
+                prefill[name] = b.prefill
         return self._routing.report(own, prefill)
 
     def heard(self, others: Mapping[str, int]) -> None:

@@ -238,7 +238,8 @@ class RouteStage:
             or served is None
             or not self.warmups.send(backend, served, prompt.token_ids(tokens))
         ):
-            # not sent (the process's warm-ups at their cap): the group may ask for one again
+            # not sent (the process's warm-ups at their cap, the backend or model gone): the group
+            # may ask for one again
             self.router.policy.warm_skipped(features)
 
 
