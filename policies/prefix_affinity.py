@@ -158,10 +158,12 @@ class PrefixAffinityConfig:
     index_entries: int = 65536
     index_max_holders: int = 4
     #: a prompt routed to a backend whose engine's events are usable is recorded in the index at
-    #: every `index_stride`-th block (`PrefixIndex.insert`): there the index only stands in for the
-    #: events until they confirm a decision (`pending_s`), and for a stream that falls silent
-    #: (16: a long document's insert 4 instead of 8.5 us, the decision the same in the replay)
-    index_stride: int = 16
+    #: its preamble's last block, every `index_stride`-th block and its last (`PrefixIndex.insert`):
+    #: there the index only stands in for the events until they confirm a decision (`pending_s`),
+    #: and for a stream that falls silent. 128, a prompt's most blocks by default
+    #: (`FeatureConfig.max_blocks`): those two ends only (the replay's decisions the same as with 16
+    #: and 1, events on time, late or lost; the decision's p99 with events 7-10 us less)
+    index_stride: int = 128
     working_set_entries: int = 16384
     session_in_key: bool = False
     demand_window: int = 32

@@ -24,7 +24,7 @@ from gateway.core.fleet import Fleet
 from gateway.core.shared_load import ShareAsk, ShareReply
 from gateway.routing.settings import SharedSettings
 from policies.router import Router
-from policies.shared_load import Ask, SharedRouting, key_text, split, with_others
+from policies.shared_load import Ask, SharedRouting, WithOthers, key_text, split
 from policies.types import FleetSnapshot, RequestFeatures
 
 #: the request's features with its tokens (the route stage's `prepare`)
@@ -60,6 +60,7 @@ class SharedLoad:
         self._sets: Mapping[str, int] = {}  # the others' working sets and tails (`policies.shared_load`)
         self._prefill: Mapping[str, int] = {}  # ... and queued prefill tokens
         self._at = -float("inf")
+        self._with_others = WithOthers()  # the snapshot with the others' figures, rebuilt as they change
         #: answers received, and requests whose group placement came from the store (for operators)
         self.replies = 0
         self.placements = 0
@@ -133,7 +134,7 @@ class SharedLoad:
     def snapshot(self, now: float | None = None) -> FleetSnapshot:
         """The fleet with the other processes' counts added to this process's own."""
         snapshot = self._fleet.snapshot(self._clock() if now is None else now)
-        return with_others(snapshot, self.others(), self.others_prefill())
+        return self._with_others(snapshot, self.others(), self.others_prefill())
 
     def features(self, ctx: RequestContext, features: RequestFeatures) -> RequestFeatures:
         """`features` with the store's placement of the request's group, if it named one."""
