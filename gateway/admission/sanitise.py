@@ -72,14 +72,20 @@ class TextRules:
         self._special = settings.special_tokens
         self._markers = settings.template_markers
         alternatives = [_CONTROL]
+        firsts = {_CONTROL[1:-1]}  # the characters a match can start with (a class's inside)
         self._special_re = self._marker_re = None
         if self._special != "allow" and special_tokens:
             self._special_re = _literal_re(special_tokens)
             alternatives.append(self._special_re.pattern)
+            firsts.update(re.escape(s[0]) for s in special_tokens)
         if self._markers != "allow" and settings.template_marker_list:
             self._marker_re = _literal_re(settings.template_marker_list)
             alternatives.append(self._marker_re.pattern)
-        self._any = re.compile("|".join(alternatives))
+            firsts.update(re.escape(s[0]) for s in settings.template_marker_list)
+        # The lookahead lets the regex engine skip, one class test a character, every position no
+        # alternative can start at, instead of trying each alternative there (the same matches;
+        # 8 KB of prose 320 -> 99 us, of code 374 -> 192, 50 KB 1.9 -> 0.64 ms)
+        self._any = re.compile(f"(?=[{''.join(sorted(firsts))}])(?:{'|'.join(alternatives)})")
 
     def clean(self, text: str, path: list[str | int]) -> str:
         """`text` as it may be forwarded (the same object when nothing needed attention)."""

@@ -410,3 +410,35 @@ def test_a_batch_is_measured_prompt_by_prompt() -> None:
     assert "prompt[1]" in info.value.message
     with pytest.raises(ApiError):
         run({"model": "m", "prompt": ["short", "x" * 3000], "max_tokens": 400}, "completions")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.text(alphabet="ab <[{}%#|/\x01\x1f\x7f\t\n", max_size=12),
+            st.sampled_from([*DEFAULT_SPECIAL_TOKENS, "{{", "}}", "{%", "%}", "{#", "#}"]),
+        ),
+        max_size=12,
+    ),
+    st.sampled_from(["neutralise", "allow"]),
+)
+def test_the_one_regex_that_finds_anything_to_clean_finds_what_the_plain_alternation_finds(
+    pieces: list[str], markers: str
+) -> None:
+    """`TextRules._any` starts with a lookahead on the characters a match can start with (speed); it
+    finds the same first match as the alternation without it, on text mixing every token and marker
+    with their characters alone and control characters."""
+    import re
+
+    from gateway.admission.sanitise import _CONTROL, TextRules, _literal_re
+
+    text = "".join(pieces)
+    cfg = SanitiseSettings(template_markers=markers)  # type: ignore[arg-type]
+    rules = TextRules(cfg, list(DEFAULT_SPECIAL_TOKENS))
+    plain = [_CONTROL, _literal_re(list(DEFAULT_SPECIAL_TOKENS)).pattern]
+    if markers != "allow":
+        plain.append(_literal_re(cfg.template_marker_list).pattern)
+    want = re.compile("|".join(plain)).search(text)
+    got = rules._any.search(text)
+    assert (got and (got.start(), got.group(0))) == (want and (want.start(), want.group(0)))
