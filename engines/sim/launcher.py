@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -36,6 +37,29 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def late_bound_port() -> int:
+    """A TCP port free right now on every address and below the kernel's ephemeral range, for a server
+    that binds it long after it was chosen (a real engine loads its model first, tens of seconds).
+    `free_port`'s ports lie in that range, where any outgoing connection on the machine may take one
+    meanwhile as its local port: a real vLLM's KV-event socket once failed to bind so ("Address
+    already in use") while the test suite's other run was connecting to its own servers."""
+    low = 32768
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    if low <= 2048:
+        return free_port()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low // 2), low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        return port
+    return free_port()
 
 
 def port_open(host: str, port: int, timeout: float = 0.2) -> bool:

@@ -28,7 +28,7 @@ from typing import IO
 
 import httpx
 
-from engines.sim.launcher import free_port
+from engines.sim.launcher import late_bound_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINES_DIR = Path(os.environ.get("ENGINES_DIR", ROOT / ".engines"))
@@ -129,8 +129,9 @@ class EngineServer:
         self.model_dir = Path(model_dir).resolve()
         self.served_model_name = served_model_name
         self.host = "127.0.0.1"
-        self.port = port if port is not None else free_port()
-        self.kv_events_port = kv_events_port if kv_events_port is not None else free_port()
+        # both bound only once the model is loaded, tens of seconds from now (`late_bound_port`)
+        self.port = port if port is not None else late_bound_port()
+        self.kv_events_port = kv_events_port if kv_events_port is not None else late_bound_port()
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.extra = list(extra or [])
