@@ -14,7 +14,8 @@
 Suites: `overhead` (proxy cost against the peers, bench/overhead.py), `routing` (cache-hit quality and
 TTFT on a simulated fleet, bench/routing.py), `micro` (bench/transports.py — h1 vs aiohttp vs
 httpx —, bench/adapters.py, bench/apis.py — gateway CPU of /v1/responses and /v1/messages beside
-chat —, and bench/tracing.py — gateway CPU per request with tracing off, unsampled and sampled), `kv`
+chat —, bench/tracing.py — gateway CPU per request with tracing off, unsampled and sampled —, and
+bench/fleet_cpu.py — the full pipeline's CPU per request in front of 1, 8 and 32 backends), `kv`
 (in-process, no servers: bench/kv_micro.py — tokenization, the routing decision's CPU with the engines'
 KV events, the index's memory at 8 backends x 1M events — and bench/replay.py's table of every workload
 at 50 / 80 % load with 1, 2, 4 and 8 routing processes, events and shared load on, against round robin
@@ -61,7 +62,7 @@ def _before_tracing() -> str | None:
     return f"{added}~1" if p.returncode == 0 and added else None
 
 
-MICRO = ("transports", "adapters", "apis", "tracing")
+MICRO = ("transports", "adapters", "apis", "tracing", "fleet_cpu")
 
 
 def micro(quick: bool, log: Progress, only: list[str] | None, date: str) -> dict[str, str]:
@@ -87,9 +88,17 @@ def micro(quick: bool, log: Progress, only: list[str] | None, date: str) -> dict
             "3" if quick else "5",
             *(["--baseline", before] if (before := _before_tracing()) else []),
         ],
+        "bench/fleet_cpu.py": [
+            "-m",
+            "bench.fleet_cpu",
+            "--seconds",
+            "3" if quick else "4",
+            "--rounds",
+            "2" if quick else "3",
+        ],
     }
     #: seconds a micro-benchmark may take (tracing: 8 points x rounds x (warm-up + load + export))
-    timeouts = {"bench/tracing.py": 900}
+    timeouts = {"bench/tracing.py": 900, "bench/fleet_cpu.py": 900}
     for name, args in runs.items():
         if not (ROOT / name).exists() or (only and Path(name).stem not in only):
             continue

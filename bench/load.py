@@ -39,12 +39,20 @@ def _lua_string(s: str) -> str:
     return "[==[" + s + "]==]"
 
 
-def write_wrk_script(name: str, body: bytes, headers: dict[str, str]) -> Path:
-    """A wrk Lua script that POSTs `body` with `headers`."""
-    lines = ['wrk.method = "POST"', f"wrk.body = {_lua_string(body.decode())}"]
+def write_wrk_script(name: str, body: bytes | list[bytes], headers: dict[str, str]) -> Path:
+    """A wrk Lua script that POSTs `body` with `headers` (a list of bodies: each in turn)."""
+    bodies = body if isinstance(body, list) else [body]
+    lines = ['wrk.method = "POST"', f"wrk.body = {_lua_string(bodies[0].decode())}"]
     lines.append('wrk.headers["Content-Type"] = "application/json"')
     for k, v in headers.items():
         lines.append(f"wrk.headers[ {_lua_string(k)} ] = {_lua_string(v)}")
+    if len(bodies) > 1:
+        lines.append("local bodies = {" + ", ".join(_lua_string(b.decode()) for b in bodies) + "}")
+        lines.append("local turn = 0")
+        lines.append("request = function()")
+        lines.append("  turn = turn % #bodies + 1")
+        lines.append("  return wrk.format(nil, nil, nil, bodies[turn])")
+        lines.append("end")
     path = WORK / "wrk" / f"{name}.lua"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n" + _DONE)
