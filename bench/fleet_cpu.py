@@ -24,7 +24,6 @@ A benchmark, not a test: it asserts nothing about time (it fails only if request
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import subprocess
@@ -119,11 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                 label = f"fleet-cpu-{n}-{name.replace(' ', '-')}"
                 with gateway_service(label, cfg, sources[name]) as gw:
                     cpu[(name, n)].append(measure(gw, script, a.seconds, a.concurrency))
-    load1, load5, _ = os.getloadavg()
-    print(
-        f"{m['date']}, commit {m['commit']}, {m['nproc']} CPUs ({m['cpu']}), Python {m['python']}; "
-        f"load average {m['loadavg_at_start']} at start, {load1:.2f} / {load5:.2f} at the end\n"
-    )
+    print(machine.run_line(m))
     print(
         f"wrk {a.seconds:g} s per point at concurrency {a.concurrency}, {a.rounds} rounds (median, "
         f"lowest–highest round in brackets); full pipeline, 2 workers sharing their routing state "

@@ -329,7 +329,7 @@ def bench_snapshot(requests: int) -> None:
             return a(f.snapshot(now), o, q)
 
         def anew(now: float, f: Any = fleet, o: Any = others, q: Any = prefill) -> Any:
-            return with_others(_snapshot_anew(f, now), o, q)
+            return with_others(f.snapshot_anew(now), o, q)
 
         ways = {"remembered": remembered, "built anew": anew}
         timed: dict[str, list[int]] = {label: [] for label in ways}
@@ -343,41 +343,6 @@ def bench_snapshot(requests: int) -> None:
         print(f"   {2 * per_pool} backends:")
         for label, ts in timed.items():
             print(f"     {label:<11} {summary(ts)}")
-
-
-def _snapshot_anew(fleet: Any, now: float) -> FleetSnapshot:
-    """`Fleet.snapshot` as it was before it remembered its views: every view built."""
-    pools = []
-    for p in fleet.pools.values():
-        views = []
-        for b in p.backends.values():
-            load = b.load if b.load is not None and now - b.load_at <= 5.0 else None
-            views.append(
-                BackendView(
-                    name=b.name,
-                    healthy=b.healthy is not False,
-                    draining=b.draining,
-                    circuit_open=b.circuit.is_open(now),
-                    in_flight=b.in_flight,
-                    queue_depth=load.waiting if load else None,
-                    running=load.running if load else None,
-                    kv_usage=load.kv_usage if load else None,
-                    max_concurrency=None,
-                    prefill=b.prefill,
-                )
-            )
-        pools.append(
-            PoolView(
-                name=p.name,
-                dialect=p.dialect.name,
-                weight=p.weight,
-                models=frozenset(p.models),
-                tool_calling=p.tool_calling,
-                structured_output=p.structured_output,
-                backends=tuple(views),
-            )
-        )
-    return FleetSnapshot(pools=tuple(pools))
 
 
 # -- 4. the event loop while requests are tokenized -------------------------------------------------

@@ -68,3 +68,13 @@ def describe(argv: list[str]) -> dict[str, Any]:
             p: _pkg(p) for p in ("uvicorn", "uvloop", "httptools", "aiohttp", "httpx", "orjson", "redis")
         },
     }
+
+
+def run_line(m: dict[str, Any]) -> str:
+    """A micro-benchmark's first line: when, which commit, the machine, and its load at the start
+    (`describe`) and now."""
+    load1, load5, _ = os.getloadavg()
+    return (
+        f"{m['date']}, commit {m['commit']}, {m['nproc']} CPUs ({m['cpu']}), Python {m['python']}; "
+        f"load average {m['loadavg_at_start']} at start, {load1:.2f} / {load5:.2f} at the end\n"
+    )

@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import statistics
 import sys
 import time
@@ -275,11 +274,7 @@ def main(argv: list[str] | None = None) -> int:
                         missing[point] += lost
                 finally:
                     gw.stop()
-    load1, load5, _ = os.getloadavg()
-    print(
-        f"{m['date']}, commit {m['commit']}, {m['nproc']} CPUs ({m['cpu']}), Python {m['python']}; "
-        f"load average {m['loadavg_at_start']} at start, {load1:.2f} / {load5:.2f} at the end\n"
-    )
+    print(machine.run_line(m))
     print(
         f"wrk {a.seconds:g} s per point at concurrency {a.concurrency}, {a.rounds} rounds (median, "
         f"lowest–highest round in brackets); JWT auth and a per-user limit on; {MAX_TOKENS} output tokens "

@@ -60,11 +60,18 @@ class Backend:
             and self._view_load is load
         ):
             return last
-        view = self._view = BackendView(
+        view = self._view = self.view_anew(now, stale_s)
+        self._view_load = load
+        return view
+
+    def view_anew(self, now: float, stale_s: float) -> BackendView:
+        """This backend as routing sees it at `now`, built (what `view` returns again while it holds)."""
+        load = self.load if self.load is not None and now - self.load_at <= stale_s else None
+        return BackendView(
             name=self.name,
-            healthy=healthy,
+            healthy=self.healthy is not False,
             draining=self.draining,
-            circuit_open=circuit_open,
+            circuit_open=self.circuit.is_open(now),
             in_flight=self.in_flight,
             queue_depth=load.waiting if load else None,
             running=load.running if load else None,
@@ -72,8 +79,6 @@ class Backend:
             max_concurrency=None,
             prefill=self.prefill,
         )
-        self._view_load = load
-        return view
 
 
 @dataclass(slots=True, eq=False)
@@ -104,7 +109,16 @@ class Pool:
             and _same(last.backends, backends)
         ):
             return last
-        view = self._view = PoolView(
+        view = self._view = self._built(backends)
+        self._view_models = self.models
+        return view
+
+    def view_anew(self, now: float, stale_s: float) -> PoolView:
+        """This pool as routing sees it at `now`, every view built."""
+        return self._built(tuple([b.view_anew(now, stale_s) for b in self.backends.values()]))
+
+    def _built(self, backends: tuple[BackendView, ...]) -> PoolView:
+        return PoolView(
             name=self.name,
             dialect=self.dialect.name,
             weight=self.weight,
@@ -113,8 +127,6 @@ class Pool:
             structured_output=self.structured_output,
             backends=backends,
         )
-        self._view_models = self.models
-        return view
 
 
 class Fleet:
@@ -221,6 +233,12 @@ class Fleet:
             return last
         snapshot = self._snapshot = FleetSnapshot(pools=pools)
         return snapshot
+
+    def snapshot_anew(self, now: float) -> FleetSnapshot:
+        """`snapshot` with every view built: what the remembered views must equal (tests), and what
+        each request cost before they were remembered (`bench.kv_micro --section 5`)."""
+        stale = self._stale_s
+        return FleetSnapshot(pools=tuple([p.view_anew(now, stale) for p in self.pools.values()]))
 
     def serves(self, model: str) -> bool:
         return any(model in p.models for p in self.pools.values())

@@ -8,7 +8,7 @@ import random
 from engines.base import EngineLoad
 from gateway.core.fleet import Fleet
 from gateway.core.settings import BackendSettings, HealthSettings, PoolSettings
-from policies.types import BackendView, FleetSnapshot, PoolView
+from policies.types import BackendView, FleetSnapshot
 
 STALE_S = 5.0
 
@@ -30,38 +30,8 @@ def make_fleet(per_pool: int = 3) -> Fleet:
 
 
 def built_anew(fleet: Fleet, now: float) -> FleetSnapshot:
-    """The snapshot as it was built before views were remembered: every view from the live state."""
-    pools = []
-    for p in fleet.pools.values():
-        backends = []
-        for b in p.backends.values():
-            load = b.load if b.load is not None and now - b.load_at <= STALE_S else None
-            backends.append(
-                BackendView(
-                    name=b.name,
-                    healthy=b.healthy is not False,
-                    draining=b.draining,
-                    circuit_open=b.circuit.is_open(now),
-                    in_flight=b.in_flight,
-                    queue_depth=load.waiting if load else None,
-                    running=load.running if load else None,
-                    kv_usage=load.kv_usage if load else None,
-                    max_concurrency=None,
-                    prefill=b.prefill,
-                )
-            )
-        pools.append(
-            PoolView(
-                p.name,
-                p.dialect.name,
-                p.weight,
-                frozenset(p.models),
-                p.tool_calling,
-                p.structured_output,
-                tuple(backends),
-            )
-        )
-    return FleetSnapshot(tuple(pools))
+    """Every view built from the live state (`Fleet.snapshot_anew`): what the remembered ones must equal."""
+    return fleet.snapshot_anew(now)
 
 
 def test_an_unchanged_fleet_gives_the_same_snapshot_and_a_change_only_rebuilds_its_own_views() -> None:
@@ -88,6 +58,9 @@ def test_every_field_a_view_shows_follows_the_live_state() -> None:
     def scrape() -> None:
         backend.load, backend.load_at = EngineLoad(running=3.0, waiting=2.0, kv_usage=0.5), now
 
+    def scraped() -> BackendView:
+        return fleet.snapshot(now).pools[1].backends[2]
+
     def trip() -> None:
         backend.circuit.failure(now)
 
@@ -110,6 +83,8 @@ def test_every_field_a_view_shows_follows_the_live_state() -> None:
         after = fleet.snapshot(now)
         assert after is not before and after == built_anew(fleet, now)
         before = after
+        if change is scrape:
+            assert (scraped().queue_depth, scraped().running, scraped().kv_usage) == (2.0, 3.0, 0.5)
     # time alone: the scrape goes stale, the circuit's open time runs out
     for later in (now + STALE_S + 0.5, now + 20.0):
         after = fleet.snapshot(later)
