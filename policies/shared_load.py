@@ -59,14 +59,13 @@ behaviour).
 from __future__ import annotations
 
 import math
-import operator
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from policies.prefix_affinity import PrefixAffinity, group_blocks
 from policies.router import Router
-from policies.types import BackendView, FleetSnapshot, PoolView, RequestFeatures, RoutingError
+from policies.types import BackendView, FleetSnapshot, PoolView, RequestFeatures, RoutingError, same_views
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,17 +119,19 @@ def with_others(
 
 class WithOthers:
     """`with_others` for a process that asks on every request: the views it builds are remembered
-    (per backend: the own view and the others' figures it was built from; per pool and for the
-    whole snapshot: the views they hold) and returned again while those are the same, so that a
-    request rebuilds only what changed since the last one (a frozen dataclass costs ~2 us to
-    build, `dataclasses.replace` ~3.5: 8 backends with the others' figures on every one cost 37 us
-    a request when every view was rebuilt; `python -m bench.kv_micro --section 5`)."""
+    (per backend: the own view and the others' figures it was built from; per pool: the own pool
+    view and the backends it holds; the whole snapshot) and returned again while those are the
+    same objects, so that a request rebuilds only what changed since the last one (a frozen
+    dataclass costs ~2 us to build, `dataclasses.replace` ~3.5: 8 backends with the others' figures
+    on every one cost 37 us a request when every view was rebuilt; `python -m bench.kv_micro
+    --section 5`). An own pool view that is a new object is rebuilt: `Fleet.snapshot` makes a new
+    one only when something in it changed."""
 
     __slots__ = ("_backends", "_last", "_pools")
 
     def __init__(self) -> None:
         self._backends: dict[str, tuple[BackendView, int, int, BackendView]] = {}
-        self._pools: dict[str, PoolView] = {}
+        self._pools: dict[str, tuple[PoolView, PoolView]] = {}  # name -> (own view, the others' added)
         self._last: FleetSnapshot | None = None
 
     def __call__(
@@ -159,36 +160,23 @@ class WithOthers:
                     changed = True
                 backends.append(b)
             if changed:
-                prev = last_pools.get(pool.name)
-                if prev is None or not _same_pool(prev, pool, backends):
-                    prev = last_pools[pool.name] = replace(pool, backends=tuple(backends))
-                pool = prev
+                hit_pool = last_pools.get(pool.name)
+                if (
+                    hit_pool is not None
+                    and hit_pool[0] is pool
+                    and same_views(hit_pool[1].backends, backends)
+                ):
+                    pool = hit_pool[1]
+                else:
+                    added_pool = replace(pool, backends=tuple(backends))
+                    last_pools[pool.name] = (pool, added_pool)
+                    pool = added_pool
             pools.append(pool)
         last = self._last
-        if last is not None and _same(last.pools, pools):
+        if last is not None and same_views(last.pools, pools):
             return last
         out = self._last = FleetSnapshot(tuple(pools))
         return out
-
-
-def _same_pool(prev: PoolView, pool: PoolView, backends: Sequence[BackendView]) -> bool:
-    """`prev` is `pool` with `backends` (the same objects)."""
-    return (
-        prev.name == pool.name
-        and prev.dialect == pool.dialect
-        and prev.weight == pool.weight
-        and prev.models == pool.models
-        and prev.tool_calling == pool.tool_calling
-        and prev.structured_output == pool.structured_output
-        and _same(prev.backends, backends)
-    )
-
-
-def _same(a: Sequence[object], b: Sequence[object]) -> bool:
-    """The same objects in the same order."""
-    if len(a) != len(b):
-        return False
-    return all(map(operator.is_, a, b))
 
 
 #: the prefix of a working set's name among the counts a process reports: what follows is the
