@@ -386,12 +386,12 @@ class KvIndex:
             groups = plan.groups
         else:
             out, groups = self._usable_groups((name, self._streams.get(name)) for name in names)
-        get = self._holders.get
+        holders = self._holders
         bits = self._names
         stride = self.config.scan_stride
         if stride == 0:
             for group, mask in groups:
-                _bisect(prompt.keys(group), group, mask, get, bits, out)
+                _bisect(prompt.keys(group), group, mask, holders, bits, out)
             return out
         for group, mask in groups:
             # the last key of each stretch of `stride` keys, with one bitmask of backends: those
@@ -404,14 +404,14 @@ class KvIndex:
                 end = depth + stride - 1 if depth else 0  # the first key alone, then stretches
                 if end >= n:
                     end = n - 1
-                held = get(keys[end], 0) & mask
+                held = holders.get(keys[end], 0) & mask
                 if held != mask:
                     # (here `depth` >= 1: the first key is a stretch of its own, and `out`
                     # already holds 0 tokens for every usable backend)
                     dropped = mask & ~held
                     d = depth
                     while d < end:
-                        still = get(keys[d], 0) & dropped
+                        still = holders.get(keys[d], 0) & dropped
                         if still != dropped:
                             _record(out, bits, dropped & ~still, d * group)
                             dropped = still
@@ -625,7 +625,12 @@ def _place(data: bytes, probe: bytes, rest: bytes, align: int) -> int:
 
 
 def _bisect(
-    keys: Sequence[int], group: int, mask: int, get: Any, bits: Mapping[int, str], out: dict[str, int]
+    keys: tuple[int, ...],
+    group: int,
+    mask: int,
+    holders: dict[int, int],
+    bits: dict[int, str],
+    out: dict[str, int],
 ) -> None:
     """`match` with `scan_stride` 0: the first key, then the last; where some backends hold the first
     and not the last, the key halfway, and so on (a held prefix ends where a backend holds one key and
@@ -633,7 +638,9 @@ def _bisect(
     n = len(keys)
     if not n:
         return
-    mask &= get(keys[0], 0)
+    # (`holders.get` on the dict itself, never a bound method held in a local: compiled, the first is
+    # a direct dict lookup and the second a generic call)
+    mask &= holders.get(keys[0], 0)
     if not mask:
         return
     # (lo, hi, m): every backend of `m` holds key `lo`; its prefix ends in lo..hi
@@ -641,7 +648,7 @@ def _bisect(
     while todo:
         lo, hi, m = todo.pop()
         if lo < hi:
-            h = get(keys[hi], 0) & m
+            h = holders.get(keys[hi], 0) & m
             if h:
                 _record(out, bits, h, (hi + 1) * group)
                 m &= ~h
@@ -650,7 +657,7 @@ def _bisect(
             hi -= 1
             if lo < hi:
                 mid = (lo + hi + 1) // 2
-                h = get(keys[mid], 0) & m
+                h = holders.get(keys[mid], 0) & m
                 if h:
                     todo.append((mid, hi, h))
                     m &= ~h
@@ -660,7 +667,7 @@ def _bisect(
         _record(out, bits, m, (lo + 1) * group)
 
 
-def _record(out: dict[str, int], names: Mapping[int, str], mask: int, tokens: int) -> None:
+def _record(out: dict[str, int], names: dict[int, str], mask: int, tokens: int) -> None:
     while mask:
         low = mask & -mask
         out[names[low]] = tokens

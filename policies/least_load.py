@@ -7,7 +7,7 @@ from typing import Literal
 
 from policies.load import DEFAULT_LOAD_MODEL, LoadModel
 from policies.policy import BackendPolicy
-from policies.types import BackendChoice, PoolView, RequestFeatures
+from policies.types import BackendChoice, PoolView, RequestFeatures, backend_choice
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,4 +37,4 @@ class LeastLoad(BackendPolicy):
                 best.append(backend.name)
         if not best:
             raise ValueError(f"pool {pool.name!r} has no routable backend")
-        return BackendChoice(best[min(int(rand * len(best)), len(best) - 1)], "least-load")
+        return backend_choice(best[min(int(rand * len(best)), len(best) - 1)], "least-load")

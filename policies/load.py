@@ -53,8 +53,7 @@ class LoadModel:
         kv_weight = self.kv_weight
         queue_high = self.queue_high
         kv_high = self.kv_high
-        out: list[float] = []
-        append = out.append
+        out: list[float] = []  # (`out.append`, not a bound method in a local: compiled, a direct append)
         saturated = False
         for backend in backends:
             in_flight = backend.in_flight
@@ -68,7 +67,7 @@ class LoadModel:
             kv = backend.kv_usage
             if kv:
                 active += kv_weight * kv
-            append(active)
+            out.append(active)
             limit = backend.max_concurrency
             if (
                 (limit is not None and in_flight >= limit)
@@ -83,16 +82,17 @@ class LoadModel:
         `saturated` (one call for a pool: the decision's hot loop, `saturated` inlined)."""
         queue_high = self.queue_high
         kv_high = self.kv_high
+        if len(scores) != len(backends):
+            raise ValueError("one score per backend")
         out: list[bool] = []
-        append = out.append
-        for backend, score in zip(backends, scores, strict=True):
-            if not score + 1.0 <= bound:
-                append(False)
+        for i, backend in enumerate(backends):
+            if not scores[i] + 1.0 <= bound:
+                out.append(False)
                 continue
             limit = backend.max_concurrency
             queue = backend.queue_depth
             kv = backend.kv_usage
-            append(
+            out.append(
                 not (
                     (limit is not None and backend.in_flight >= limit)
                     or (queue_high is not None and queue is not None and queue > queue_high)

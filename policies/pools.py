@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from policies.hashing import NameHashes, mix64, unit_float
-from policies.types import FleetSnapshot, PoolView, RequestFeatures, RoutingError, ToolChoice
+from policies.types import FleetSnapshot, PoolView, RequestFeatures, RoutingError, ToolChoice, new_tuple
 
 _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
@@ -96,6 +96,11 @@ class PoolChoice(NamedTuple):
     placed: str | None = None  # the pool the `place` hook named, if it was asked
 
 
+def pool_choice(pool: PoolView, reason: str, placed: str | None = None) -> PoolChoice:
+    """`PoolChoice(...)`, built in C (`policies.types.new_tuple`): on every request."""
+    return new_tuple(PoolChoice, (pool, reason, placed))
+
+
 # Given the candidate pools (two or more, after rules) in the key's rendezvous order, the one a
 # prefix group should go to, or None for no preference.
 PlaceHook = Callable[[Sequence[PoolView]], str | None]
@@ -135,7 +140,7 @@ def choose_pool(
             raise RoutingError("unavailable", "pin:not-capable")
         if not pinned.has_routable_backend():
             raise RoutingError("unavailable", "pin:no-backend")
-        return PoolChoice(pinned, "pin")
+        return pool_choice(pinned, "pin")
 
     pools = snapshot.pools
     if len(pools) == 1 and prefer is None:
@@ -144,16 +149,16 @@ def choose_pool(
     if prefer is not None:
         for p in candidates:
             if p.name == prefer:
-                return PoolChoice(p, "retry")
+                return pool_choice(p, "retry")
     if len(candidates) == 1:
-        return PoolChoice(candidates[0], label)
+        return pool_choice(candidates[0], label)
     if sticky_key is None:
-        return PoolChoice(_cumulative(candidates, rand), f"{label}+weights")
+        return pool_choice(_cumulative(candidates, rand), f"{label}+weights")
     ordered = hrw_order(candidates, sticky_key, name_hash or NameHashes())
     placed = place(ordered) if place is not None else None
     if placed is not None:  # the group's placed pool first, then the rendezvous order
         ordered.sort(key=lambda p: p.name != placed)
-    return PoolChoice(_bounded(ordered, balance, stretch), f"{label}+weights", placed)
+    return pool_choice(_bounded(ordered, balance, stretch), f"{label}+weights", placed)
 
 
 def _candidates(
@@ -206,10 +211,10 @@ def _only(pool: PoolView, features: RequestFeatures, rules: Sequence[Rule]) -> P
         if not rule.matches(features):
             continue
         if pool.name in rule.then_pools:
-            return PoolChoice(pool, f"rule:{rule.name}")
+            return pool_choice(pool, f"rule:{rule.name}")
         if rule.strict:
             raise RoutingError("unavailable", f"rule:{rule.name}:no-eligible-pool")
-    return PoolChoice(pool, "default")
+    return pool_choice(pool, "default")
 
 
 def _cumulative(pools: Sequence[PoolView], rand: float) -> PoolView:

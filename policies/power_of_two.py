@@ -7,7 +7,7 @@ from typing import Literal
 
 from policies.load import DEFAULT_LOAD_MODEL, LoadModel
 from policies.policy import BackendPolicy
-from policies.types import BackendChoice, PoolView, RequestFeatures
+from policies.types import BackendChoice, PoolView, RequestFeatures, backend_choice
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +29,7 @@ class PowerOfTwo(BackendPolicy):
         if n == 0:
             raise ValueError(f"pool {pool.name!r} has no routable backend")
         if n == 1:
-            return BackendChoice(routable[0].name, "p2c")
+            return backend_choice(routable[0].name, "p2c")
         scaled = rand * n
         i = min(int(scaled), n - 1)
         j = min(int((scaled - i) * (n - 1)), n - 2)
@@ -37,4 +37,4 @@ class PowerOfTwo(BackendPolicy):
             j += 1
         first, second = routable[i], routable[j]
         winner = second if self._load.score(second) < self._load.score(first) else first
-        return BackendChoice(winner.name, "p2c")
+        return backend_choice(winner.name, "p2c")

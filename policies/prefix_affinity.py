@@ -111,7 +111,7 @@ from policies.kv_index import KvIndex, KvIndexConfig
 from policies.load import LoadModel
 from policies.policy import BackendPolicy
 from policies.prefix_index import PrefixIndex
-from policies.types import Affinity, BackendChoice, BackendView, PoolView, RequestFeatures
+from policies.types import Affinity, BackendChoice, BackendView, PoolView, RequestFeatures, backend_choice
 from policies.working_sets import WorkingSets, first_within
 
 # KV use is left out of the load score: in an engine it is the running requests' prompts, which
@@ -356,8 +356,7 @@ class PrefixAffinity(BackendPolicy):
         elsewhere = self._elsewhere
         if not elsewhere or not opening_group(features, self._config):
             return sizes
-        get = elsewhere.get
-        return [size + get(name, 0) for size, name in zip(sizes, names, strict=True)]
+        return [sizes[i] + elsewhere.get(name, 0) for i, name in enumerate(names)]
 
     def _choices(self, features: RequestFeatures, proposing: bool) -> int:
         """How many of its first backends (rendezvous order) a new group may be placed on: a long
@@ -410,19 +409,19 @@ class PrefixAffinity(BackendPolicy):
             lacking = n
         else:
             tokens, scale = held_tokens
-            get_tokens = tokens.get
             exact = []
-            append = exact.append
             lacking = 0
             top = 0.0
+            # (`tokens.get` on the dict itself: compiled, a direct lookup; a bound method kept in a
+            # local would be a generic call)
             for i, name in enumerate(names):
-                t = get_tokens(name)
+                t = tokens.get(name)
                 if t is None:
                     lacking += 1
-                    append(None)
+                    exact.append(None)
                     continue
                 held = t * scale
-                append(held)
+                exact.append(held)
                 if held > top:
                     top = held
                 if held - base > 0:
@@ -451,9 +450,8 @@ class PrefixAffinity(BackendPolicy):
             depths = self._index.depths(features.block_hashes, names, above=max(0, preamble - 1))
             if depths and lacking:
                 deepest = 0
-                get = depths.get
                 for i, name in enumerate(names):
-                    d = get(name)
+                    d = depths.get(name)
                     if d is None or (exact[i] is not None and name != fresh):
                         continue
                     known = True
@@ -572,12 +570,14 @@ class PrefixAffinity(BackendPolicy):
                 # it was placed (the placement balances the groups' blocks)
                 bt = config.block_tokens
                 per = self._prefill_cost
-                costs = [
-                    b.in_flight - value * w + (per * (b.prefill - w * bt) if b.prefill > w * bt else 0.0)
-                    for b, w in zip(ranked, warm, strict=True)
-                ]
+                costs: list[float] = []
+                for i in range(n):
+                    b = ranked[i]
+                    w = warm[i]
+                    queued = b.prefill - w * bt
+                    costs.append(b.in_flight - value * w + (per * queued if queued > 0 else 0.0))
             else:
-                costs = [b.in_flight - value * w for b, w in zip(ranked, warm, strict=True)]
+                costs = [ranked[i].in_flight - value * warm[i] for i in range(n)]
             limit = min([costs[i] for i in candidates] if not every_fit else costs) + config.tolerance
             # HRW order: the warmest within the tolerance; on ties the earliest, or for a group the
             # one with the smallest working set (a cold copy evicts the least there)
@@ -594,13 +594,13 @@ class PrefixAffinity(BackendPolicy):
         # opens its group or the group's next holder (their warm blocks above are what they will hold)
         held = base if chosen == spread or (chosen == placed and not stored) else warm[chosen] + base
         uncached = features.prompt_tokens - int(held * config.block_tokens)
-        choice = BackendChoice(names[chosen], reason, affinity, None, 0, uncached if uncached > 0 else 0)
+        prefill = uncached if uncached > 0 else 0
         if warm_to < 0 or warm_to == chosen:
-            return choice
+            return backend_choice(names[chosen], reason, affinity, None, 0, prefill)
         # the preamble's estimated blocks in the prompt's tokens (`warm_to` implies both are known)
         assert features.prompt is not None and held_tokens is not None
         warm_len = min(features.prompt.tokens, int(preamble / held_tokens[1]))
-        return choice._replace(warm=names[warm_to], warm_tokens=warm_len)
+        return backend_choice(names[chosen], reason, affinity, names[warm_to], warm_len, prefill)
 
     @staticmethod
     def _reason(

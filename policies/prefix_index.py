@@ -25,8 +25,7 @@ Lookups never change the index (dry runs are safe); `insert` refreshes recency.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Container, Iterable, Sequence
-from itertools import islice
+from collections.abc import Container, Sequence
 
 #: distinct holders tuples `PrefixIndex` shares before it starts sharing anew
 SHARED_TUPLES = 4096
@@ -65,31 +64,28 @@ class PrefixIndex:
             return
         entries = self._entries
         keep = self.max_holders - 1
-        # bound methods, looked up once: this loop runs for every block of every routed prompt
-        get = entries.get
-        move = entries.move_to_end
         solo = self._shared((backend,))
-        hashes: Iterable[int]
-        if stride <= 1:
-            hashes = islice(block_hashes, start, None) if start else block_hashes
-        else:
-            # 0-based positions: `start`, those ending a multiple of `stride` blocks, the last
-            first = ((start + 1) // stride + 1) * stride - 1
-            positions = [start, *range(first, n - 1, stride)]
-            if n - 1 > start:
-                positions.append(n - 1)
-            hashes = map(block_hashes.__getitem__, positions)
-        for h in hashes:
-            holders = get(h)
+        stride = max(1, stride)
+        last = n - 1
+        i = start
+        while True:
+            h = block_hashes[i]
+            holders = entries.get(h)
             if holders is None:
                 entries[h] = solo
                 if len(entries) > self.max_entries:
                     entries.popitem(last=False)
-                continue
-            if holders[0] != backend:
-                others = tuple(x for x in holders if x != backend)
-                entries[h] = self._shared((backend, *others[:keep]))
-            move(h)
+            else:
+                if holders[0] != backend:
+                    others = tuple(x for x in holders if x != backend)
+                    entries[h] = self._shared((backend, *others[:keep]))
+                entries.move_to_end(h)
+            if i >= last:
+                return
+            # the next position: the next to end a multiple of `stride` blocks, else the last
+            i = ((i + 1) // stride + 1) * stride - 1
+            if i > last:
+                i = last
 
     def _shared(self, holders: tuple[str, ...]) -> tuple[str, ...]:
         """The one tuple object equal to `holders` (see `_tuples`)."""
@@ -107,9 +103,9 @@ class PrefixIndex:
         """The deepest prefix (in blocks, deeper than `above`) held by some `allowed` backend, and
         those backends. Returns `(0, ())` when no such prefix is known.
         """
-        get = self._entries.get
+        entries = self._entries
         for depth in range(len(block_hashes), above, -1):
-            holders = get(block_hashes[depth - 1])
+            holders = entries.get(block_hashes[depth - 1])
             if holders is not None:
                 found = tuple(x for x in holders if x in allowed)
                 if found:
@@ -121,10 +117,10 @@ class PrefixIndex:
     ) -> int:
         """The deepest prefix (in blocks, at most `below`, deeper than `above`) that `backend` is
         recorded to hold, or 0."""
-        get = self._entries.get
+        entries = self._entries
         top = len(block_hashes) if below is None else min(below, len(block_hashes))
         for depth in range(top, above, -1):
-            holders = get(block_hashes[depth - 1])
+            holders = entries.get(block_hashes[depth - 1])
             if holders is not None and backend in holders:
                 return depth
         return 0
@@ -135,16 +131,16 @@ class PrefixIndex:
         e.g. the preamble's last block) at that depth. Backends with neither are absent. One scan
         from the deepest block down, stopping at the first hit."""
         out: dict[str, int] = {}
-        get = self._entries.get
+        entries = self._entries
         for depth in range(len(block_hashes), above, -1):
-            holders = get(block_hashes[depth - 1])
+            holders = entries.get(block_hashes[depth - 1])
             if holders is not None:
                 for x in holders:
                     if x in names:
                         out[x] = depth
                 if out:
                     if depth > above + 1:
-                        floor = get(block_hashes[above])
+                        floor = entries.get(block_hashes[above])
                         if floor is not None:
                             for x in floor:
                                 if x in names and x not in out:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from policies.policy import BackendPolicy
-from policies.types import BackendChoice, PoolView, RequestFeatures
+from policies.types import BackendChoice, PoolView, RequestFeatures, backend_choice
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +31,7 @@ class RoundRobin(BackendPolicy):
         for step in range(n):
             backend = backends[(start + step) % n]
             if backend.routable:
-                return BackendChoice(backend.name, "rr")
+                return backend_choice(backend.name, "rr")
         raise ValueError(f"pool {pool.name!r} has no routable backend")
 
     def on_routed(self, pool: PoolView, features: RequestFeatures, choice: BackendChoice) -> None:

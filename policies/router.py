@@ -22,7 +22,7 @@ from policies.pool_placement import PoolPlacement
 from policies.pools import PlaceHook, PoolBalance, Rule, StretchHook, candidate_pools, choose_pool
 from policies.prefix_affinity import DEFAULT_CONFIG as DEFAULT_AFFINITY_CONFIG
 from policies.prefix_affinity import PrefixAffinity, PrefixAffinityConfig, group_blocks, routing_key
-from policies.types import Decision, FleetSnapshot, PoolView, RequestFeatures, RoutingError
+from policies.types import Decision, FleetSnapshot, PoolView, RequestFeatures, RoutingError, decision
 
 PoolChoiceMode = Literal["sticky", "random"]
 # Keeps the pool-level rendezvous independent of the backend-level one (same anchor, other salt).
@@ -127,7 +127,7 @@ class Router:
             policy.on_routed(pool, features, choice)
             if pool_choice.placed is not None:
                 self._groups.note(key, pool_choice.placed, pool.name, features)
-        return Decision(
+        return decision(
             pool.name,
             choice.backend,
             f"{pool_choice.reason}+{choice.reason}",

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from itertools import repeat
 
 #: a pair's int: the deepest prompt (blocks) below this, its tails (requests) in multiples of it
 _TAIL = 1 << 32
@@ -115,11 +114,11 @@ class WorkingSets:
 
     def sizes(self, backends: Sequence[str], tails: bool = False) -> list[int]:
         """`size` of each of `backends`, in order (one call for a pool); with `tails`, plus theirs."""
-        sizes = list(map(self._sizes.get, backends, repeat(0)))
+        own = self._sizes
         if not tails or not self._tails:
-            return sizes
-        get = self._tails.get
-        return [size + get(name, 0) for size, name in zip(sizes, backends, strict=True)]
+            return [own.get(name, 0) for name in backends]
+        more = self._tails
+        return [own.get(name, 0) + more.get(name, 0) for name in backends]
 
     def clear(self) -> None:
         self._totals = None

@@ -4,7 +4,17 @@ import dataclasses
 
 import pytest
 
-from policies.types import BackendView, Decision, FleetSnapshot, RequestFeatures, RoutingError
+from policies.pools import PoolChoice, pool_choice
+from policies.types import (
+    BackendChoice,
+    BackendView,
+    Decision,
+    FleetSnapshot,
+    RequestFeatures,
+    RoutingError,
+    backend_choice,
+    decision,
+)
 from tests.policies.fleet import fleet, pool
 
 
@@ -29,6 +39,24 @@ def test_values_are_frozen() -> None:
         d.pool = "q"  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         BackendView("a").in_flight = 1  # type: ignore[misc]
+
+
+def test_builders_make_the_named_tuples_with_every_field() -> None:
+    # `tuple.__new__` does not check the arity: a field added to a class and not to its builder
+    # would make shorter tuples, unequal to the class's own (its default included)
+    built = [
+        (backend_choice("b", "rr"), BackendChoice("b", "rr")),
+        (backend_choice("b", "x", "hit", "w", 3, 4), BackendChoice("b", "x", "hit", "w", 3, 4)),
+        (decision("p", "b", "r", "miss"), Decision("p", "b", "r", "miss")),
+        (decision("p", "b", "r", "hit", "w", 5, 6), Decision("p", "b", "r", "hit", "w", 5, 6)),
+        (pool_choice(pool("p"), "default"), PoolChoice(pool("p"), "default")),
+        (pool_choice(pool("p"), "d", "q"), PoolChoice(pool("p"), "d", "q")),
+    ]
+    for fast, plain in built:
+        assert type(fast) is type(plain)
+        assert fast == plain and len(fast) == len(type(plain)._fields)
+        assert fast._asdict() == plain._asdict()
+    assert decision("p", "b", "r", "hit", prefill=7).prefill == 7
 
 
 def test_needs_tool_parser() -> None:
