@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
 from collections import Counter
@@ -91,8 +92,25 @@ def _requests_by_backend(sims: dict[str, list[SimProcess]]) -> dict[str, int]:
 
 
 def _gateway_log(gateway: GatewayProcess) -> str:
-    """The gateway log without its access log (a backend taken out, a probe timed out), for a failure."""
-    return "\n".join(line for line in gateway.log().splitlines() if not line.startswith("{"))[-4000:]
+    """The gateway log without its access log (a backend taken out, a probe timed out), and the access
+    log's statuses with its lines of any other status than 200 (did the gateway log the failed request
+    as answered?), for a failure."""
+    lines = gateway.log().splitlines()
+    access = [line for line in lines if line.startswith("{")]
+
+    def status(line: str) -> object:
+        try:
+            return json.loads(line).get("status")
+        except ValueError:
+            return "unparsed"
+
+    statuses = Counter(str(status(line)) for line in access)
+    odd = [line for line in access if status(line) != 200]
+    return (
+        "\n".join(line for line in lines if not line.startswith("{"))[-4000:]
+        + f"\naccess log: {len(access)} lines, statuses {dict(statuses)}\n"
+        + "\n".join(odd[-5:])
+    )
 
 
 async def _send_many(

@@ -72,12 +72,15 @@ def _backend() -> Backend:
     return backend
 
 
-def _checker(backend: Backend, transport: _Transport) -> HealthChecker:
+def _checker(backend: Backend, transport: _Transport, timeout_s: float = 0.05) -> HealthChecker:
+    """A probe timing out after `timeout_s`: short where a timeout is what is tested, long where it
+    must not come (a busy machine has held the event loop for more than 50 ms between a stand-in
+    transport's start and its answer)."""
     return HealthChecker(
         _Fleet(backend),  # type: ignore[arg-type]
         transport,  # type: ignore[arg-type]
         interval_s=60,
-        timeout_s=0.05,
+        timeout_s=timeout_s,
         scrape_interval_s=0,
     )
 
@@ -99,14 +102,14 @@ async def test_a_probe_that_times_out_while_the_backend_completes_answers_change
 async def test_a_refused_probe_marks_it_unhealthy_even_while_it_answers(healthy: bool | None) -> None:
     backend = _backend()
     backend.healthy = healthy
-    await _checker(backend, _Transport(hang=0, fail=True, during=backend.circuit.success)).probe_all()
+    await _checker(backend, _Transport(hang=0, fail=True, during=backend.circuit.success), 30).probe_all()
     assert backend.healthy is False
 
 
 async def test_a_200_brings_it_back() -> None:
     backend = _backend()
     backend.healthy = False
-    await _checker(backend, _Transport(hang=0)).probe_all()
+    await _checker(backend, _Transport(hang=0), 30).probe_all()
     assert backend.healthy is True
 
 
@@ -126,9 +129,9 @@ async def test_an_answered_probe_between_two_timeouts_of_a_busy_backend_starts_t
     slow, quick = _Transport(hang=1.0), _Transport(hang=0)
     checker = _checker(backend, slow)
     await checker.probe_all()
-    checker._transport = quick  # type: ignore[assignment]
+    checker._transport, checker._timeout = quick, 30  # type: ignore[assignment]
     await checker.probe_all()
-    checker._transport = slow  # type: ignore[assignment]
+    checker._transport, checker._timeout = slow, 0.05  # type: ignore[assignment]
     await checker.probe_all()
     assert backend.healthy is True
 
