@@ -12,14 +12,14 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.admission.limits import Ticket
-from gateway.admission.limits_redis import LOAD_KEY, PLACED_KEY, RedisLimiter
+from gateway.admission.limits_redis import LOAD_KEY, PLACED_KEY, RedisLimiter, _others
 from gateway.core.context import RequestContext
 from gateway.core.redis_client import open_redis
 from gateway.core.redis_wire import RespClient
 from gateway.core.shared_load import ShareAsk
 from policies.admission import Outcome, ScopeLimits
 from policies.budgets import Budget, Charge
-from policies.shared_load import PlacedBlocks
+from policies.shared_load import PREFILL, SETS, PlacedBlocks
 from tests.gateway.admission.test_budgets import calendar_meter, spend
 from tests.support import RedisServer
 
@@ -102,6 +102,41 @@ async def test_each_process_reads_the_sum_of_the_others_counts_not_its_own(
     assert ask.reply is not None and dict(ask.reply.others) == {"vllm-0": 2}
     _, ask = await admit(lc, c)
     assert ask.reply is not None and dict(ask.reply.others) == {"vllm-0": 2}
+
+
+async def test_every_kind_of_figure_and_name_comes_back_as_it_was_sent(
+    processes: list[tuple[RedisLimiter, Share]],
+) -> None:
+    """The others' sums come back as one JSON object (`_others`): working sets and queued prefill
+    under their control-character prefixes, names with quotes, backslashes and non-ASCII letters, and
+    figures up to 14 digits, through the acquire, the finish and the renewer's report alike."""
+    (la, a), (lb, b), _ = processes
+    big = 10**13 + 7  # 14 digits: what cjson writes exactly (`_others`)
+    a.in_flight = {
+        "vllm-0": 3,
+        SETS + "vllm-0": big,
+        PREFILL + "vllm-0": 40_000,
+        'odd "name" \\ é': 1,
+    }
+    await admit(la, a)
+    _, ask = await admit(lb, b)
+    assert ask.reply is not None and dict(ask.reply.others) == a.in_flight
+    assert all(type(v) is int for v in ask.reply.others.values())
+    await lb.finish(Ticket("r", (), 10), 10, None, share=True)
+    assert b.others == a.in_flight
+    b.others = None
+    await lb.report()
+    assert b.others == a.in_flight
+    a.in_flight = {}
+    await admit(la, a)  # a has nothing left: b hears nobody
+    await lb.report()
+    assert b.others == {}
+
+
+def test_an_unreadable_answer_reads_as_nobody_elses() -> None:
+    assert _others(b"") == {} and _others(1) == {} and _others(None) == {}
+    assert _others(b"[1, 2]") == {} and _others(b"{not json") == {}
+    assert _others(b'{"s0": 2}') == {"s0": 2}
 
 
 async def test_a_groups_first_proposal_wins_and_every_process_reads_it(
