@@ -14,8 +14,9 @@
 Suites: `overhead` (proxy cost against the peers, bench/overhead.py), `routing` (cache-hit quality and
 TTFT on a simulated fleet, bench/routing.py), `micro` (bench/transports.py — h1 vs aiohttp vs
 httpx —, bench/adapters.py, bench/apis.py — gateway CPU of /v1/responses and /v1/messages beside
-chat —, bench/tracing.py — gateway CPU per request with tracing off, unsampled and sampled —, and
-bench/fleet_cpu.py — the full pipeline's CPU per request in front of 1, 8 and 32 backends), `kv`
+chat —, bench/tracing.py — gateway CPU per request with tracing off, unsampled and sampled —,
+bench/fleet_cpu.py — the full pipeline's CPU per request in front of 1, 8 and 32 backends —, and
+bench/share_cost.py — Redis's own CPU per admission call carrying the shared routing state), `kv`
 (in-process, no servers: bench/kv_micro.py — tokenization, the routing decision's CPU with the engines'
 KV events, the index's memory at 8 backends x 1M events — and bench/replay.py's table of every workload
 at 50 / 80 % load with 1, 2, 4 and 8 routing processes, events and shared load on, against round robin
@@ -62,7 +63,7 @@ def _before_tracing() -> str | None:
     return f"{added}~1" if p.returncode == 0 and added else None
 
 
-MICRO = ("transports", "adapters", "apis", "tracing", "fleet_cpu")
+MICRO = ("transports", "adapters", "apis", "tracing", "fleet_cpu", "share_cost")
 
 
 def micro(quick: bool, log: Progress, only: list[str] | None, date: str) -> dict[str, str]:
@@ -96,6 +97,7 @@ def micro(quick: bool, log: Progress, only: list[str] | None, date: str) -> dict
             "--rounds",
             "2" if quick else "3",
         ],
+        "bench/share_cost.py": ["-m", "bench.share_cost", "--calls", "1000" if quick else "4000"],
     }
     #: seconds a micro-benchmark may take (tracing: 8 points x rounds x (warm-up + load + export))
     timeouts = {"bench/tracing.py": 900, "bench/fleet_cpu.py": 900}

@@ -1,0 +1,113 @@
+"""Micro-benchmark: Redis's own CPU per admission call carrying the routing processes' shared state.
+
+    python -m bench.share_cost [--calls 2000] [--processes 1 --processes 8 ...] [--backends 8 ...]
+
+With shared load (docs/routing.md, *Shared load*) every request's admission and finish is one
+`EVALSHA` that rewrites the calling process's figures (in-flight counts, working sets, queued prefill:
+three a backend, a msgpack map) and sums the other live processes' (gateway/admission/limits_redis.py,
+`SHARE_LUA`). Here P routing processes report B backends' figures to a real redis-server, then one
+of them makes `--calls` admissions; the figure is Redis's own CPU per call
+(`INFO commandstats`: `usec_per_call` of `evalsha`), which the gateway's CPU figures do not include.
+Redis runs scripts one at a time, so this bounds the fleet's requests per second through one Redis
+(two calls a request). A benchmark, not a test: it asserts nothing about time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Mapping
+
+from bench import machine
+from gateway.admission.limits_redis import RedisLimiter
+from gateway.core.context import RequestContext
+from gateway.core.redis_client import open_redis
+from gateway.core.redis_wire import RespClient
+from gateway.core.shared_load import ShareAsk
+from policies.shared_load import PREFILL, SETS
+
+
+class _Process:
+    """One routing process's side (`gateway.core.shared_load.LoadShare`) with fixed figures."""
+
+    def __init__(self, name: str, figures: dict[str, int]) -> None:
+        self.process = name
+        self.lease_s = 30.0
+        self.placement_ttl_s = 60.0
+        self.figures = figures
+
+    async def ask(self, ctx: RequestContext) -> ShareAsk:
+        return ShareAsk(dict(self.figures))
+
+    def told(self, ctx: RequestContext, ask: ShareAsk) -> None:
+        pass
+
+    def counts(self) -> Mapping[str, int]:
+        return self.figures
+
+    def heard(self, others: Mapping[str, int]) -> None:
+        pass
+
+
+def figures(process: int, backends: int) -> dict[str, int]:
+    """What a busy process reports: every backend with requests in flight, a working set and queued
+    prefill."""
+    out: dict[str, int] = {}
+    for b in range(backends):
+        out[f"backend-{b}"] = 1 + (b + process) % 3
+        out[SETS + f"backend-{b}"] = 2_000 + 37 * b
+        out[PREFILL + f"backend-{b}"] = 500 + b
+    return out
+
+
+async def measure(redis_url: str, processes: int, backends: int, calls: int) -> float:
+    """Redis's CPU (µs) per admission of one of `processes` processes reporting `backends` backends."""
+    redis = open_redis(redis_url)
+    await redis.flushdb()
+    limiters: list[tuple[RedisLimiter, _Process]] = []
+    try:
+        for p in range(processes):
+            limiter = RedisLimiter(redis, window_s=60.0, lease_s=30.0, wire=RespClient(redis_url))
+            share = _Process(f"process-{p}", figures(p, backends))
+            limiter.bind_share(share)
+            limiters.append((limiter, share))
+        for limiter, share in limiters:  # every process's figures in the store
+            await limiter.acquire("warm", (), 10, None, ShareAsk(dict(share.figures)))
+        await redis.config_resetstat()
+        limiter, share = limiters[0]
+        for i in range(calls):
+            await limiter.acquire(f"r{i}", (), 10, None, ShareAsk(dict(share.figures)))
+        stats = await redis.info("commandstats")
+        return float(stats["cmdstat_evalsha"]["usec_per_call"])
+    finally:
+        for limiter, _ in limiters:
+            await limiter.aclose()
+        await redis.aclose()
+
+
+def main(argv: list[str] | None = None) -> None:
+    from tests.support import RedisServer
+
+    ap = argparse.ArgumentParser(prog="python -m bench.share_cost", description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--processes", type=int, action="append", help="routing processes (repeatable)")
+    ap.add_argument("--backends", type=int, action="append", help="backends reported (repeatable)")
+    args = ap.parse_args(argv)
+    counts = args.processes or [1, 2, 4, 8]
+    sizes = args.backends or [8, 32]
+    m = machine.describe([])
+    with RedisServer() as server:
+        rows = [(p, [asyncio.run(measure(server.url, p, b, args.calls)) for b in sizes]) for p in counts]
+    print(machine.run_line(m))
+    print(
+        f"Redis CPU per admission `EVALSHA` (µs, `INFO commandstats`), {args.calls} calls of one process,"
+        " every process reporting three figures a backend; no limits configured (the share alone)\n"
+    )
+    print("| processes | " + " | ".join(f"{b} backends" for b in sizes) + " |")
+    print("|---:|" + "---:|" * len(sizes))
+    for p, row in rows:
+        print(f"| {p} | " + " | ".join(f"{v:.1f}" for v in row) + " |")
+
+
+if __name__ == "__main__":
+    main()
