@@ -16,7 +16,7 @@ TTFT on a simulated fleet, bench/routing.py), `micro` (bench/transports.py — h
 httpx —, bench/adapters.py, bench/apis.py — gateway CPU of /v1/responses and /v1/messages beside
 chat —, bench/tracing.py — gateway CPU per request with tracing off, unsampled and sampled —,
 bench/fleet_cpu.py — the full pipeline's CPU per request in front of 1, 8 and 32 backends —, and
-bench/share_cost.py — Redis's own CPU per admission call carrying the shared routing state), `kv`
+bench/share_cost.py — Redis's own CPU per admission and finish call with shared routing state), `kv`
 (in-process, no servers: bench/kv_micro.py — tokenization, the routing decision's CPU with the engines'
 KV events, the index's memory at 8 backends x 1M events — and bench/replay.py's table of every workload
 at 50 / 80 % load with 1, 2, 4 and 8 routing processes, events and shared load on, against round robin

@@ -1,15 +1,16 @@
-"""Micro-benchmark: Redis's own CPU per admission call carrying the routing processes' shared state.
+"""Micro-benchmark: Redis's own CPU per admission and finish call carrying the routing processes' shared
+state.
 
     python -m bench.share_cost [--calls 2000] [--processes 1 --processes 8 ...] [--backends 8 ...]
 
 With shared load (docs/routing.md, *Shared load*) every request's admission and finish is one
 `EVALSHA` that rewrites the calling process's figures (in-flight counts, working sets, queued prefill:
-three a backend, a msgpack map) and sums the other live processes' (gateway/admission/limits_redis.py,
-`SHARE_LUA`). Here P routing processes report B backends' figures to a real redis-server, then one
-of them makes `--calls` admissions; the figure is Redis's own CPU per call
-(`INFO commandstats`: `usec_per_call` of `evalsha`), which the gateway's CPU figures do not include.
-Redis runs scripts one at a time, so this bounds the fleet's requests per second through one Redis
-(two calls a request). A benchmark, not a test: it asserts nothing about time.
+three a backend, a msgpack map); the admission also sums the other live processes'
+(gateway/admission/limits_redis.py, `SHARE_LUA`), the finish does not. Here P routing processes
+report B backends' figures to a real redis-server, then one of them makes `--calls` admissions, then
+as many finishes; the figures are Redis's own CPU per call (`INFO commandstats`: `usec_per_call` of
+`evalsha`), which the gateway's CPU figures do not include. Redis runs scripts one at a time, so
+their sum bounds the fleet's requests per second through one Redis. A benchmark, not a test: it asserts nothing about time.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import asyncio
 from collections.abc import Mapping
 
 from bench import machine
+from gateway.admission.limits import Ticket
 from gateway.admission.limits_redis import RedisLimiter
 from gateway.core.context import RequestContext
 from gateway.core.redis_client import open_redis
@@ -60,8 +62,9 @@ def figures(process: int, backends: int) -> dict[str, int]:
     return out
 
 
-async def measure(redis_url: str, processes: int, backends: int, calls: int) -> float:
-    """Redis's CPU (µs) per admission of one of `processes` processes reporting `backends` backends."""
+async def measure(redis_url: str, processes: int, backends: int, calls: int) -> tuple[float, float]:
+    """Redis's CPU (µs) per admission and per finish of one of `processes` processes reporting
+    `backends` backends."""
     redis = open_redis(redis_url)
     await redis.flushdb()
     limiters: list[tuple[RedisLimiter, _Process]] = []
@@ -77,8 +80,12 @@ async def measure(redis_url: str, processes: int, backends: int, calls: int) -> 
         limiter, share = limiters[0]
         for i in range(calls):
             await limiter.acquire(f"r{i}", (), 10, None, ShareAsk(dict(share.figures)))
-        stats = await redis.info("commandstats")
-        return float(stats["cmdstat_evalsha"]["usec_per_call"])
+        admission = float((await redis.info("commandstats"))["cmdstat_evalsha"]["usec_per_call"])
+        await redis.config_resetstat()
+        for i in range(calls):
+            await limiter.finish(Ticket(f"r{i}", (), 10), 10, None, share=True)
+        finish = float((await redis.info("commandstats"))["cmdstat_evalsha"]["usec_per_call"])
+        return admission, finish
     finally:
         for limiter, _ in limiters:
             await limiter.aclose()
@@ -100,13 +107,14 @@ def main(argv: list[str] | None = None) -> None:
         rows = [(p, [asyncio.run(measure(server.url, p, b, args.calls)) for b in sizes]) for p in counts]
     print(machine.run_line(m))
     print(
-        f"Redis CPU per admission `EVALSHA` (µs, `INFO commandstats`), {args.calls} calls of one process,"
-        " every process reporting three figures a backend; no limits configured (the share alone)\n"
+        f"Redis CPU per `EVALSHA` (µs, `INFO commandstats`), {args.calls} admissions then as many finishes"
+        " of one process, every process reporting three figures a backend; no limits configured (the"
+        " share alone)\n"
     )
-    print("| processes | " + " | ".join(f"{b} backends" for b in sizes) + " |")
+    print("| processes | " + " | ".join(f"{b} backends: admission / finish" for b in sizes) + " |")
     print("|---:|" + "---:|" * len(sizes))
     for p, row in rows:
-        print(f"| {p} | " + " | ".join(f"{v:.1f}" for v in row) + " |")
+        print(f"| {p} | " + " | ".join(f"{a:.1f} / {f:.1f}" for a, f in row) + " |")
 
 
 if __name__ == "__main__":

@@ -34,9 +34,11 @@ Shared routing state rides in the same two scripts (gateway/core/shared_load.py;
                                    groups placed there, halving every placement ttl (`PlacedBlocks`)
 
 Every call of a process (a request's admission, its finish, the renewer while it has requests in
-flight and nothing else to say) rewrites its field and reads the others' live fields, summed per
-backend; a field past its expiry (a process that died) is deleted by whoever reads it next. So a
-process's counts are as fresh as its last call, and a dead one's vanish after one lease.
+flight and nothing else to say) rewrites its field; the admission and the renewer also read the
+others' live fields, summed per backend (a finish does not: its request was routed, and Redis runs
+every process's scripts in turn, so the sum is made once a request, not twice). A field past its
+expiry (a process that died) is deleted by whoever reads it next. So a process's counts are as fresh
+as its last call, and a dead one's vanish after one lease.
 """
 
 from __future__ import annotations
@@ -69,12 +71,14 @@ _TRANSIENT = ("LOADING", "BUSY", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERD
 # The shared routing state (see the module docstring), one Lua function both scripts include: `q` is
 # the index before its ARGV (process, lease_ms, msgpack counts, proposal or '', placement ttl_ms,
 # and with a group: its blocks, C, C candidates), `load`, `group` and `placed_blocks` its keys (group
-# nil: no placement asked), `placing` whether a proposal may be set. A group without a placement goes to
-# the candidate with the fewest placed blocks (the first of equals; the proposal when C is 0), as
-# `policies.shared_load.PlacedBlocks.place` does. Returns the other live processes' counts as a flat
-# name/count list, the placement (false when none) and 1 when this call set it (else 0).
+# nil: no placement asked), `placing` whether a proposal may be set, `read` whether the others' counts
+# are wanted (a finish only writes: its request was routed, and the next admission reads them). A group
+# without a placement goes to the candidate with the fewest placed blocks (the first of equals; the
+# proposal when C is 0), as `policies.shared_load.PlacedBlocks.place` does. Returns the other live
+# processes' counts as a flat name/count list (empty without `read`), the placement (false when none)
+# and 1 when this call set it (else 0).
 SHARE_LUA = """
-local function share(load, group, q, placing, placed_blocks)
+local function share(load, group, q, placing, placed_blocks, read)
   local proc, lease, counts = ARGV[q + 1], tonumber(ARGV[q + 2]), ARGV[q + 3]
   if counts == '' then
     redis.call('HDEL', load, proc)
@@ -82,6 +86,7 @@ local function share(load, group, q, placing, placed_blocks)
     redis.call('HSET', load, proc, (now + lease) .. '|' .. counts)
   end
   redis.call('PEXPIRE', load, lease * 2)
+  if not read then return {}, false, 0 end  -- a finish: write only (its request was routed)
   local sums, names = {}, {}
   local all = redis.call('HGETALL', load)
   for j = 1, #all, 2 do
@@ -324,7 +329,7 @@ if add == 1 then
 end
 local q = ra + nr * 3
 if ARGV[q + 1] then
-  local flat, placed, fresh = share(KEYS[rk + nr * 2 + 1], KEYS[rk + nr * 2 + 2], q, add == 1, KEYS[rk + nr * 2 + 3])
+  local flat, placed, fresh = share(KEYS[rk + nr * 2 + 1], KEYS[rk + nr * 2 + 2], q, add == 1, KEYS[rk + nr * 2 + 3], true)
   return {fail, fail_scope, retry, lr, rr, sr, lt, rt, st, used, requested, flat, placed, fresh}
 end
 return {fail, fail_scope, retry, lr, rr, sr, lt, rt, st, used, requested}
@@ -337,8 +342,8 @@ return {fail, fail_scope, retry, lr, rr, sr, lt, rt, st, used, requested}
 # tokens and nano-dollars, the reserved tokens and nano-dollars, the model, L ledger expiries (Unix
 # ms), per rolling budget its unit (0 tokens, 1 money). Amounts travel as decimal strings. With
 # shared routing state: L and R are present (0 0 and nothing else when there is no spend), then the
-# load hash's key after the others and the share's ARGV (SHARE_LUA) last; returns the other
-# processes' counts (a flat name/count list), else 1.
+# load hash's key after the others and the share's ARGV (SHARE_LUA) last: it writes this process's
+# counts and reads nothing back. Returns 1.
 FINISH = (
     """
 if redis.replicate_commands then redis.replicate_commands() end
@@ -395,8 +400,7 @@ if nl + nr > 0 then
   q = ra + nr
 end
 if ARGV[q + 1] then
-  local flat = share(KEYS[lk + nl + nr * 2 + 1], nil, q, false, nil)
-  return flat
+  share(KEYS[lk + nl + nr * 2 + 1], nil, q, false, nil, false)
 end
 return 1
 """
@@ -411,7 +415,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
     + SHARE_LUA
     + """
-local flat = share(KEYS[1], nil, 0, false, nil)
+local flat = share(KEYS[1], nil, 0, false, nil, true)
 return flat
 """
 )
@@ -650,8 +654,8 @@ class RedisLimiter:
     async def finish(
         self, ticket: Ticket, kept_tokens: int, kept: Charge | None = None, share: bool = False
     ) -> None:
-        """With `share`, the call also carries this process's routing counts (and brings back the
-        others')."""
+        """With `share`, the call also carries this process's routing counts (it reads nothing back:
+        the request was routed, and the next admission reads the others')."""
         self._held.pop(ticket.id, None)
         keys: list[str] = []
         args: list[Any] = [ticket.id, ticket.reserved, kept_tokens, len(ticket.scopes)]
@@ -676,7 +680,7 @@ class RedisLimiter:
         if not needed:
             return
         try:
-            r = await self._finish(keys=keys, args=args)
+            await self._finish(keys=keys, args=args)
         except _OUTAGE as exc:
             raise StoreDown(str(exc)) from exc
         except ReplyError as exc:
@@ -685,7 +689,6 @@ class RedisLimiter:
             raise
         if bound is not None:
             self._shared_at = time.monotonic()
-            bound.heard(_others(r))
 
     def _start_reporter(self) -> None:
         if self._reporter is None:

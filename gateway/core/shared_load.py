@@ -10,8 +10,9 @@ in-flight counts, and the request's prefix group with this process's proposed pl
 sends it with the limits, and fills `ShareAsk.reply` when Redis answered (the other processes' counts
 and the group's placement). After the call `LoadShare.told(ctx, ask)` takes the answer (or its
 absence: Redis down, or the limiter of this process alone decided). When the request has ended, the
-finish call carries the counts again (`LoadShare.counts()`) and brings back the others' counts
-(`LoadShare.heard`).
+finish call carries the counts again (`LoadShare.counts()`) and reads nothing back (the request was
+routed; the next admission reads the others'). The limiter's background report, made while a process
+is quiet with something to report, also brings back the others' counts (`LoadShare.heard`).
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ class LoadShare(Protocol):
         ...
 
     def heard(self, others: Mapping[str, int]) -> None:
-        """The other processes' counts, from a call that was not a request's admission."""
+        """The other processes' counts, from a call that was not a request's admission (the
+        limiter's background report)."""
         ...
 
 
