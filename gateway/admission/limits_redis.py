@@ -87,7 +87,7 @@ local function share(load, group, q, placing, placed_blocks, read)
   end
   redis.call('PEXPIRE', load, lease * 2)
   if not read then return {}, false, 0 end  -- a finish: write only (its request was routed)
-  local sums, names = {}, {}
+  local sums = {}
   local all = redis.call('HGETALL', load)
   for j = 1, #all, 2 do
     if all[j] ~= proc then
@@ -97,20 +97,16 @@ local function share(load, group, q, placing, placed_blocks, read)
         redis.call('HDEL', load, all[j])
       else
         for name, n in pairs(cmsgpack.unpack(string.sub(v, bar + 1))) do
-          if sums[name] == nil then
-            sums[name] = n
-            names[#names + 1] = name
-          else
-            sums[name] = sums[name] + n
-          end
+          sums[name] = (sums[name] or 0) + n
         end
       end
     end
   end
-  local flat = {}
-  for _, name in ipairs(names) do
-    flat[#flat + 1] = name
-    flat[#flat + 1] = sums[name]
+  local flat, i = {}, 0
+  for name, n in pairs(sums) do
+    flat[i + 1] = name
+    flat[i + 2] = n
+    i = i + 2
   end
   local placed, fresh = false, 0
   if group then
