@@ -98,7 +98,11 @@ def browser(request: pytest.FixtureRequest) -> Iterator[WebDriver]:
 
 
 # -- helpers -------------------------------------------------------------------------------------------
-def wait(driver: WebDriver, predicate: Callable[[], Any], what: str, timeout: float = 8.0) -> Any:
+def wait(driver: WebDriver, predicate: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    """`predicate`'s first truthy value, polled every 50 ms. The bound is generous: under make test's
+    load (two suites and a real vLLM on two cores) the route explain's answer once took more than 8 s
+    to show (2026-12-05); a passing wait returns as soon as it holds."""
+
     def check(_: WebDriver) -> Any:
         try:
             return predicate()
