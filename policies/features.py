@@ -236,7 +236,6 @@ def block_hashes(rendered: bytes, block_bytes: int, max_blocks: int) -> tuple[in
     """Chained hashes of the full blocks of `rendered` (see the module docstring), at most `max_blocks`."""
     count = min(len(rendered) // block_bytes, max_blocks)
     out: list[int] = []
-    append = out.append
     crc32 = zlib.crc32
     view = memoryview(rendered)
     crc = 0
@@ -244,7 +243,7 @@ def block_hashes(rendered: bytes, block_bytes: int, max_blocks: int) -> tuple[in
     for tag in range(1 << 32, (count + 1) << 32, 1 << 32):
         end = start + block_bytes
         crc = crc32(view[start:end], crc)
-        append(tag | crc)
+        out.append(tag | crc)
         start = end
     return tuple(out)
 

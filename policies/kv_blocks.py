@@ -67,14 +67,13 @@ def chain_keys(
     if not count:
         return out
     view = memoryview(data)
-    append = out.append
     key = block_key(seed, view[:step], first_extra)
-    append(key)
+    out.append(key)
     start = step
     for _ in range(count - 1):
         end = start + step
         key = hash((key, view[start:end]))
-        append(key)
+        out.append(key)
         start = end
     return out
 

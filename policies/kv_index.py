@@ -638,8 +638,6 @@ def _bisect(
     n = len(keys)
     if not n:
         return
-    # (`holders.get` on the dict itself, never a bound method held in a local: compiled, the first is
-    # a direct dict lookup and the second a generic call)
     mask &= holders.get(keys[0], 0)
     if not mask:
         return

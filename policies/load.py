@@ -53,7 +53,7 @@ class LoadModel:
         kv_weight = self.kv_weight
         queue_high = self.queue_high
         kv_high = self.kv_high
-        out: list[float] = []  # (`out.append`, not a bound method in a local: compiled, a direct append)
+        out: list[float] = []
         saturated = False
         for backend in backends:
             in_flight = backend.in_flight

@@ -412,8 +412,6 @@ class PrefixAffinity(BackendPolicy):
             exact = []
             lacking = 0
             top = 0.0
-            # (`tokens.get` on the dict itself: compiled, a direct lookup; a bound method kept in a
-            # local would be a generic call)
             for i, name in enumerate(names):
                 t = tokens.get(name)
                 if t is None:

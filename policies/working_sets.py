@@ -106,9 +106,9 @@ class WorkingSets:
         same dict until the next `note` or `clear` (reported with every request): do not change it."""
         totals = self._totals
         if totals is None:
-            tails = self._tails.get
+            tails = self._tails
             totals = self._totals = {
-                name: size + tails(name, 0) for name, size in self._sizes.items() if size
+                name: size + tails.get(name, 0) for name, size in self._sizes.items() if size
             }
         return totals
 
