@@ -30,6 +30,11 @@ ENV = {"GATEWAY_JWT_SECRET": SECRET}
 ADMIN = {"Authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}
 USER = {"Authorization": "Bearer " + mint_token(SECRET, "alice")}
 EXPIRED = {"Authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"], ttl_s=-3600)}
+# A client's wait for one answer. Generous: under make test's load this machine has held every process
+# for seconds at a time (a 0.1 s sleep loop woke 11.5 s late, one request of 2,000 took 25 s; bench/
+# ANALYSIS.md, stop 44), and a 10 s read timeout failed the pin test once. An answer that comes returns
+# at once.
+HTTP_TIMEOUT_S = 30.0
 
 
 def fleet_config(urls: dict[str, list[str]]) -> dict[str, Any]:
@@ -127,7 +132,7 @@ async def _send_many(
     retried: list[str] = []
     limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
     async with httpx.AsyncClient(
-        base_url=gateway.base_url, timeout=30, headers=headers or USER, limits=limits
+        base_url=gateway.base_url, timeout=HTTP_TIMEOUT_S, headers=headers or USER, limits=limits
     ) as client:
 
         async def one(body: dict[str, Any]) -> httpx.Response:
@@ -179,7 +184,7 @@ class _Failed(Exception):
 def test_admin_endpoints_need_the_admin_role(
     refusing_gateway: GatewayProcess, method: str, path: str, body: Any
 ) -> None:
-    with httpx.Client(base_url=refusing_gateway.base_url, timeout=10) as http:
+    with httpx.Client(base_url=refusing_gateway.base_url, timeout=HTTP_TIMEOUT_S) as http:
         assert http.request(method, path, json=body).status_code == 401
         assert http.request(method, path, json=body, headers=EXPIRED).status_code == 401
         denied = http.request(method, path, json=body, headers=USER)
@@ -188,7 +193,7 @@ def test_admin_endpoints_need_the_admin_role(
 
 
 def test_pools_listing_and_explain(gateway: GatewayProcess) -> None:
-    with httpx.Client(base_url=gateway.base_url, timeout=10, headers=ADMIN) as http:
+    with httpx.Client(base_url=gateway.base_url, timeout=HTTP_TIMEOUT_S, headers=ADMIN) as http:
         pools = http.get("/admin/pools").json()["pools"]
         assert {p["name"] for p in pools} == {"vllm", "sglang"}
         assert all(len(p["backends"]) == 2 and p["backends"][0]["healthy"] for p in pools)
@@ -210,7 +215,7 @@ _TOOL = {
 
 # -- weights ------------------------------------------------------------------------------------------
 def test_weighted_split_matches_weights_and_zero_removes_a_pool(gateway: GatewayProcess) -> None:
-    with httpx.Client(base_url=gateway.base_url, timeout=10, headers=ADMIN) as http:
+    with httpx.Client(base_url=gateway.base_url, timeout=HTTP_TIMEOUT_S, headers=ADMIN) as http:
         assert http.put("/admin/pools/vllm/weight", json={"weight": 0.8}).json()["ok"]
         assert http.put("/admin/pools/sglang/weight", json={"weight": 0.2}).json()["ok"]
     bodies = [_chat(f"conversation {i} about topic {i * 7919 % 1000}") for i in range(2000)]
@@ -221,7 +226,7 @@ def test_weighted_split_matches_weights_and_zero_removes_a_pool(gateway: Gateway
     expected = {"vllm": 1600.0, "sglang": 400.0}
     chi2 = sum((split[p] - e) ** 2 / e for p, e in expected.items())
     assert chi2 < 10.83, f"split {dict(split)} does not follow 0.8/0.2 (chi2={chi2:.2f}, p<0.001)"
-    with httpx.Client(base_url=gateway.base_url, timeout=10, headers=ADMIN) as http:
+    with httpx.Client(base_url=gateway.base_url, timeout=HTTP_TIMEOUT_S, headers=ADMIN) as http:
         http.put("/admin/pools/sglang/weight", json={"weight": 0})
         audit = http.get("/admin/audit").json()["entries"]
     assert audit[0]["action"] == "set_weight" and audit[0]["target"] == "sglang" and audit[0]["after"] == 0
@@ -240,14 +245,14 @@ def test_drained_backend_gets_no_new_requests_while_its_stream_finishes(
 
     def long_stream() -> None:
         body = _chat("a long story", stream=True, max_tokens=300, min_tokens=300)
-        with httpx.Client(base_url=gateway.base_url, timeout=30, headers=ADMIN) as http:
+        with httpx.Client(base_url=gateway.base_url, timeout=HTTP_TIMEOUT_S, headers=ADMIN) as http:
             result["text"] = http.post(
                 "/v1/chat/completions", json=body, headers={"x-gateway-pool": "vllm"}
             ).text
 
     t = threading.Thread(target=long_stream)
     t.start()
-    with httpx.Client(base_url=gateway.base_url, timeout=10, headers=ADMIN) as http:
+    with httpx.Client(base_url=gateway.base_url, timeout=HTTP_TIMEOUT_S, headers=ADMIN) as http:
 
         def busy() -> str | None:
             pools = http.get("/admin/pools").json()["pools"]
@@ -269,7 +274,7 @@ def test_drained_backend_gets_no_new_requests_while_its_stream_finishes(
 
 # -- pins and rules -----------------------------------------------------------------------------------
 def test_pin_is_for_admins_only_and_rules_are_obeyed(gateway: GatewayProcess) -> None:
-    with httpx.Client(base_url=gateway.base_url, timeout=10) as http:
+    with httpx.Client(base_url=gateway.base_url, timeout=HTTP_TIMEOUT_S) as http:
         for i in range(6):
             r = http.post(
                 "/v1/chat/completions", json=_chat(f"pin {i}"), headers={**ADMIN, "x-gateway-pool": "sglang"}
@@ -331,7 +336,7 @@ def test_conversation_turns_stick_to_one_backend_across_replicas(
                     replica.base_url + "/v1/chat/completions",
                     json={"model": MODEL, "messages": messages, "max_tokens": 4},
                     headers=USER,
-                    timeout=10,
+                    timeout=HTTP_TIMEOUT_S,
                 )
                 assert r.status_code == 200
                 messages.append(
@@ -406,7 +411,7 @@ def test_three_replicas_converge_within_a_second_and_after_restart(
 def test_add_and_remove_backend(gateway: GatewayProcess, urls: dict[str, list[str]]) -> None:
     with (
         fast_sim("vllm") as extra,
-        httpx.Client(base_url=gateway.base_url, timeout=10, headers=ADMIN) as http,
+        httpx.Client(base_url=gateway.base_url, timeout=HTTP_TIMEOUT_S, headers=ADMIN) as http,
     ):
         r = http.post("/admin/pools/vllm/backends", json={"name": "vllm-extra", "url": extra.base_url})
         assert r.status_code == 201
@@ -431,7 +436,7 @@ def test_add_and_remove_backend(gateway: GatewayProcess, urls: dict[str, list[st
 
 
 def test_api_keys_created_shown_once_used_and_revoked(gateway: GatewayProcess) -> None:
-    with httpx.Client(base_url=gateway.base_url, timeout=10, headers=ADMIN) as http:
+    with httpx.Client(base_url=gateway.base_url, timeout=HTTP_TIMEOUT_S, headers=ADMIN) as http:
         created = http.post("/admin/api-keys", json={"user": "sdk-user", "tier": "default", "name": "ci"})
         assert created.status_code == 201, created.text
         key = created.json()["key"]
