@@ -5,12 +5,14 @@ state.
 
 With shared load (docs/routing.md, *Shared load*) every request's admission and finish is one
 `EVALSHA` that rewrites the calling process's figures (in-flight counts, working sets, queued prefill:
-three a backend, a msgpack map); the admission also sums the other live processes'
-(gateway/admission/limits_redis.py, `SHARE_LUA`), the finish does not. Here P routing processes
-report B backends' figures to a real redis-server, then one of them makes `--calls` admissions, then
-as many finishes; the figures are Redis's own CPU per call (`INFO commandstats`: `usec_per_call` of
-`evalsha`), which the gateway's CPU figures do not include. Redis runs scripts one at a time, so
-their sum bounds the fleet's requests per second through one Redis. A benchmark, not a test: it asserts nothing about time.
+three a backend, a JSON object); the admission also reads the other live processes' (returned as
+stored, summed by the gateway: gateway/admission/limits_redis.py, `SHARE_LUA`, `_others`), the finish
+does not. Here P routing processes report B backends' figures to a real redis-server, then one of
+them makes `--calls` admissions, then as many finishes, each call with one backend's in-flight count
+and working set changed (`moved`); the figures are Redis's own CPU per call (`INFO commandstats`:
+`usec_per_call` of `evalsha`), which the gateway's CPU figures do not include. Redis runs scripts
+one at a time, so their sum bounds the fleet's requests per second through one Redis. A benchmark,
+not a test: it asserts nothing about time.
 """
 
 from __future__ import annotations
@@ -62,6 +64,16 @@ def figures(process: int, backends: int) -> dict[str, int]:
     return out
 
 
+def moved(base: dict[str, int], i: int, backends: int) -> dict[str, int]:
+    """`base` with one backend's in-flight count and working set changed, as between two of a busy
+    process's calls (a request routed there, or one that ended)."""
+    out = dict(base)
+    b = i % backends
+    out[f"backend-{b}"] = 1 + i % 4
+    out[SETS + f"backend-{b}"] += 64 * (i % 5)
+    return out
+
+
 async def measure(redis_url: str, processes: int, backends: int, calls: int) -> tuple[float, float]:
     """Redis's CPU (µs) per admission and per finish of one of `processes` processes reporting
     `backends` backends."""
@@ -78,11 +90,14 @@ async def measure(redis_url: str, processes: int, backends: int, calls: int) -> 
             await limiter.acquire("warm", (), 10, None, ShareAsk(dict(share.figures)))
         await redis.config_resetstat()
         limiter, share = limiters[0]
+        base = share.figures
         for i in range(calls):
+            share.figures = moved(base, i, backends)
             await limiter.acquire(f"r{i}", (), 10, None, ShareAsk(dict(share.figures)))
         admission = float((await redis.info("commandstats"))["cmdstat_evalsha"]["usec_per_call"])
         await redis.config_resetstat()
         for i in range(calls):
+            share.figures = moved(base, calls + i, backends)
             await limiter.finish(Ticket(f"r{i}", (), 10), 10, None, share=True)
         finish = float((await redis.info("commandstats"))["cmdstat_evalsha"]["usec_per_call"])
         return admission, finish

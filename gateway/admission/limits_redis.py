@@ -27,16 +27,19 @@ that dies stops renewing and its slots vanish after at most one lease.
 Shared routing state rides in the same two scripts (gateway/core/shared_load.py; docs/routing.md,
 *Shared load*), under its own hash tag (so not on Redis Cluster, where the root leaves it off):
 
-    gw:rt:{rt}:load        hash    field = routing process, value = "<lease expiry ms>|" + msgpack
-                                   map backend -> its in-flight requests (as of its last call)
+    gw:rt:{rt}:live        hash    field = routing process, value = "<lease expiry ms>|" + a JSON
+                                   object: its figures by name (in-flight requests by backend, and
+                                   under prefixed names its working sets and queued prefill), as of
+                                   its last call
     gw:rt:{rt}:g:<key>     string  the backend a prefix group was placed on (set once, PX ttl)
     gw:rt:{rt}:placed      hash    field = backend, value = "<blocks>|<as of ms>": the blocks of the
                                    groups placed there, halving every placement ttl (`PlacedBlocks`)
 
 Every call of a process (a request's admission, its finish, the renewer while it has requests in
 flight and nothing else to say) rewrites its field; the admission and the renewer also read the
-others' live fields, summed per backend (a finish does not: its request was routed, and Redis runs
-every process's scripts in turn, so the sum is made once a request, not twice). A field past its
+others' live fields, which the caller sums per backend (a finish does not: its request was routed).
+Redis runs every process's scripts in turn, so the script only selects the live fields; unpacking
+and summing them is the gateway's work, which grows with its own fleet of processes. A field past its
 expiry (a process that died) is deleted by whoever reads it next. So a process's counts are as fresh
 as its last call, and a dead one's vanish after one lease.
 """
@@ -50,7 +53,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import msgpack
+import orjson
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -69,13 +72,14 @@ _OUTAGE = (RedisConnectionError, RedisTimeoutError, OSError, WireDown)
 _TRANSIENT = ("LOADING", "BUSY", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERDOWN")
 
 # The shared routing state (see the module docstring), one Lua function both scripts include: `q` is
-# the index before its ARGV (process, lease_ms, msgpack counts, proposal or '', placement ttl_ms,
+# the index before its ARGV (process, lease_ms, JSON counts, proposal or '', placement ttl_ms,
 # and with a group: its blocks, C, C candidates), `load`, `group` and `placed_blocks` its keys (group
 # nil: no placement asked), `placing` whether a proposal may be set, `read` whether the others' counts
 # are wanted (a finish only writes: its request was routed, and the next admission reads them). A group
 # without a placement goes to the candidate with the fewest placed blocks (the first of equals; the
 # proposal when C is 0), as `policies.shared_load.PlacedBlocks.place` does. Returns the other live
-# processes' counts as a flat name/count list (empty without `read`), the placement (false when none)
+# processes' figures, each its JSON object as stored (empty without `read`; the caller sums them:
+# `_others`), the placement (false when none)
 # and 1 when this call set it (else 0).
 SHARE_LUA = """
 local function share(load, group, q, placing, placed_blocks, read)
@@ -87,7 +91,7 @@ local function share(load, group, q, placing, placed_blocks, read)
   end
   redis.call('PEXPIRE', load, lease * 2)
   if not read then return {}, false, 0 end  -- a finish: write only (its request was routed)
-  local sums = {}
+  local flat, i = {}, 0
   local all = redis.call('HGETALL', load)
   for j = 1, #all, 2 do
     if all[j] ~= proc then
@@ -96,17 +100,10 @@ local function share(load, group, q, placing, placed_blocks, read)
       if bar == nil or tonumber(string.sub(v, 1, bar - 1)) < now then
         redis.call('HDEL', load, all[j])
       else
-        for name, n in pairs(cmsgpack.unpack(string.sub(v, bar + 1))) do
-          sums[name] = (sums[name] or 0) + n
-        end
+        i = i + 1
+        flat[i] = string.sub(v, bar + 1)  -- its figures as it packed them: summed by the caller
       end
     end
-  end
-  local flat, i = {}, 0
-  for name, n in pairs(sums) do
-    flat[i + 1] = name
-    flat[i + 2] = n
-    i = i + 2
   end
   local placed, fresh = false, 0
   if group then
@@ -514,7 +511,7 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-LOAD_KEY = "gw:rt:{rt}:load"
+LOAD_KEY = "gw:rt:{rt}:live"
 GROUP_KEY = "gw:rt:{rt}:g:"
 PLACED_KEY = "gw:rt:{rt}:placed"
 
@@ -526,7 +523,7 @@ def _share_args(share: LoadShare, counts: Mapping[str, int], ask: ShareAsk | Non
     args += (
         share.process,
         max(1, int(share.lease_s * 1000)),
-        msgpack.packb(counts) if counts else b"",
+        orjson.dumps(counts) if counts else b"",
         (ask.proposal or "") if ask is not None else "",
         max(1, int(share.placement_ttl_s * 1000)),
     )
@@ -534,18 +531,34 @@ def _share_args(share: LoadShare, counts: Mapping[str, int], ask: ShareAsk | Non
         args += (ask.blocks, len(ask.candidates), *ask.candidates)
 
 
-def _others(flat: Any) -> dict[str, int]:
-    """SHARE_LUA's flat name/count list as a mapping. The counts are the reply's integers as they
-    come, and the loops run in C (`zip`, `map`): 11 µs for 32 backends' three figures, against 24 for
-    a comprehension with a decode and an `int` per pair (hiredis's parse of the reply is another 6).
-    A JSON object encoded by the script reads in 7 but costs Redis, which runs the fleet's scripts
-    one at a time, ~13 µs more a call (bench/ANALYSIS.md, stop 43)."""
-    if not isinstance(flat, list):
+def _others(packed: Any) -> dict[str, int]:
+    """The other live processes' figures summed by name, from SHARE_LUA's reply: each one's JSON
+    object as it sent it. The sum is made here, not in the script: Redis runs every process's scripts
+    one at a time, and its Lua unpacking eight processes' maps of three figures a backend cost it
+    ~150 µs a call at 32 backends (bench/ANALYSIS.md, stop 44). Here orjson reads one such object in
+    ~6 µs, and when every process sent the same names in the same order (one fleet, busy on every
+    backend) the sum is one pass in C. An object that does not parse counts as nothing."""
+    if not isinstance(packed, list):
         return {}
-    try:
-        return dict(zip(map(bytes.decode, flat[0::2]), flat[1::2], strict=False))
-    except TypeError:  # names already decoded (a client set to decode its replies)
-        return dict(zip(map(_text, flat[0::2]), flat[1::2], strict=False))
+    maps: list[dict[str, int]] = []
+    for blob in packed:
+        try:
+            figures = orjson.loads(blob)
+        except (orjson.JSONDecodeError, TypeError):
+            continue
+        if type(figures) is dict:
+            maps.append(figures)
+    if len(maps) < 2:
+        return maps[0] if maps else {}
+    names = list(maps[0])
+    if all(list(m) == names for m in maps):
+        return dict(zip(names, map(sum, zip(*[m.values() for m in maps], strict=True)), strict=True))
+    sums = maps[0]
+    get = sums.get
+    for m in maps[1:]:
+        for name, n in m.items():
+            sums[name] = get(name, 0) + n
+    return sums
 
 
 class RedisLimiter:

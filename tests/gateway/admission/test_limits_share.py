@@ -8,6 +8,7 @@ import asyncio
 import random
 from collections.abc import AsyncIterator, Mapping
 
+import orjson
 import pytest
 from redis.asyncio import Redis
 
@@ -133,9 +134,14 @@ async def test_every_kind_of_figure_and_name_comes_back_as_it_was_sent(
 
 def test_an_answer_without_the_others_reads_as_nobody_elses() -> None:
     assert _others(1) == {} and _others(None) == {} and _others([]) == {}
-    assert _others([b"s0", 2, b"s1", 3]) == {"s0": 2, "s1": 3}
-    assert _others([b"s0", 2, b"dangling"]) == {"s0": 2}
-    assert _others(["s0", 2, b"s1", 3]) == {"s0": 2, "s1": 3}  # names a client decoded
+
+
+def test_the_others_objects_are_summed_by_name_and_one_that_does_not_parse_counts_as_nothing() -> None:
+    a, b = orjson.dumps({"s0": 2, "s1": 3}), orjson.dumps({"s1": 4, SETS + "s2": 10**13})
+    assert _others([a]) == {"s0": 2, "s1": 3}
+    assert _others([a, b, a]) == {"s0": 4, "s1": 10, SETS + "s2": 10**13}  # names differ
+    assert _others([a, a, a]) == {"s0": 6, "s1": 9}  # the same names in the same order
+    assert _others([b"{not json", a, orjson.dumps([1, 2]), b""]) == {"s0": 2, "s1": 3}
 
 
 async def test_a_groups_first_proposal_wins_and_every_process_reads_it(
@@ -284,3 +290,45 @@ async def test_limits_and_budgets_decide_alike_with_the_share_riding_along(redis
         outcomes.append(got)
     assert outcomes[0] == outcomes[1]
     assert outcomes[0][-1][0] is not Outcome.ADMITTED
+
+
+async def test_the_others_figures_stay_exact_through_any_sequence_of_calls(
+    processes: list[tuple[RedisLimiter, Share]], redis: Redis
+) -> None:
+    """Against a model (the sum of every other process's last figures), through 400 random calls of
+    three processes: admissions, finishes and reports, figures raised, lowered and emptied, names
+    appearing and leaving, 14-digit figures, and the store's hash lost at random (evicted, flushed:
+    every process's figures gone until its next call)."""
+    rng = random.Random(18)
+    last: dict[str, dict[str, int]] = {}
+    names = ["vllm-0", "vllm-1", "sglang-0", SETS + "vllm-0", PREFILL + "sglang-0", "odd é"]
+    for step in range(400):
+        limiter, share = processes[rng.randrange(3)]
+        share.lease_s = 30.0
+        if rng.random() < 0.15:
+            share.in_flight = {}
+        else:
+            chosen = rng.sample(names, rng.randrange(1, len(names)))
+            share.in_flight = {n: rng.choice((1, 2, 7, 10**13 + 7)) for n in chosen}
+        if rng.random() < 0.05:
+            await redis.delete(LOAD_KEY)
+            last.clear()
+        kind = rng.random()
+        heard: dict[str, int] | None = None
+        if kind < 0.5:
+            _, ask = await admit(limiter, share, id=f"r{step}")
+            assert ask.reply is not None
+            heard = dict(ask.reply.others)
+        elif kind < 0.8:
+            await limiter.report()
+            heard = dict(share.others or {})
+        else:
+            await limiter.finish(Ticket(f"r{step}", (), 0), 0, share=True)
+        last[share.process] = dict(share.in_flight)
+        if heard is not None:
+            want: dict[str, int] = {}
+            for process, figures in last.items():
+                if process != share.process:
+                    for n, v in figures.items():
+                        want[n] = want.get(n, 0) + v
+            assert heard == want, step
