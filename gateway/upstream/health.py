@@ -12,7 +12,13 @@ requests running or waiting): SGLang's `/health` is a
 one-token generation that waits behind the engine's work, so a long prefill with nothing decoding
 (documents arriving cold) times it out while the engine computes; taking such a backend out sent
 its warm documents to cold engines (bench/ANALYSIS.md, issue #18 stop 26). Only the second timed-out
-probe in a row (no probe answered in between) marks it unhealthy. Every
+probe in a row (no probe answered in between) marks it unhealthy. Nor does a probe whose timeout
+fired more than `held_s` (1 s) after its deadline: this process itself was held (a VM whose vCPUs
+the host stopped for seconds, a long pause of the event loop), so the timeout measured the stall,
+not the backend, whose answer may sit unread in the socket. The test suite's machine held every
+process for up to 11.5 s now and then (bench/ANALYSIS.md, stop 44); on such a stall every idle
+backend's probe can time out at once, and its pool then refuses every request until the next probe
+(a gateway of the suite took its four backends out so). Every
 `scrape_interval_s` each backend's `/metrics` is read and parsed by its dialect into `EngineLoad`,
 which routing uses while it is fresher than `scrape_stale_s`.
 """
@@ -29,6 +35,9 @@ from gateway.upstream.transport import Transport, UpstreamError
 
 log = logging.getLogger("gateway.health")
 
+#: a probe's timeout that fires this much after its deadline measured this process's own stall
+HELD_S = 1.0
+
 
 class HealthChecker:
     def __init__(
@@ -41,6 +50,7 @@ class HealthChecker:
         scrape_interval_s: float,
         on_change: Callable[[Backend], None] | None = None,
         elsewhere: Callable[[str], int] | None = None,
+        held_s: float | None = HELD_S,
     ) -> None:
         self._fleet = fleet
         self._transport = transport
@@ -53,6 +63,8 @@ class HealthChecker:
         self._tasks: list[asyncio.Task[None]] = []
         #: backends whose last probe timed out while they were busy (forgiven once)
         self._timed_out: set[str] = set()
+        #: a timeout this late is no verdict (None: every timeout is one)
+        self._held = held_s
 
     async def start(self) -> None:
         """Probe once (so readiness is known at once), then keep probing in the background."""
@@ -95,6 +107,15 @@ class HealthChecker:
                     resp.close()
                 ok = resp.status == 200
         except TimeoutError:
+            late = time.monotonic() - tic - self._timeout
+            if self._held is not None and late > self._held:
+                log.info(
+                    "backend %s: health probe timed out %.1f s after its deadline: this process was"
+                    " held, no verdict",
+                    backend.name,
+                    late,
+                )
+                return
             if backend.circuit.successes != answered:
                 self._timed_out.discard(backend.name)
                 log.info("backend %s: health probe timed out while it completed answers", backend.name)

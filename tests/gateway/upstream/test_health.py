@@ -18,7 +18,7 @@ from gateway.core.circuit import CircuitBreaker
 from gateway.core.fleet import Backend
 from gateway.demo import SERVED
 from gateway.upstream.h1 import H1Transport
-from gateway.upstream.health import HealthChecker
+from gateway.upstream.health import HELD_S, HealthChecker
 from gateway.upstream.transport import ConnectFailed
 from tests.conftest import fast_sim
 
@@ -72,16 +72,21 @@ def _backend() -> Backend:
     return backend
 
 
-def _checker(backend: Backend, transport: _Transport, timeout_s: float = 0.05) -> HealthChecker:
+def _checker(
+    backend: Backend, transport: _Transport, timeout_s: float = 0.05, held_s: float | None = None
+) -> HealthChecker:
     """A probe timing out after `timeout_s`: short where a timeout is what is tested, long where it
     must not come (a busy machine has held the event loop for more than 50 ms between a stand-in
-    transport's start and its answer)."""
+    transport's start and its answer). Every timeout is a verdict unless `held_s` is given: this
+    machine has held every process for seconds (bench/ANALYSIS.md, stop 44), and a test of what a
+    timeout does must not meet the no-verdict of a held process by chance."""
     return HealthChecker(
         _Fleet(backend),  # type: ignore[arg-type]
         transport,  # type: ignore[arg-type]
         interval_s=60,
         timeout_s=timeout_s,
         scrape_interval_s=0,
+        held_s=held_s,
     )
 
 
@@ -104,6 +109,19 @@ async def test_a_refused_probe_marks_it_unhealthy_even_while_it_answers(healthy:
     backend.healthy = healthy
     await _checker(backend, _Transport(hang=0, fail=True, during=backend.circuit.success), 30).probe_all()
     assert backend.healthy is False
+
+
+async def test_a_probe_whose_timeout_fired_long_after_its_deadline_is_no_verdict() -> None:
+    """The event loop held for 0.5 s (a blocking call here; a host stopping the machine's vCPUs in
+    the suite's runs): the 0.05 s timeout fires ~0.45 s late. With `held_s` 0.2 that is no verdict:
+    the backend stays healthy and its circuit untouched. (Without `held_s` the same probe is a
+    verdict: the idle backend's tests above. The default is a second.)"""
+    assert HELD_S == 1.0
+    backend = _backend()
+    await _checker(backend, _Transport(hang=1.0, during=lambda: time.sleep(0.5)), held_s=0.2).probe_all()
+    assert backend.healthy is True and backend.circuit._failures == 0
+    await _checker(backend, _Transport(hang=1.0, during=lambda: time.sleep(0.5))).probe_all()
+    assert backend.healthy is False and backend.circuit._failures == 1
 
 
 async def test_a_200_brings_it_back() -> None:
@@ -148,6 +166,7 @@ async def test_a_backend_busy_with_the_other_processes_requests_gets_the_same_gr
         timeout_s=0.05,
         scrape_interval_s=0,
         elsewhere=elsewhere.__getitem__,
+        held_s=None,
     )
     elsewhere["b0"] = 3
     await checker.probe_all()
