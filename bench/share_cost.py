@@ -11,19 +11,24 @@ does not. Here P routing processes report B backends' figures to a real redis-se
 them makes `--calls` admissions, then as many finishes, each call with one backend's in-flight count
 and working set changed (`moved`); the figures are Redis's own CPU per call (`INFO commandstats`:
 `usec_per_call` of `evalsha`), which the gateway's CPU figures do not include. Redis runs scripts
-one at a time, so their sum bounds the fleet's requests per second through one Redis. A benchmark,
-not a test: it asserts nothing about time.
+one at a time, so their sum bounds the fleet's requests per second through one Redis. Beside them,
+the gateway's side of an admission's reply: `_others` summing the other processes' figures as the
+script returns them (timeit, best of five rounds). A benchmark, not a test: it asserts nothing about
+time.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import timeit
 from collections.abc import Mapping
+
+import orjson
 
 from bench import machine
 from gateway.admission.limits import Ticket
-from gateway.admission.limits_redis import RedisLimiter
+from gateway.admission.limits_redis import RedisLimiter, _others
 from gateway.core.context import RequestContext
 from gateway.core.redis_client import open_redis
 from gateway.core.redis_wire import RespClient
@@ -74,6 +79,13 @@ def moved(base: dict[str, int], i: int, backends: int) -> dict[str, int]:
     return out
 
 
+def gateway_sum_us(processes: int, backends: int, number: int = 2000) -> float:
+    """The gateway's CPU (µs) for one admission's reply: `_others` on the other processes' figures,
+    each a JSON object as stored (the best of five timeit rounds)."""
+    blobs = [orjson.dumps(figures(p, backends)) for p in range(1, processes)]
+    return min(timeit.repeat(lambda: _others(blobs), number=number, repeat=5)) / number * 1e6
+
+
 async def measure(redis_url: str, processes: int, backends: int, calls: int) -> tuple[float, float]:
     """Redis's CPU (µs) per admission and per finish of one of `processes` processes reporting
     `backends` backends."""
@@ -119,17 +131,24 @@ def main(argv: list[str] | None = None) -> None:
     sizes = args.backends or [8, 32]
     m = machine.describe([])
     with RedisServer() as server:
-        rows = [(p, [asyncio.run(measure(server.url, p, b, args.calls)) for b in sizes]) for p in counts]
+        rows = [
+            (p, [(*asyncio.run(measure(server.url, p, b, args.calls)), gateway_sum_us(p, b)) for b in sizes])
+            for p in counts
+        ]
     print(machine.run_line(m))
     print(
         f"Redis CPU per `EVALSHA` (µs, `INFO commandstats`), {args.calls} admissions then as many finishes"
         " of one process, every process reporting three figures a backend; no limits configured (the"
-        " share alone)\n"
+        " share alone); and the gateway's CPU summing one admission's reply (µs, `_others`)\n"
     )
-    print("| processes | " + " | ".join(f"{b} backends: admission / finish" for b in sizes) + " |")
+    print(
+        "| processes | "
+        + " | ".join(f"{b} backends: Redis admission / finish, gateway sum" for b in sizes)
+        + " |"
+    )
     print("|---:|" + "---:|" * len(sizes))
     for p, row in rows:
-        print(f"| {p} | " + " | ".join(f"{a:.1f} / {f:.1f}" for a, f in row) + " |")
+        print(f"| {p} | " + " | ".join(f"{a:.1f} / {f:.1f}, {g:.1f}" for a, f, g in row) + " |")
 
 
 if __name__ == "__main__":

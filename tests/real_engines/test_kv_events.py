@@ -157,7 +157,7 @@ def test_the_same_long_prompt_twice_the_index_knows_the_real_engine_holds_it(
     wait_until(lambda: held(gateway, body)[real] >= 320, 20, what=f"{engine}'s BlockStored for the prompt")
     known = held(gateway, body)[real]
     second = send(gateway, body)
-    assert second == "default+affinity:hit", second
+    assert second == "default+affinity:hit", _why(gateway, body, second)
     # in whole blocks, and nearly all of the prompt as the engine tokenized it: the index keys an
     # engine's blocks in groups of at least 64 tokens (two of vLLM's blocks, 64 of SGLang's pages),
     # so a held prompt reads as its full groups - at most a partial block and a partial group short
@@ -196,7 +196,17 @@ def routed_there_by_its_events(gateway: GatewayProcess, real_engine: EngineServe
     r = httpx.post(real_engine.base_url + "/v1/chat/completions", json=direct, timeout=120)
     assert r.status_code == 200, r.text
     wait_until(lambda: held(gateway, body)[real] >= 320, 20, what=f"{engine}'s BlockStored for the prompt")
-    assert send(gateway, body) == "default+affinity:index"
+    route = send(gateway, body)
+    assert route == "default+affinity:index", _why(gateway, body, route)
+
+
+def _why(gateway: GatewayProcess, body: dict[str, Any], route: str) -> str:
+    """A failed route's context: what the gateway's explain says now (the blocks held, the backends'
+    health) and its log without the access lines. (Under extra load one run routed such a request
+    as a miss after the explain had shown the engine holding it: stop 44.)"""
+    r = httpx.post(gateway.base_url + "/admin/routes/explain", json=body, headers=ADMIN, timeout=30)
+    log = "\n".join(line for line in gateway.log().splitlines() if not line.startswith("{"))
+    return f"routed {route}; the explain now: {r.text[:3000]}\nthe gateway log:\n{log[-3000:]}"
 
 
 def test_a_warm_up_caches_what_a_chat_request_of_the_prompt_reuses(
