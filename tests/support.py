@@ -121,6 +121,11 @@ class GatewayProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def server_log(self) -> str:
+        """The log without the access log's lines (a JSON object each): start-up, backends taken out,
+        probes timed out - what a failed test reports."""
+        return "\n".join(line for line in self.log().splitlines() if not line.startswith("{"))
+
     @property
     def pid(self) -> int:
         assert self.proc is not None

@@ -79,8 +79,7 @@ _TRANSIENT = ("LOADING", "BUSY", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERD
 # without a placement goes to the candidate with the fewest placed blocks (the first of equals; the
 # proposal when C is 0), as `policies.shared_load.PlacedBlocks.place` does. Returns the other live
 # processes' figures, each its JSON object as stored (empty without `read`; the caller sums them:
-# `_others`), the placement (false when none)
-# and 1 when this call set it (else 0).
+# `_others`), the placement (false when none) and 1 when this call set it (else 0).
 SHARE_LUA = """
 local function share(load, group, q, placing, placed_blocks, read)
   local proc, lease, counts = ARGV[q + 1], tonumber(ARGV[q + 2]), ARGV[q + 3]
@@ -408,8 +407,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
     + SHARE_LUA
     + """
-local flat = share(KEYS[1], nil, 0, false, nil, true)
-return flat
+return (share(KEYS[1], nil, 0, false, nil, true))
 """
 )
 
@@ -536,9 +534,9 @@ def _others(packed: Any) -> dict[str, int]:
     object as it sent it. The sum is made here, not in the script: Redis runs every process's scripts
     one at a time, and its Lua unpacking the others' maps (three figures a backend) made a call at 32
     backends cost it ~90-130 µs with one other process and ~220 with seven, against ~35 alone
-    (bench/ANALYSIS.md, stop 44). Here orjson reads one such object in
-    ~6 µs, and when every process sent the same names in the same order (one fleet, busy on every
-    backend) the sum is one pass in C. An object that does not parse counts as nothing."""
+    (bench/ANALYSIS.md, stop 44). Here orjson reads one such object in ~6 µs, and when every process
+    sent the same names in the same order (one fleet, busy on every backend) the sum is one pass in
+    C. An object that does not parse counts as nothing."""
     if not isinstance(packed, list):
         return {}
     maps: list[dict[str, int]] = []
@@ -552,7 +550,7 @@ def _others(packed: Any) -> dict[str, int]:
     if len(maps) < 2:
         return maps[0] if maps else {}
     names = list(maps[0])
-    if all(list(m) == names for m in maps):
+    if all(list(m) == names for m in maps[1:]):
         return dict(zip(names, map(sum, zip(*[m.values() for m in maps], strict=True)), strict=True))
     sums = maps[0]
     get = sums.get

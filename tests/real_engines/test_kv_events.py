@@ -120,8 +120,12 @@ def connected(gateway: GatewayProcess, backend: str) -> bool:
     return metric(text, "gateway_kv_stream_connected", f'backend="{backend}"') == 1
 
 
+def explain(gateway: GatewayProcess, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(gateway.base_url + "/admin/routes/explain", json=body, headers=ADMIN, timeout=30)
+
+
 def held(gateway: GatewayProcess, body: dict[str, Any]) -> dict[str, int]:
-    r = httpx.post(gateway.base_url + "/admin/routes/explain", json=body, headers=ADMIN, timeout=30)
+    r = explain(gateway, body)
     assert r.status_code == 200, r.text
     explained = r.json()
     assert "kv_held_tokens" in explained, explained
@@ -204,9 +208,8 @@ def _why(gateway: GatewayProcess, body: dict[str, Any], route: str) -> str:
     """A failed route's context: what the gateway's explain says now (the blocks held, the backends'
     health) and its log without the access lines. (Under extra load one run routed such a request
     as a miss after the explain had shown the engine holding it: stop 44.)"""
-    r = httpx.post(gateway.base_url + "/admin/routes/explain", json=body, headers=ADMIN, timeout=30)
-    log = "\n".join(line for line in gateway.log().splitlines() if not line.startswith("{"))
-    return f"routed {route}; the explain now: {r.text[:3000]}\nthe gateway log:\n{log[-3000:]}"
+    now = explain(gateway, body).text[:3000]
+    return f"routed {route}; the explain now: {now}\nthe gateway log:\n{gateway.server_log()[-3000:]}"
 
 
 def test_a_warm_up_caches_what_a_chat_request_of_the_prompt_reuses(

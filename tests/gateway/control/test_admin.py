@@ -112,7 +112,7 @@ def _gateway_log(gateway: GatewayProcess) -> str:
     statuses = Counter(str(status(line)) for line in access)
     odd = [line for line in access if status(line) != 200]
     return (
-        "\n".join(line for line in lines if not line.startswith("{"))[-4000:]
+        gateway.server_log()[-4000:]
         + f"\naccess log: {len(access)} lines, statuses {dict(statuses)}\n"
         + "\n".join(odd[-5:])
     )
