@@ -3,8 +3,8 @@
 prompt shows `cached_tokens` in the usage the client gets (vLLM with `--enable-prompt-tokens-details`,
 SGLang with `--enable-cache-report`).
 
-Load is real: ten long requests, sent to the engine, against servers that run at most eight at once (vLLM
-`--max-num-seqs 8`, SGLang `--max-running-requests 8`), so two wait. SGLang's gauges refresh when
+Load is real: ten long requests at a time, sent to the engine, against servers that run at most eight at
+once (vLLM `--max-num-seqs 8`, SGLang `--max-running-requests 8`), so two wait. SGLang's gauges refresh when
 its scheduler logs stats (every 40 decode steps, and when it goes idle), so they are polled for.
 """
 
@@ -77,9 +77,10 @@ def test_health_probes_pass_and_idle_load_is_read(gateway: GatewayProcess, real_
 async def test_running_waiting_and_kv_use_are_scraped(
     gateway: GatewayProcess, real_engine: EngineServer
 ) -> None:
-    """Ten long requests (whole, not streamed: a stream per token would starve vLLM's API server, and
-    its /metrics with it, on 2 cores) against 8 running slots, the last two sent once the engine runs
-    eight; cancelled once the scrape showed them.
+    """Long requests (whole, not streamed: a stream per token would starve vLLM's API server, and its
+    /metrics with it, on 2 cores) against 8 running slots: eight, then two more once the engine runs
+    eight, and one more each time one is answered, so that two wait for as long as the test looks;
+    cancelled once the scrape showed them.
 
     The load goes to the engine itself: what is under test is what the gateway's scraper reads of it.
     (Sent through the gateway, 2 of the 10 and once 8 of the 10 were answered 503 `overloaded` in
@@ -89,16 +90,16 @@ async def test_running_waiting_and_kv_use_are_scraped(
     wait_until(lambda: running(real_engine) == 0, 15, 0.1, "the engine idle before the load")
     async with (
         httpx.AsyncClient(base_url=gateway.base_url, timeout=60, headers=USER) as client,
-        httpx.AsyncClient(base_url=real_engine.base_url, timeout=60, trust_env=False) as engine,
+        httpx.AsyncClient(base_url=real_engine.base_url, timeout=120, trust_env=False) as engine,
     ):
-        bodies = [
-            dict(
-                chat(f"{i} {uuid.uuid4()} keep going", max_tokens=LONG, ignore_eos=True),
-                model=real_engine.served_model_name,
-            )
-            for i in range(SLOTS + 2)
-        ]
-        tasks = [asyncio.create_task(engine.post("/v1/chat/completions", json=b)) for b in bodies[:SLOTS]]
+
+        def send() -> asyncio.Task[httpx.Response]:
+            body = chat(f"{uuid.uuid4()} keep going", max_tokens=LONG, ignore_eos=True)
+            body["model"] = real_engine.served_model_name
+            return asyncio.create_task(engine.post("/v1/chat/completions", json=body))
+
+        tasks = [send() for _ in range(SLOTS)]
+        answered: list[httpx.Response] = []
         try:
             # the last two only once the engine runs eight, so they must wait: sent with the others, a
             # starved vLLM API server once handed two to the engine core, then the other eight 16 s
@@ -107,17 +108,22 @@ async def test_running_waiting_and_kv_use_are_scraped(
             while await asyncio.to_thread(running, real_engine) < SLOTS:
                 assert time.monotonic() < deadline, f"the engine never ran {SLOTS} requests"
                 await asyncio.sleep(0.1)
-            tasks += [
-                asyncio.create_task(engine.post("/v1/chat/completions", json=b)) for b in bodies[SLOTS:]
-            ]
-            deadline = time.monotonic() + 60
+            tasks += [send(), send()]
+            # each answered request is replaced at once, so two wait until the scrape has seen them: with
+            # ten in all, the ten were once answered (all 200) before any scrape, late on a stalled
+            # machine, showed one waiting (2026-12-06)
+            deadline = time.monotonic() + 90
             pools: Any = None
             while not (seen["running"] >= SLOTS and seen["waiting"] >= 1 and seen["kv_usage"] > 0):
                 assert time.monotonic() < deadline, (
-                    f"the scraper never showed the load: {seen}; last view {pools}; finished: "
-                    f"{[t.result().status_code for t in tasks if t.done() and not t.exception()]}; "
-                    f"errors: {[t.result().text[:300] for t in tasks if t.done() and not t.exception() and t.result().status_code != 200]}"
+                    f"the scraper never showed the load: {seen}; last view {pools}; answered: "
+                    f"{[r.status_code for r in answered]}; errors: "
+                    f"{[r.text[:300] for r in answered if r.status_code != 200]}"
                 )
+                for task in [t for t in tasks if t.done()]:
+                    tasks.remove(task)
+                    answered.append(task.result())  # a transport error fails the test here
+                    tasks.append(send())
                 pools = (await client.get("/admin/pools", headers=ADMIN)).json()["pools"]
                 now = pools[0]["backends"][0]["load"] or {}
                 seen = {k: max(seen[k], now.get(k) or 0) for k in seen}
@@ -126,6 +132,7 @@ async def test_running_waiting_and_kv_use_are_scraped(
             for task in tasks:
                 task.cancel()  # closes their connections: the engine aborts the requests
             await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(r.status_code == 200 for r in answered), [(r.status_code, r.text[:300]) for r in answered]
     assert seen["running"] == SLOTS  # never more than the engine's limit
     # the engine itself idle (it aborts the cancelled requests when it notices their connections
     # closed: on a loaded machine seconds later), then the scrape showing it; the next test's first
