@@ -36,7 +36,8 @@ on what each engine *holds*; two things remain that only the process that did th
   goes to the lightest working set (`policies.working_sets`), which is the load balancer there, and
   each process's are of its own 1/N of the traffic. So each process reports its own working sets
   and tails with its in-flight counts (`SharedRouting.report`: under `SETS` + the backend's name,
-  so that the store, which sums every name over the other processes, needs no change), and a
+  so that the sum of every name over the other processes - made by the gateway from the store's
+  reply - needs no change), and a
   document's proposal adds the others' sums to its own (`split`, `PrefixAffinity.proposing`),
   offering the store at least the two lightest (the others' sums are as old as their last calls:
   every process sees the same lightest, and one candidate herded uniform traffic's documents onto
@@ -187,7 +188,7 @@ PREFILL = "\x1e"
 
 
 def split(others: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
-    """The store's sums over the other processes, taken apart: (in-flight counts, working sets and
+    """The other processes' figures summed by name, taken apart: (in-flight counts, working sets and
     tails, queued prefill tokens), each by backend."""
     counts: dict[str, int] = {}
     sets: dict[str, int] = {}
@@ -261,8 +262,8 @@ class SharedRouting:
         `others`: other routing processes have requests in flight (their counts came with the last
         answer), so what this process sent is only its part of the traffic: a new group's candidates
         then include the backends of the request's other pools this process finds as light
-        (`Router.other_pools`). `elsewhere`: the other processes' working sets and tails, as the
-        store last summed them (`split`), which the proposal adds to this process's own."""
+        (`Router.other_pools`). `elsewhere`: the other processes' working sets and tails, as
+        last heard from the store and summed (`split`), which the proposal adds to this process's own."""
         router = self.router
         policy = router.policy
         if not isinstance(policy, PrefixAffinity):
