@@ -265,7 +265,8 @@ def test_drained_backend_gets_no_new_requests_while_its_stream_finishes(
         before = _requests_by_backend(sims)[target]
         bodies = [_chat(f"during drain {i}") for i in range(60)]
         responses = asyncio.run(_send_many(gateway, bodies, headers={**ADMIN, "x-gateway-pool": "vllm"}))
-        assert all(r.status_code == 200 for r in responses)
+        failed = [(r.status_code, r.text) for r in responses if r.status_code != 200]
+        assert not failed, f"{len(failed)} refused, {failed[:3]}; the gateway log:\n{_gateway_log(gateway)}"
         assert _requests_by_backend(sims)[target] == before, "a drained backend received a new request"
         t.join(30)
         assert result["text"].rstrip().endswith("data: [DONE]") and '"error"' not in result["text"]
@@ -351,7 +352,8 @@ def test_uniform_traffic_is_balanced(gateway: GatewayProcess, sims: dict[str, li
     before = _requests_by_backend(sims)
     bodies = [_chat(f"uniform {i} {i * 104729 % 99991}") for i in range(800)]
     responses = asyncio.run(_send_many(gateway, bodies))
-    assert all(r.status_code == 200 for r in responses)
+    failed = [(r.status_code, r.text) for r in responses if r.status_code != 200]
+    assert not failed, f"{len(failed)} refused, {failed[:3]}; the gateway log:\n{_gateway_log(gateway)}"
     after = _requests_by_backend(sims)
     per_pool = Counter(r.headers["x-gateway-pool"] for r in responses)
     for engine in ("vllm", "sglang"):
