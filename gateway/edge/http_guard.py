@@ -14,7 +14,11 @@ open for ever. `GuardedHttpToolsProtocol` adds both limits, below the ASGI app:
   past the limit is buffered (a head may overshoot by at most one socket read, ≤ 256 KiB);
 - a head not complete within `header_timeout_s` of the connection opening — or of its first byte,
   on a kept-alive connection — is answered 408 and the connection closed. Idle kept-alive
-  connections stay uvicorn's business (`timeout_keep_alive`).
+  connections stay uvicorn's business (`timeout_keep_alive`). A deadline that fires late measured
+  this process's own stall, not the client (gateway/core/stalls.py): uvloop runs due timers before
+  it reads the sockets, so a head the client sent during the stall would still be unread (a client
+  cut so: tests/reliability/test_security.py). The deadline then looks again `GRACE_S` later,
+  after the socket has been read.
 
 Class attributes hold the limits: `configure_guard()` sets them from the settings in each process before
 the server starts (`gateway.server`), so worker processes get them too.
@@ -27,6 +31,7 @@ import asyncio
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from engines.errors import ApiError
+from gateway.core.stalls import held
 from gateway.edge.settings import ServerSettings
 
 
@@ -55,6 +60,11 @@ _TIMEOUT = _raw_response(
 )
 
 
+#: a head deadline that measured this process's stall is looked at again this much later, once the
+#: sockets have been read
+GRACE_S = 0.25
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a size cap and a deadline on every request head."""
 
@@ -64,6 +74,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     _in_head = True
     _head_bytes = 0
     _head_timer: asyncio.TimerHandle | None = None
+    _head_deadline = 0.0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -100,9 +111,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = True
         self._head_bytes = 0
 
-    def _arm(self) -> None:
+    def _arm(self, after_s: float | None = None) -> None:
         self._disarm()
-        self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout)
+        delay = self.header_timeout_s if after_s is None else after_s
+        self._head_deadline = self.loop.time() + delay
+        self._head_timer = self.loop.call_later(delay, self._head_timeout)
 
     def _disarm(self) -> None:
         if self._head_timer is not None:
@@ -111,8 +124,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _head_timeout(self) -> None:
         self._head_timer = None
-        if self._in_head and not self.transport.is_closing():
-            self._refuse(_TIMEOUT)
+        if not self._in_head or self.transport.is_closing():
+            return
+        if held(self._head_deadline, self.loop.time()):  # this process's stall, not the client's slowness
+            self._arm(GRACE_S)
+            return
+        self._refuse(_TIMEOUT)
 
     def _refuse(self, response: bytes) -> None:
         self._disarm()

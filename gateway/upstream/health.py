@@ -31,12 +31,10 @@ import time
 from collections.abc import Callable
 
 from gateway.core.fleet import Backend, Fleet
+from gateway.core.stalls import HELD_S
 from gateway.upstream.transport import Transport, UpstreamError
 
 log = logging.getLogger("gateway.health")
-
-#: a probe's timeout that fires this much after its deadline measured this process's own stall
-HELD_S = 1.0
 
 
 class HealthChecker:

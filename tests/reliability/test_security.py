@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -411,6 +413,24 @@ def test_oversized_heads_are_refused(target: Target, extra: bytes, expected: int
     if expected == 431:
         assert orjson.loads(body)["error"]["code"] == "headers_too_large"
         assert headers.get("connection") == "close"
+
+
+def test_a_head_sent_while_the_gateway_was_stopped_is_answered_not_cut(target: Target) -> None:
+    """A host that stops the gateway for longer than the head deadline (a busy machine, a paused
+    container) must not cut the clients whose heads arrived meanwhile: the deadline then fires late,
+    measuring the gateway's stall, before uvloop has read the sockets (gateway/edge/http_guard.py)."""
+    assert target.gw.proc is not None
+    pid = target.gw.proc.pid
+    with RawClient(target.gw.port, timeout=HEADER_TIMEOUT_S + 10) as c:
+        time.sleep(0.5)  # accepted by the idle gateway: its head deadline runs from here
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            c.send(http_request("/healthz", method="GET"))  # the kernel holds it for the stopped process
+            time.sleep(HEADER_TIMEOUT_S + 1.5)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        status, _, body = c.read_response()
+    assert status == 200, body[:200]
 
 
 def test_slow_and_silent_heads_are_cut_and_do_not_starve_others(target: Target) -> None:

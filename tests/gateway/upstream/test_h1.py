@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import itertools
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ import uvloop
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.core.stalls import HELD_S
 from gateway.upstream.h1 import HIGH_WATER, H1Transport, _Connection, _Origin
 from gateway.upstream.transport import ConnectFailed, UpstreamError, UpstreamTimeout
 
@@ -362,6 +364,19 @@ async def test_connect_timeout() -> None:
     finally:
         for s in (*fillers, listener):
             s.close()
+
+
+async def test_a_connect_timeout_that_measured_this_process_stall_connects_again() -> None:
+    """The event loop held past the connect deadline (a stopped host, a long callback) while the
+    engine's kernel accepted: the due timeout runs before the connect's completion is read, and
+    measured the stall, not the engine - so the transport connects again and the request goes
+    through. A stall shorter than `HELD_S` past the deadline is still a timeout."""
+    async with Uvicorn(asgi_app) as srv, client(connect_timeout_s=0.2) as t:
+        task = asyncio.ensure_future(get(t, srv.url + "/echo", b'{"n": 1}'))
+        await asyncio.sleep(0)  # the request has started its connect (an IP address: no lookup)
+        time.sleep(0.2 + HELD_S + 0.3)  # noqa: ASYNC251 - the point: the loop held past the deadline
+        assert await asyncio.wait_for(task, 10) == (201, b'{"n": 1}')
+        assert len(srv.ports) == 1  # the first connection was dropped unused
 
 
 async def test_server_closing_mid_body() -> None:
