@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import yaml
 
-from bench.procs import tree_cpu
-from engines.sim.launcher import free_port, port_open
+from bench.procs import tree_cpu, tree_pids
+from engines.sim.launcher import free_port, listener_held_by, port_open
 
 #: seconds a test gateway has to answer /readyz (`GatewayProcess.start`) ...
 START_S = 40.0
@@ -64,7 +64,9 @@ class GatewayProcess:
     def __init__(
         self, config: dict[str, Any], *, env: dict[str, str] | None = None, ready: bool = True
     ) -> None:
-        self.port = config.setdefault("server", {}).get("port") or free_port()
+        given = config.setdefault("server", {}).get("port")
+        self._chosen = not given  # the port was chosen here: another one may be taken instead
+        self.port = given or free_port()
         config["server"]["port"] = self.port
         config["server"].setdefault("host", "127.0.0.1")
         self.config = config
@@ -75,7 +77,7 @@ class GatewayProcess:
         self.log_path = Path(self._dir) / "gateway.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> GatewayProcess:
+    def _launch(self) -> subprocess.Popen[bytes]:
         cfg = Path(self._dir) / "gateway.yaml"
         cfg.write_text(yaml.safe_dump(self.config))
         env = {**os.environ, "PYTHONFAULTHANDLER": "1", **self._env}
@@ -86,16 +88,39 @@ class GatewayProcess:
             stderr=subprocess.STDOUT,
             env=env,
         )
+        return self.proc
+
+    def _taken(self, proc: subprocess.Popen[bytes]) -> None:
+        """Another process listens on this gateway's port (chosen free, taken before the gateway bound
+        it: engines/sim/launcher.py says how): start again on a new one, or fail for a given port."""
+        taken = self.port
+        proc.kill()
+        proc.wait(10)
+        self._log.close()
+        if not self._chosen:
+            raise RuntimeError(f"port {taken} is held by another process:\n{self.log()}")
+        self.port = self.config["server"]["port"] = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> GatewayProcess:
+        proc = self._launch()
         # a healthy start takes 1-2 s; 40 s because a gateway started beside the real engines'
         # start-up (both cores busy for ~50 s) once printed nothing in 20 s (13 setup errors)
         t0 = time.monotonic()
         seen = "nothing listening on the port"
         while True:
             waited = time.monotonic() - t0
-            if waited >= START_MAX_S or (waited >= START_S and tree_cpu(self.proc.pid) >= START_CPU_S):
+            if waited >= START_MAX_S or (waited >= START_S and tree_cpu(proc.pid) >= START_CPU_S):
                 break
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"gateway exited with {self.proc.returncode}:\n{self.log()}")
+            exited = proc.poll() is not None
+            if port_open("127.0.0.1", self.port) and (
+                exited or listener_held_by(self.port, tree_pids(proc.pid)) is False
+            ):
+                self._taken(proc)
+                proc = self._launch()
+                continue
+            if exited:
+                raise RuntimeError(f"gateway exited with {proc.returncode}:\n{self.log()}")
             if port_open("127.0.0.1", self.port):
                 if not self._wait_ready:
                     return self
@@ -107,11 +132,11 @@ class GatewayProcess:
                 except httpx.HTTPError as e:
                     seen = f"/readyz failed: {e!r}"
             time.sleep(0.05)
-        cpu = tree_cpu(self.proc.pid)
+        cpu = tree_cpu(proc.pid)
         # where it is: PYTHONFAULTHANDLER (set at the start) prints every thread's stack on SIGABRT
-        self.proc.send_signal(signal.SIGABRT)
+        proc.send_signal(signal.SIGABRT)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(5)
+            proc.wait(5)
         log = self.log()  # before stop(), which removes the directory the log is in
         self.stop()
         raise RuntimeError(

@@ -7,10 +7,19 @@
 waits until the port accepts TCP connections (default 30 s: beside two engines starting and the test suite a start once took over 15 s; pass `wait=False` for simulators started
 with `--listen-delay` or `--refuse`). If the process exits or the wait times out, it is killed and
 `SimStartError` carries its stderr. `stop()` sends SIGTERM to the PID, then SIGKILL after `stop_timeout`.
+
+A port chosen free (`free_port`) may be taken before the simulator binds it - by another simulator
+given the same port (the kernel hands a just-released port out again), or by another process - and
+the port then accepts connections of that other server while this simulator dies of "address already
+in use": the test suite once ran a whole module against the wrong simulator (2026-12-06, seven
+failures). So the wait also checks that the listening socket is this process's (`listener_held_by`,
+from /proc), and a simulator whose port was taken so is started again on another free port (when the
+port was not given by the caller; else `SimStartError`).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import random
@@ -20,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -31,12 +41,23 @@ class SimStartError(RuntimeError):
     """The simulator did not come up; the message includes its stderr."""
 
 
+#: the ports `free_port` handed out lately in this process (it does not give one twice in a row of
+#: these: servers started together were given the same port, each chosen before any bound it)
+_HANDED: collections.deque[int] = collections.deque(maxlen=256)
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that is free right now, and not one of the last 256 this process was
+    given (a server binds its port only once started; until then the kernel may hand it out again)."""
+    port = 0
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED:
+            break
+    _HANDED.append(port)
+    return port
 
 
 def late_bound_port() -> int:
@@ -60,6 +81,32 @@ def late_bound_port() -> int:
                 continue
         return port
     return free_port()
+
+
+def listener_held_by(port: int, pids: Collection[int]) -> bool | None:
+    """Whether one of `pids` holds the socket listening on TCP `port` (on any address), read from
+    /proc; None when that cannot be told (no /proc, or nothing listening on `port` in it)."""
+    inodes: set[str] = set()
+    try:
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with contextlib.suppress(FileNotFoundError):
+                for line in Path(table).read_text().splitlines()[1:]:
+                    fields = line.split()
+                    # local address "ADDR:PORT" (hex), state 0A = LISTEN, the socket's inode
+                    if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(fields[9])
+    except (OSError, ValueError):
+        return None
+    if not inodes:
+        return None
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if link.startswith("socket:[") and link[8:-1] in inodes:
+                        return True
+    return False
 
 
 def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
@@ -87,6 +134,7 @@ class SimProcess:
     ) -> None:
         self.engine = engine
         self.host = host
+        self._chosen = port is None  # the port was chosen here: another one may be taken instead
         self.port = port if port is not None else free_port()
         self.extra = list(extra or [])
         self.start_timeout = start_timeout
@@ -125,26 +173,41 @@ class SimProcess:
 
     def start(self) -> SimProcess:
         """Launch the process and (unless `wait=False`) wait for its port."""
+        self._launch()
+        if self.wait:
+            self.wait_ready(self.start_timeout)
+        return self
+
+    def _launch(self) -> None:
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
         self._proc = subprocess.Popen(
             self.argv, stdout=subprocess.DEVNULL, stderr=self._stderr, env=env, cwd=str(_ROOT)
         )
-        if self.wait:
-            self.wait_ready(self.start_timeout)
-        return self
 
     def wait_ready(self, timeout: float) -> None:
-        """Block until the port accepts connections; `SimStartError` on exit or timeout."""
+        """Block until the port accepts connections; `SimStartError` on exit or timeout. A port
+        another process listens on is given up for a new one (see the module docstring)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self._proc is None or self._proc.poll() is not None:
+            proc = self._proc
+            exited = proc is None or proc.poll() is not None
+            if port_open(self.host, self.port):
+                if not exited and proc is not None and listener_held_by(self.port, (proc.pid,)) is not False:
+                    return
+                taken = self.port  # another process listens there: this one dies or died of it
+                text = self.stderr_text()
+                self.stop()
+                if not self._chosen:
+                    raise SimStartError(f"port {taken} is held by another process: {text}")
+                self.port = free_port()
+                self._launch()
+                continue
+            if exited:
                 text = self.stderr_text()
                 self.stop()
                 raise SimStartError(f"simulator exited early: {text}")
-            if port_open(self.host, self.port):
-                return
             time.sleep(0.02)
         text = self.stderr_text()
         self.stop()

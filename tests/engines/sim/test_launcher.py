@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import socket
 
 import httpx
 import pytest
 
-from engines.sim.launcher import SimProcess, SimStartError, free_port, port_open
+from engines.sim.launcher import SimProcess, SimStartError, free_port, listener_held_by, port_open
 
 
 def test_free_port_is_bindable() -> None:
@@ -34,3 +35,38 @@ def test_start_stop_by_pid() -> None:
         proc.stop()
     assert not proc.alive() and not port_open("127.0.0.1", proc.port)
     proc.stop()  # idempotent
+
+
+def _listener(port: int = 0) -> socket.socket:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen(8)
+    return s
+
+
+def test_who_listens_on_a_port_is_read_from_proc() -> None:
+    with _listener() as s:
+        port = s.getsockname()[1]
+        assert listener_held_by(port, (os.getpid(),)) is True
+        assert listener_held_by(port, (os.getppid(),)) is False
+    assert listener_held_by(port, (os.getpid(),)) is None  # nothing listens there now
+
+
+def test_a_port_taken_before_the_simulator_binds_it_is_never_taken_for_it() -> None:
+    """Another process listening on the simulator's port (chosen free, taken before the simulator
+    bound it) answers connections there: the launcher must not call that simulator ready. A port
+    it chose is replaced by a new one; a port the caller gave is an error."""
+    proc = SimProcess("vllm", extra=["--fast"])
+    taken = proc.port
+    with _listener(taken):
+        proc.start()
+        try:
+            assert proc.port != taken and proc.alive()
+            assert httpx.get(proc.base_url + "/health", timeout=10).status_code == 200
+        finally:
+            proc.stop()
+    with _listener() as s:
+        given = s.getsockname()[1]
+        with pytest.raises(SimStartError, match=f"port {given} is held by another process"):
+            SimProcess("vllm", port=given, extra=["--fast"]).start()
