@@ -173,23 +173,35 @@ class RedisServer:
     """A real redis-server on a free loopback port, no persistence. Fails (never skips) when missing."""
 
     def __init__(self, port: int | None = None) -> None:
+        self._chosen = port is None  # the port was chosen here: another one may be taken instead
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> RedisServer:
+        """Start it, and wait until it listens. A port another process took before this one bound it
+        (engines/sim/launcher.py says how; the other run's redis-server would share its keys) is
+        given up for a new one, or fails when the caller gave it."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError(
                 "redis-server is not installed: run `make test` (it installs it) or apt-get install redis-server"
             )
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_until(lambda: port_open("127.0.0.1", self.port), 10, what="redis-server")
-        return self
+        for _ in range(5):
+            proc = self.proc = subprocess.Popen(
+                [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            wait_until(lambda: port_open("127.0.0.1", self.port), 10, what="redis-server")
+            if proc.poll() is None and listener_held_by(self.port, (proc.pid,)) is not False:
+                return self
+            _stop(proc)
+            if not self._chosen:
+                raise RuntimeError(f"port {self.port} is held by another process")
+            self.port = free_port()
+            self.url = f"redis://127.0.0.1:{self.port}/0"
+        raise RuntimeError("redis-server: every port tried was taken")
 
     def stop(self) -> None:
         if self.proc is not None:
