@@ -20,7 +20,7 @@ import httpx
 import yaml
 
 from bench.procs import tree_cpu, tree_pids
-from engines.sim.launcher import free_port, listener_held_by, port_open
+from engines.sim.launcher import free_port, port_open, taken_by_another
 
 #: seconds a test gateway has to answer /readyz (`GatewayProcess.start`) ...
 START_S = 40.0
@@ -113,15 +113,14 @@ class GatewayProcess:
             if waited >= START_MAX_S or (waited >= START_S and tree_cpu(proc.pid) >= START_CPU_S):
                 break
             exited = proc.poll() is not None
-            if port_open("127.0.0.1", self.port) and (
-                exited or listener_held_by(self.port, tree_pids(proc.pid)) is False
-            ):
+            listening = port_open("127.0.0.1", self.port)
+            if listening and taken_by_another(self.port, tree_pids(proc.pid), exited):
                 self._taken(proc)
                 proc = self._launch()
                 continue
             if exited:
                 raise RuntimeError(f"gateway exited with {proc.returncode}:\n{self.log()}")
-            if port_open("127.0.0.1", self.port):
+            if listening:
                 if not self._wait_ready:
                     return self
                 try:
@@ -194,7 +193,7 @@ class RedisServer:
                 stderr=subprocess.DEVNULL,
             )
             wait_until(lambda: port_open("127.0.0.1", self.port), 10, what="redis-server")
-            if proc.poll() is None and listener_held_by(self.port, (proc.pid,)) is not False:
+            if not taken_by_another(self.port, (proc.pid,), proc.poll() is not None):
                 return self
             _stop(proc)
             if not self._chosen:

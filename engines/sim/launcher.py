@@ -109,6 +109,13 @@ def listener_held_by(port: int, pids: Collection[int]) -> bool | None:
     return False
 
 
+def taken_by_another(port: int, pids: Collection[int], exited: bool) -> bool:
+    """A port that accepts connections is another server's, not the one started on it as `pids`:
+    that one has `exited` (of "address already in use") or /proc names another listener. Cannot
+    tell (no /proc): not taken."""
+    return exited or listener_held_by(port, pids) is False
+
+
 def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
     """Whether a TCP connection to host:port succeeds."""
     try:
@@ -194,9 +201,9 @@ class SimProcess:
             proc = self._proc
             exited = proc is None or proc.poll() is not None
             if port_open(self.host, self.port):
-                if not exited and proc is not None and listener_held_by(self.port, (proc.pid,)) is not False:
+                if proc is not None and not taken_by_another(self.port, (proc.pid,), exited):
                     return
-                taken = self.port  # another process listens there: this one dies or died of it
+                taken = self.port
                 text = self.stderr_text()
                 self.stop()
                 if not self._chosen:

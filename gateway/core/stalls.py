@@ -17,9 +17,10 @@ from __future__ import annotations
 HELD_S = 1.0
 
 
-def held(deadline: float, now: float) -> bool:
-    """The deadline fired at `now` measured this process's stall (both on one clock)."""
-    return now - deadline > HELD_S
+def held(deadline: float, now: float, after_s: float = HELD_S) -> bool:
+    """The deadline fired at `now` measured this process's stall: more than `after_s` late (both on
+    one clock)."""
+    return now - deadline > after_s
 
 
 __all__ = ["HELD_S", "held"]

@@ -74,7 +74,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     _in_head = True
     _head_bytes = 0
     _head_timer: asyncio.TimerHandle | None = None
-    _head_deadline = 0.0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -114,7 +113,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _arm(self, after_s: float | None = None) -> None:
         self._disarm()
         delay = self.header_timeout_s if after_s is None else after_s
-        self._head_deadline = self.loop.time() + delay
         self._head_timer = self.loop.call_later(delay, self._head_timeout)
 
     def _disarm(self) -> None:
@@ -123,10 +121,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._head_timer = None
 
     def _head_timeout(self) -> None:
-        self._head_timer = None
+        timer, self._head_timer = self._head_timer, None
         if not self._in_head or self.transport.is_closing():
             return
-        if held(self._head_deadline, self.loop.time()):  # this process's stall, not the client's slowness
+        if timer is not None and held(timer.when(), self.loop.time()):  # our stall, not the client's
             self._arm(GRACE_S)
             return
         self._refuse(_TIMEOUT)

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 
 from gateway.core.fleet import Backend, Fleet
-from gateway.core.stalls import HELD_S
+from gateway.core.stalls import HELD_S, held
 from gateway.upstream.transport import Transport, UpstreamError
 
 log = logging.getLogger("gateway.health")
@@ -105,13 +105,13 @@ class HealthChecker:
                     resp.close()
                 ok = resp.status == 200
         except TimeoutError:
-            late = time.monotonic() - tic - self._timeout
-            if self._held is not None and late > self._held:
+            deadline, now = tic + self._timeout, time.monotonic()
+            if self._held is not None and held(deadline, now, self._held):
                 log.info(
                     "backend %s: health probe timed out %.1f s after its deadline: this process was"
                     " held, no verdict",
                     backend.name,
-                    late,
+                    now - deadline,
                 )
                 return
             if backend.circuit.successes != answered:

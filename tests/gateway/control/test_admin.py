@@ -160,6 +160,12 @@ async def _send_many(
     return [r for r in results if isinstance(r, httpx.Response)]
 
 
+def _all_answered(responses: list[httpx.Response], gateway: GatewayProcess) -> None:
+    """Every answer a 200; else the refused ones (status, body) and the gateway's log."""
+    failed = [(r.status_code, r.text) for r in responses if r.status_code != 200]
+    assert not failed, f"{len(failed)} refused, {failed[:3]}; the gateway log:\n{_gateway_log(gateway)}"
+
+
 class _Failed(Exception):
     pass
 
@@ -220,8 +226,7 @@ def test_weighted_split_matches_weights_and_zero_removes_a_pool(gateway: Gateway
         assert http.put("/admin/pools/sglang/weight", json={"weight": 0.2}).json()["ok"]
     bodies = [_chat(f"conversation {i} about topic {i * 7919 % 1000}") for i in range(2000)]
     responses = asyncio.run(_send_many(gateway, bodies))
-    failed = [(r.status_code, r.text) for r in responses if r.status_code != 200]
-    assert not failed, f"{failed[:3]}; the gateway log:\n{_gateway_log(gateway)}"
+    _all_answered(responses, gateway)
     split = Counter(r.headers["x-gateway-pool"] for r in responses)
     expected = {"vllm": 1600.0, "sglang": 400.0}
     chi2 = sum((split[p] - e) ** 2 / e for p, e in expected.items())
@@ -232,8 +237,7 @@ def test_weighted_split_matches_weights_and_zero_removes_a_pool(gateway: Gateway
     assert audit[0]["action"] == "set_weight" and audit[0]["target"] == "sglang" and audit[0]["after"] == 0
     assert audit[0]["actor"] == "ops" and audit[0]["before"] == 0.2
     responses = asyncio.run(_send_many(gateway, [_chat(f"after zero {i}") for i in range(100)]))
-    failed = [(r.status_code, r.text) for r in responses if r.status_code != 200]
-    assert not failed, f"{failed[:3]}; the gateway log:\n{_gateway_log(gateway)}"
+    _all_answered(responses, gateway)
     assert {r.headers["x-gateway-pool"] for r in responses} == {"vllm"}
 
 
@@ -265,8 +269,7 @@ def test_drained_backend_gets_no_new_requests_while_its_stream_finishes(
         before = _requests_by_backend(sims)[target]
         bodies = [_chat(f"during drain {i}") for i in range(60)]
         responses = asyncio.run(_send_many(gateway, bodies, headers={**ADMIN, "x-gateway-pool": "vllm"}))
-        failed = [(r.status_code, r.text) for r in responses if r.status_code != 200]
-        assert not failed, f"{len(failed)} refused, {failed[:3]}; the gateway log:\n{_gateway_log(gateway)}"
+        _all_answered(responses, gateway)
         assert _requests_by_backend(sims)[target] == before, "a drained backend received a new request"
         t.join(30)
         assert result["text"].rstrip().endswith("data: [DONE]") and '"error"' not in result["text"]
@@ -352,8 +355,7 @@ def test_uniform_traffic_is_balanced(gateway: GatewayProcess, sims: dict[str, li
     before = _requests_by_backend(sims)
     bodies = [_chat(f"uniform {i} {i * 104729 % 99991}") for i in range(800)]
     responses = asyncio.run(_send_many(gateway, bodies))
-    failed = [(r.status_code, r.text) for r in responses if r.status_code != 200]
-    assert not failed, f"{len(failed)} refused, {failed[:3]}; the gateway log:\n{_gateway_log(gateway)}"
+    _all_answered(responses, gateway)
     after = _requests_by_backend(sims)
     per_pool = Counter(r.headers["x-gateway-pool"] for r in responses)
     for engine in ("vllm", "sglang"):
