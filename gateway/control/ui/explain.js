@@ -18,7 +18,8 @@ export async function show() {
     pin.value = chosen;
     const area = byId("explain-body");
     const model = data.pools.flatMap((p) => Object.keys(p.models))[0];
-    if (!area.value && model) {
+    // an example for an empty body - not under the operator's cursor (what they type next would follow it)
+    if (!area.value && model && document.activeElement !== area) {
       area.value = JSON.stringify({ model, messages: [{ role: "user", content: "Hello!" }], max_tokens: 16 }, null, 2);
     }
   } catch (err) {

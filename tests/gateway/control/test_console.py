@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -98,10 +98,16 @@ def browser(request: pytest.FixtureRequest) -> Iterator[WebDriver]:
 
 
 # -- helpers -------------------------------------------------------------------------------------------
-def wait(driver: WebDriver, predicate: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
-    """`predicate`'s first truthy value, polled every 50 ms. The bound is generous: under make test's
-    load (two suites and a real vLLM on two cores) the route explain's answer once took more than 8 s
-    to show (2026-12-05); a passing wait returns as soon as it holds."""
+def wait(
+    driver: WebDriver,
+    predicate: Callable[[], Any],
+    what: str,
+    timeout: float = 20.0,
+    shown: Callable[[], str] | None = None,
+) -> Any:
+    """`predicate`'s first truthy value, polled every 50 ms; on timeout the failure says what `shown`
+    reads from the page then. The bound is generous for make test's load (two suites and a real vLLM
+    on two cores); a passing wait returns as soon as it holds."""
 
     def check(_: WebDriver) -> Any:
         try:
@@ -109,7 +115,14 @@ def wait(driver: WebDriver, predicate: Callable[[], Any], what: str, timeout: fl
         except StaleElementReferenceException:  # the fleet view re-renders its tables every refresh
             return False
 
-    return WebDriverWait(driver, timeout, poll_frequency=0.05).until(check, f"timed out waiting for {what}")
+    try:
+        return WebDriverWait(driver, timeout, poll_frequency=0.05).until(
+            check, f"timed out waiting for {what}"
+        )
+    except TimeoutException:
+        if shown is None:
+            raise
+        pytest.fail(f"timed out waiting for {what}; the page shows: {shown()!r}")
 
 
 def css(driver: WebDriver, selector: str) -> WebElement:
@@ -325,13 +338,22 @@ def test_drain_and_undrain_from_the_console_and_auto_refresh(
 def test_route_explain_shows_pool_backend_and_reason(browser: WebDriver, gateway: GatewayProcess) -> None:
     signed_in(browser, gateway.base_url)
     tab(browser, "explain")
+    # The tab puts an example in an empty body once it has read the pools: typing before that could
+    # see the body cleared, the example put in and the typed text appended to it - a 400, "not valid
+    # JSON" (make test failed so once, 2026-12-06; reproduced by holding GET /admin/pools in the page)
+    wait(browser, lambda: css(browser, "#explain-pin option[value=vllm]"), "the pools in the explain tab")
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     body = f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "hi"}}], "tools": [{json.dumps(tool)}]}}'
     area = css(browser, "#explain-body")
     area.clear()
     area.send_keys(body)
     css(browser, "#explain-form button[type=submit]").click()
-    reason = wait(browser, lambda: css(browser, "[data-explain=reason]").text, "the decision")
+    reason = wait(
+        browser,
+        lambda: css(browser, "[data-explain=reason]").text,
+        "the decision",
+        shown=lambda: css(browser, "#explain-result").text,
+    )
     assert reason.startswith("rule:tools")
     assert css(browser, "[data-explain=pool]").text == "sglang"
     assert css(browser, "[data-explain=backend]").text in {"sglang-0", "sglang-1"}
