@@ -9,11 +9,17 @@ recent requests and the `span` it implies (how many backends' worth it is); `Pre
 another holder for a group while fewer than `span` backends hold it (its module docstring, 3).
 
 The share is an exponentially decayed count over requests, not time (no clock: `policies/` stays
-pure): each routed request multiplies every count of its pool by `1 - alpha`, applied lazily. The
-decayed total of all of a pool's requests approaches `1 / alpha` from below, so a count x `alpha` is
-the group's share, and a fresh pool's first requests count as a small share, not the whole pool. A
-replica sees a random sample of the traffic (the load balancer in front), so replicas estimate the
-same shares and agree on the span without talking to each other.
+pure): each routed request multiplies every count of its pool by `1 - alpha`, applied lazily, and the
+share is the group's count over the decayed weight of all the pool's requests this process has seen
+(at least `HOT_MIN_REQUESTS`' worth, so that a fresh pool's first request is not the whole pool).
+A replica sees a random sample of the traffic (the load balancer in front), so replicas estimate the
+same shares and agree on the span without talking to each other - also early on, and with many
+replicas: the share was once the count x `alpha` (of the window's full weight, `1 / alpha`), which
+reads a process's first ~`1 / alpha` requests as a fraction of their share, and with 4 or 8 routing
+processes, each seeing a quarter or an eighth of the traffic, a hot group's span stayed 1 for most
+of a 20 s run: its home ran 16 requests and a burst of its turns spilled from four processes at
+once onto one backend (bench.replay, agent loops at 80 %: p99 2.3 / 3.4 s at 4 / 8 processes against
+2.0 s at one; 2.0 s at every count with the share of the requests seen, bench/ANALYSIS.md stop 47).
 
 Bounded: at most `max_entries` (pool, key) counts, least recently updated forgotten first; ~320 bytes
 each (tracemalloc, CPython 3.11), ~1.3 MB at the default 4,096.
@@ -24,7 +30,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 
-#: `GroupDemand.hot`'s least weight of requests a share is taken of
+#: the least weight of requests a share is taken of (`GroupDemand.share`)
 HOT_MIN_REQUESTS = 8.0
 
 
@@ -64,20 +70,20 @@ class GroupDemand:
             counts.popitem(last=False)
 
     def share(self, pool: str, key: int) -> float:
-        """The group's fraction of the pool's recent requests, 0.0 when unknown."""
-        return self._count(pool, key) * self.alpha
-
-    def hot(self, pool: str, key: int, backends: int, headroom: float) -> bool:
-        """The group brings more than one backend's worth of the pool's requests (its share x
-        `backends` / `headroom` > 1), its share taken among the requests seen so far: unlike
-        `share`, a process that has seen few requests - one of many routing processes, early in a
-        run - does not read a hot group as cold. Below `HOT_MIN_REQUESTS` requests' weight, the
-        share is of that many (a pool's first request is not the whole pool)."""
+        """The group's fraction of the pool's recent requests as this process has seen them, 0.0
+        when unknown: its decayed count over the decayed weight of the pool's requests seen so far
+        (one of many routing processes, or a process early in a run, has seen few), at least
+        `HOT_MIN_REQUESTS`' weight (a pool's first request is not the whole pool)."""
         count = self._count(pool, key)
         if not count:
-            return False
+            return 0.0
         total = -math.expm1(self._decay * self._seen[pool]) / self.alpha  # the decayed weight seen
-        return count / max(total, HOT_MIN_REQUESTS) * backends > headroom
+        return count / max(total, HOT_MIN_REQUESTS)
+
+    def hot(self, pool: str, key: int, backends: int, headroom: float) -> bool:
+        """The group brings more than one backend's worth of the pool's requests: its share x
+        `backends` / `headroom` > 1."""
+        return self.share(pool, key) * backends > headroom
 
     def _count(self, pool: str, key: int) -> float:
         """The group's decayed request count now, 0.0 when unknown."""

@@ -642,11 +642,19 @@ class PrefixAffinity(BackendPolicy):
             _remember(self._pending, key, (choice.backend, kv.now), limit)
             if choice.warm is not None:
                 _remember(self._warming, key, (choice.warm, kv.now), limit)
+                # the warm-up puts the group's preamble in that engine's cache: its working set, so
+                # that a new group is not placed beside the warm-up's prefill (bench/ANALYSIS.md
+                # stop 47: a group's first request queued 1.3 s behind one, at one process)
+                self._sets.note(key, choice.warm, shared)
 
     def warm_skipped(self, features: RequestFeatures) -> None:
         """The warm-up `on_routed` recorded for the request's group was not sent: the group's next
-        request may ask for one again (instead of waiting `pending_s` for events that will not come)."""
-        self._warming.pop(self.key(features), None)
+        request may ask for one again (instead of waiting `pending_s` for events that will not come),
+        and its target's working set no longer counts the group."""
+        key = self.key(features)
+        under_way = self._warming.pop(key, None)
+        if under_way is not None:
+            self._sets.forget(key, under_way[0])
 
     def pool_stretch(self, pool: PoolView, features: RequestFeatures) -> float:
         """Requests `pool` may carry above the pools' bound because one of its engines holds the

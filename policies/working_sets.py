@@ -3,7 +3,8 @@
 The affinity policy places a prefix group that no backend is known to hold on the lighter of the
 group's first rendezvous choices, as in SGLang's cache-aware router sending an unmatched prompt to
 the worker with the smallest radix tree. This module keeps the figure it compares: per backend, the
-sum over the routing keys recently sent there of the deepest prompt (in blocks) seen for that key.
+sum over the routing keys recently sent there of the deepest prompt (in blocks) seen for that key
+(a warm-up of a hot group's preamble, `BackendChoice.warm`, counts as the preamble sent there).
 
 Beside it, the backend's *tails*: one block for each later request of a key that went no deeper
 (its own tail, question and answer, which the engine caches beside the shared prefix, as SGLang's
@@ -85,6 +86,14 @@ class WorkingSets:
             pairs[pair] = old + _TAIL
             self._tails[backend] = self._tails.get(backend, 0) + 1
         pairs.move_to_end(pair)
+
+    def forget(self, key: int, backend: str) -> None:
+        """Take routing key `key` off `backend` (what was recorded there for it was not sent after
+        all: a warm-up the gateway skipped)."""
+        value = self._pairs.pop((key, backend), None)
+        if value is not None:
+            self._totals = None
+            self._forget(backend, value)
 
     def _forget(self, backend: str, value: int) -> None:
         """Take an evicted pair's `value` (deepest prompt and tails) off `backend`'s sums."""

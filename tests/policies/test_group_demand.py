@@ -31,7 +31,8 @@ def test_requests_that_are_not_a_group_count_in_the_pool_total_only() -> None:
 def test_a_group_that_stops_fades_and_its_first_requests_do_not_look_hot() -> None:
     demand = GroupDemand(alpha=1 / 64)
     demand.note("a", 1)
-    assert demand.share("a", 1) == pytest.approx(1 / 64)  # one request of a fresh pool: 1/64, not 1
+    assert demand.share("a", 1) == pytest.approx(1 / 8)  # one request of a fresh pool: 1/8, not 1
+    assert demand.span("a", 1, backends=8, headroom=1.25) == 1
     for _ in range(500):
         demand.note("a", 1)
     assert demand.share("a", 1) > 0.99
@@ -79,17 +80,19 @@ def test_max_entries_must_not_be_negative() -> None:
         GroupDemand(max_entries=-1)
 
 
-def test_hot_reads_a_few_requests_as_the_share_they_are() -> None:
+def test_a_few_requests_are_read_as_the_share_they_are() -> None:
     """One of many routing processes sees few requests: a group that is half of them is hot for 4
-    backends at headroom 1.25 (0.5 x 4 > 1.25) after a dozen requests, where `span`'s share (of the
-    window's weight, 1/alpha) still reads it as cold; a fresh pool's first requests are not hot."""
+    backends at headroom 1.25 (0.5 x 4 > 1.25) and spans two after a dozen requests - not a share of
+    the window's full weight (1/alpha), which read it as 0.2 of the pool and its span as 1 for most
+    of a run at 4 and 8 processes; a fresh pool's first requests are not hot."""
     demand = GroupDemand(alpha=1 / 32)
     demand.note("a", 1)
     assert not demand.hot("a", 1, 4, 1.25)  # one request: 1/8 of HOT_MIN_REQUESTS, not the whole pool
     for i in range(12):
         demand.note("a", 1 if i % 2 else 2)
+    assert demand.share("a", 1) == pytest.approx(0.5, abs=0.05)
     assert demand.hot("a", 1, 4, 1.25)
-    assert demand.span("a", 1, 4, 1.25) == 1  # the window's share: 0.2, not yet a backend's worth
+    assert demand.span("a", 1, 4, 1.25) == 2  # 0.5 x 4 / 1.25 = 1.6
     assert not demand.hot("a", 1, 2, 1.25)  # 0.5 x 2 < 1.25
     assert not demand.hot("a", 99, 4, 1.25)
     for _ in range(200):

@@ -353,8 +353,8 @@ def test_a_holder_may_run_above_the_bound_by_the_prefill_its_engine_holds() -> N
 def test_a_hot_group_gets_no_warm_slack() -> None:
     """A group that is half of its pool's traffic (two tool sets, four backends) cannot stay on one
     backend by its held prefix: the bound shares its load, as without `warm_slack` - even in a
-    process that has seen only a dozen of the pool's requests, too few for `span` to open a second
-    holder (the spread), as one of eight routing processes early in a run."""
+    process that has seen only a dozen of the pool's requests, as one of eight routing processes
+    early in a run."""
     rng = random.Random(7)
     p = pool("a", 4)
 
@@ -380,7 +380,7 @@ def test_a_hot_group_gets_no_warm_slack() -> None:
             policy.on_routed(p, other, BackendChoice(p.backends[0].name, "affinity:hit", "hit"))
     last = asks[-1]
     key = proc.key(last)
-    assert proc._demand.span(p.name, key, 4, 1.25) == 1  # no spread
+    assert proc._demand.hot(p.name, key, 4, 1.25)
     assert proc.select(busy, last, 0.0).backend == bound_only.select(busy, last, 0.0).backend != home
 
 
@@ -527,6 +527,38 @@ def test_a_documents_proposal_adds_the_other_processes_working_sets_and_queued_p
     )
     seen = {b.name: (b.in_flight, b.prefill) for b in with_others(mine, counts, prefill).pools[0].backends}
     assert seen["b0"] == (2, 750) and seen["b1"] == (0, 50)
+
+
+def test_a_new_group_is_not_placed_beside_a_warm_up() -> None:
+    """A warm-up puts a hot group's preamble in its target's cache, as a request of the group would:
+    it counts in that backend's working set, so a new group (placed on the lightest of its first
+    choices) goes elsewhere, not beside the warm-up's prefill as on an empty engine (bench.replay,
+    agent loops at 50 %: a group's first request queued 1.3 s behind a warm-up there)."""
+    rng = random.Random(11)
+    p = pool("a", 4)
+    tools = [{"type": "function", "function": {"name": "f", "description": text(rng, 900), "parameters": {}}}]
+    asks = [with_prompt([{"role": "user", "content": text(rng, 20)}], tools=tools) for _ in range(40)]
+    policy = process(p, placement_slack=0.0)
+    first = route(policy, p, asks[0])
+    engine_stores([policy], first.backend, asks[0])
+    target = next(c.warm for c in (route(policy, p, f) for f in asks[1:]) if c.warm is not None)
+    placed = 0
+    for seed in range(300):  # new groups whose rendezvous order puts the warm-up's target first
+        r = random.Random(1000 + seed)
+        schema = {
+            "type": "function",
+            "function": {"name": "g", "description": text(r, 900), "parameters": {}},
+        }
+        new = with_prompt([{"role": "user", "content": text(r, 20)}], tools=[schema])
+        if policy.rank(p, new)[0].name != target:
+            continue
+        choice = policy.select(p, new, 0.0)
+        assert choice.backend not in {target, first.backend}, choice
+        assert choice.reason == "affinity:miss"
+        placed += 1
+        if placed == 3:
+            break
+    assert placed == 3
 
 
 def test_a_hot_groups_next_holder_is_warmed_instead_of_sent_a_cold_request() -> None:

@@ -49,3 +49,16 @@ def test_a_request_no_deeper_adds_its_tail_up_to_its_prompt_and_leaves_with_the_
     assert (sets.size("a"), sets.tails("a"), sets.tails("b")) == (0, 0, 1)
     sets.clear()
     assert (len(sets), sets.tails("b")) == (0, 0)
+
+
+def test_a_key_forgotten_on_a_backend_leaves_its_sums_and_totals() -> None:
+    sets = WorkingSets()
+    sets.note(1, "a", 10)
+    sets.note(1, "a", 10)  # a tail
+    sets.note(2, "a", 4)
+    assert sets.totals() == {"a": 15}
+    sets.forget(1, "a")
+    assert (sets.size("a"), sets.tails("a"), len(sets), sets.totals()) == (4, 0, 1, {"a": 4})
+    sets.forget(1, "a")  # not there: nothing
+    sets.forget(2, "b")
+    assert (sets.size("a"), len(sets)) == (4, 1)

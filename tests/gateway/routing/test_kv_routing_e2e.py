@@ -22,7 +22,7 @@ from policies.features import FeatureConfig, extract_features
 from policies.prefix_affinity import PrefixAffinity
 from policies.types import BackendView, PoolView
 from tests.conftest import MODEL, fast_sim, single_pool_config
-from tests.gateway.routing.kv_publisher import EngineEvents, Publisher
+from tests.gateway.routing.kv_publisher import EngineEvents, Publisher, received_chat
 from tests.support import GatewayProcess
 
 WORKERS = 4
@@ -116,11 +116,14 @@ def test_every_worker_sends_a_document_where_its_engine_holds_it(
         base_url=gw.base_url, timeout=10, limits=httpx.Limits(max_keepalive_connections=0)
     ) as http:
         for i in range(1, 25):
-            before = [e.served() for e in engines]
-            r = http.post("/v1/chat/completions", json=chat_body(doc, f"question {i}", **extra))
+            body = chat_body(doc, f"question {i}", **extra)
+            r = http.post("/v1/chat/completions", json=body)
             assert r.status_code == 200, r.text
-            j = next(k for k, e in enumerate(engines) if e.served() > before[k])
-            engines[j].announce()  # the engine that served it stores the question's blocks too
+            (j, received), *more = [
+                (k, got) for k, e in enumerate(engines) if (got := received_chat(e.base_url, body))
+            ]
+            assert not more, f"question {i} reached both engines"
+            engines[j].announce(received)  # the engine that served it stores the question's blocks too
             routes.append((j, r.headers["x-gateway-route"]))
     wrong = [(i, route) for i, route in enumerate(routes, 1) if route != (holder, "default+affinity:index")]
     assert not wrong, f"holder {holder}; requests not sent there by the events: {wrong}\n{gw.log()[-2000:]}"

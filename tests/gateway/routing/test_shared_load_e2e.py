@@ -31,6 +31,7 @@ from policies.features import FeatureConfig, extract_features
 from policies.prefix_affinity import PrefixAffinity
 from policies.types import BackendView, FleetSnapshot, PoolView
 from tests.conftest import MODEL, fast_sim, single_pool_config
+from tests.gateway.routing.kv_publisher import received_chat
 from tests.support import GatewayProcess, RedisServer, wait_until
 
 NAMES = ["vllm-0", "vllm-1"]
@@ -105,11 +106,10 @@ def post(url: str, b: dict[str, Any]) -> httpx.Response:
 
 def where(sims: list[SimProcess], url: str, b: dict[str, Any]) -> tuple[str, str]:
     """Send `b` (alone: nothing else in flight) and return the backend that served it and the reason."""
-    before = served_by(sims)
+    sent = time.time()
     r = post(url, b)
     assert r.status_code == 200, r.text
-    after = served_by(sims)
-    (k,) = [i for i in range(len(sims)) if after[i] > before[i]]
+    (k,) = [i for i, s in enumerate(sims) if received_chat(s.base_url, b, sent)]  # not a warm-up's count
     return NAMES[k], r.headers["x-gateway-route"]
 
 
