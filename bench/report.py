@@ -396,7 +396,7 @@ def write(run: dict[str, Any], path: Path) -> None:
     if any((run.get("peer_versions") or {}).values()):  # none installed: a run without peers
         L.append(
             "- **Peers**: "
-            + ", ".join(f"{k} {v or 'not installable'}" for k, v in run["peer_versions"].items())
+            + ", ".join(f"{k} {v or 'not installed'}" for k, v in run["peer_versions"].items())
         )
     L.append("")
     L.append(
