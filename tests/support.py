@@ -58,6 +58,30 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
         proc.wait(5)
 
 
+def received_chat(
+    base_url: str, body: dict[str, Any], since: float = 0.0, last: int = 8
+) -> dict[str, Any] | None:
+    """The chat request with `body`'s last message that the simulator at `base_url` received at or
+    after `since` (`time.time()`: the simulators run on this machine) among its last `last`
+    generation requests, as it received it; None if none. Which backend served a request is told so,
+    not by the simulator's request count: the gateway's warm-ups (a one-token `POST /v1/completions`
+    of a hot group's preamble, sent to another backend in the background) are generation requests
+    too."""
+    r = httpx.get(base_url + "/sim/requests", params={"limit": last}, timeout=5)
+    r.raise_for_status()
+    wanted = body["messages"][-1]
+    for seen in reversed(r.json()["requests"]):
+        got = seen["body"]
+        if (
+            seen["path"] == "/v1/chat/completions"
+            and seen["arrival"] >= since
+            and isinstance(got, dict)
+            and got["messages"][-1] == wanted
+        ):
+            return dict(got)
+    return None
+
+
 class GatewayProcess:
     """`gateway serve --config <tmp yaml>` in a subprocess; ready when /readyz answers 200."""
 

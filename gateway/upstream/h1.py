@@ -458,9 +458,9 @@ class H1Transport:
         rather than count against the engine."""
         loop = asyncio.get_running_loop()
         for again in (False, True):
-            deadline = loop.time() + self._connect_timeout
+            budget = asyncio.timeout(self._connect_timeout)
             try:
-                async with asyncio.timeout(self._connect_timeout):
+                async with budget:
                     _, conn = await loop.create_connection(
                         functools.partial(_Connection, origin),
                         origin.host,
@@ -470,7 +470,8 @@ class H1Transport:
                     )
                 return conn
             except TimeoutError:
-                if again or not held(deadline, loop.time()):
+                deadline = budget.when()  # the loop's time the timeout was due
+                if again or deadline is None or not held(deadline, loop.time()):
                     raise UpstreamTimeout("connect") from None
             except OSError as exc:  # refused, unreachable, DNS, TLS
                 raise ConnectFailed(f"upstream connect failed: {type(exc).__name__}") from None

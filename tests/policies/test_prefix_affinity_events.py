@@ -529,19 +529,33 @@ def test_a_documents_proposal_adds_the_other_processes_working_sets_and_queued_p
     assert seen["b0"] == (2, 750) and seen["b1"] == (0, 50)
 
 
+def one_tool_set(n: int = 40) -> list[RequestFeatures]:
+    """`n` requests of one agent's tool set (a ~900-word schema, then a short question each): one
+    prefix group, all of its pool's traffic."""
+    rng = random.Random(11)
+    tools = [{"type": "function", "function": {"name": "f", "description": text(rng, 900), "parameters": {}}}]
+    return [with_prompt([{"role": "user", "content": text(rng, 20)}], tools=tools) for _ in range(n)]
+
+
+def routed_hot(
+    p: PoolView, asks: list[RequestFeatures], **config: Any
+) -> tuple[PrefixAffinity, str, list[BackendChoice]]:
+    """A process that routed every one of `asks` (one hot group), the first one's prompt held by its
+    engine: the policy, the holder and the later requests' choices."""
+    policy = process(p, **config)
+    first = route(policy, p, asks[0])
+    engine_stores([policy], first.backend, asks[0])
+    return policy, first.backend, [route(policy, p, f) for f in asks[1:]]
+
+
 def test_a_new_group_is_not_placed_beside_a_warm_up() -> None:
     """A warm-up puts a hot group's preamble in its target's cache, as a request of the group would:
     it counts in that backend's working set, so a new group (placed on the lightest of its first
     choices) goes elsewhere, not beside the warm-up's prefill as on an empty engine (bench.replay,
     agent loops at 50 %: a group's first request queued 1.3 s behind a warm-up there)."""
-    rng = random.Random(11)
     p = pool("a", 4)
-    tools = [{"type": "function", "function": {"name": "f", "description": text(rng, 900), "parameters": {}}}]
-    asks = [with_prompt([{"role": "user", "content": text(rng, 20)}], tools=tools) for _ in range(40)]
-    policy = process(p, placement_slack=0.0)
-    first = route(policy, p, asks[0])
-    engine_stores([policy], first.backend, asks[0])
-    target = next(c.warm for c in (route(policy, p, f) for f in asks[1:]) if c.warm is not None)
+    policy, holder, choices = routed_hot(p, one_tool_set(), placement_slack=0.0)
+    target = next(c.warm for c in choices if c.warm is not None)
     placed = 0
     for seed in range(300):  # new groups whose rendezvous order puts the warm-up's target first
         r = random.Random(1000 + seed)
@@ -553,7 +567,7 @@ def test_a_new_group_is_not_placed_beside_a_warm_up() -> None:
         if policy.rank(p, new)[0].name != target:
             continue
         choice = policy.select(p, new, 0.0)
-        assert choice.backend not in {target, first.backend}, choice
+        assert choice.backend not in {target, holder}, choice
         assert choice.reason == "affinity:miss"
         placed += 1
         if placed == 3:
@@ -567,21 +581,15 @@ def test_a_hot_groups_next_holder_is_warmed_instead_of_sent_a_cold_request() -> 
     requests stay on the holder; once that engine's events show the preamble, it takes requests as a
     holder. One warm-up at a time, another once `pending_s` passed without the events. Without
     `warm_spread`, a request is sent there and prefills the preamble cold (`affinity:spread`)."""
-    rng = random.Random(11)
     p = pool("a", 4)
-    tools = [{"type": "function", "function": {"name": "f", "description": text(rng, 900), "parameters": {}}}]
-    asks = [with_prompt([{"role": "user", "content": text(rng, 20)}], tools=tools) for _ in range(40)]
+    asks = one_tool_set()
     a0, a1 = asks[0].prompt, asks[1].prompt
     assert a0 is not None and a1 is not None
     ids, other = a0.token_ids(), a1.token_ids()
     shared = next(i for i, (x, y) in enumerate(zip(ids, other, strict=False)) if x != y)
 
     def hot(**config: Any) -> tuple[PrefixAffinity, str, list[BackendChoice]]:
-        """A process that routed the group's 40 requests, the first one's prompt held by its engine."""
-        policy = process(p, **config)
-        first = route(policy, p, asks[0])
-        engine_stores([policy], first.backend, asks[0])
-        return policy, first.backend, [route(policy, p, f) for f in asks[1:]]
+        return routed_hot(p, asks, **config)
 
     proc, holder, choices = hot()
     warmups = [c for c in choices if c.warm is not None]

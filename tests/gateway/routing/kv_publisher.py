@@ -153,30 +153,6 @@ class Publisher:
         self.ctx.term()
 
 
-def received_chat(
-    base_url: str, body: dict[str, Any], since: float = 0.0, last: int = 8
-) -> dict[str, Any] | None:
-    """The chat request with `body`'s last message that the simulator at `base_url` received at or
-    after `since` (`time.time()`: the simulators run on this machine) among its last `last`
-    generation requests, as it received it; None if none. Which backend served a request is told so,
-    not by the simulator's request count: the gateway's warm-ups (a one-token `POST /v1/completions`
-    of a hot group's preamble, sent to another backend in the background) are generation requests
-    too."""
-    r = httpx.get(base_url + "/sim/requests", params={"limit": last}, timeout=5)
-    r.raise_for_status()
-    wanted = body["messages"][-1]
-    for seen in reversed(r.json()["requests"]):
-        got = seen["body"]
-        if (
-            seen["path"] == "/v1/chat/completions"
-            and seen["arrival"] >= since
-            and isinstance(got, dict)
-            and got["messages"][-1] == wanted
-        ):
-            return dict(got)
-    return None
-
-
 class EngineEvents:
     """What a vLLM simulator's engine would publish for the requests it served, on `publisher`.
 
@@ -203,10 +179,6 @@ class EngineEvents:
         r = self._http.post("/tokenize", json=ask)
         r.raise_for_status()
         return list(r.json()["tokens"])
-
-    def served(self) -> int:
-        """Generation requests the simulator received so far."""
-        return int(self._http.get("/sim/stats").json()["requests_total"])
 
     def last_body(self) -> dict[str, Any]:
         r = self._http.get("/sim/requests", params={"limit": 1})

@@ -22,8 +22,8 @@ from policies.features import FeatureConfig, extract_features
 from policies.prefix_affinity import PrefixAffinity
 from policies.types import BackendView, PoolView
 from tests.conftest import MODEL, fast_sim, single_pool_config
-from tests.gateway.routing.kv_publisher import EngineEvents, Publisher, received_chat
-from tests.support import GatewayProcess
+from tests.gateway.routing.kv_publisher import EngineEvents, Publisher
+from tests.support import GatewayProcess, received_chat
 
 WORKERS = 4
 TOOLS = [

@@ -31,8 +31,7 @@ from policies.features import FeatureConfig, extract_features
 from policies.prefix_affinity import PrefixAffinity
 from policies.types import BackendView, FleetSnapshot, PoolView
 from tests.conftest import MODEL, fast_sim, single_pool_config
-from tests.gateway.routing.kv_publisher import received_chat
-from tests.support import GatewayProcess, RedisServer, wait_until
+from tests.support import GatewayProcess, RedisServer, received_chat, wait_until
 
 NAMES = ["vllm-0", "vllm-1"]
 
