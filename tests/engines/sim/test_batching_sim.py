@@ -16,6 +16,7 @@ import pytest
 from engines.sim.launcher import SimProcess
 from gateway.cli import build_parser
 from tests.engines.sim.helpers import metric, stats
+from tests.support import measured_async
 
 CHAT = "/v1/chat/completions"
 
@@ -41,17 +42,31 @@ async def test_ttft_grows_linearly_with_uncached_prompt_tokens(engine: str) -> N
     take ~0.04, ~0.44 and ~0.84 s to the first token (one step each, a = 2 ms). Each extra 1,000
     tokens adds ~0.4 s, within 0.3-0.5 s; a warm repeat of the longest skips nearly all of it."""
     flags = ["--itl-ms", "2", "--prefill-us-per-token", "400", "--decode-us-per-seq", "0"]
+
+    def linear(times: tuple[list[float], float]) -> bool:
+        cold, warm = times
+        step1, step2 = cold[1] - cold[0], cold[2] - cold[1]
+        return (
+            0.3 < step1 < 0.5
+            and 0.3 < step2 < 0.5
+            and abs(step1 - step2) < 0.1  # linear: equal tokens, equal time
+            and warm < cold[0] + 0.1  # the cached prefix is not prefilled again
+        )
+
     with SimProcess(engine, extra=flags) as p:
         async with httpx.AsyncClient(base_url=p.base_url, timeout=20) as client:
             await first_token(client, "warm up the connection")
-            cold = [
-                await first_token(client, words(tag, n)) for tag, n in (("a", 100), ("b", 1100), ("c", 2100))
-            ]
-            warm = await first_token(client, words("c", 2100))
-    step1, step2 = cold[1] - cold[0], cold[2] - cold[1]
-    assert 0.3 < step1 < 0.5 and 0.3 < step2 < 0.5, cold
-    assert abs(step1 - step2) < 0.1, cold  # linear: equal tokens, equal time
-    assert warm < cold[0] + 0.1, (warm, cold)  # the cached prefix is not prefilled again
+            tries = iter(range(100))
+
+            async def times() -> tuple[list[float], float]:
+                k = next(tries)  # new prompts each try: the last try's are cached
+                sizes = ((f"a{k}_", 100), (f"b{k}_", 1100), (f"c{k}_", 2100))
+                cold = [await first_token(client, words(tag, n)) for tag, n in sizes]
+                return cold, await first_token(client, words(f"c{k}_", 2100))
+
+            # a stall of this process or the simulator's moves a first token by its length (`measured`)
+            taken = await measured_async(times, linear)
+    assert linear(taken[-1]), taken
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
@@ -83,22 +98,32 @@ async def test_inter_token_latency_rises_with_the_batch(engine: str) -> None:
                     stamps.append(time.perf_counter())
         return [b - a for a, b in itertools.pairwise(stamps)]
 
+    def median(xs: list[float]) -> float:
+        return sorted(xs)[len(xs) // 2]
+
+    def rises(mid: tuple[float, float]) -> bool:
+        return 0.008 < mid[0] < 0.03 and 0.07 < mid[1] < 0.12 and mid[1] > 4 * mid[0]
+
     with SimProcess(engine, extra=flags) as p:
         async with httpx.AsyncClient(base_url=p.base_url, timeout=30) as client:
             await gaps(client)
-            alone = await gaps(client)
-            others = {**body, "stream": False, "max_tokens": 60}  # ~5 s of decoding, the measured stream ~2 s
-            background = [asyncio.create_task(client.post(CHAT, json=others)) for _ in range(15)]
-            for _ in range(200):  # until the others are decoding
-                if (await client.get("/sim/stats")).json()["running"] >= 15:
-                    break
-                await asyncio.sleep(0.01)
-            crowded = await gaps(client)
-            await asyncio.gather(*background)
-    mid = sorted(alone)[len(alone) // 2], sorted(crowded)[len(crowded) // 2]
-    assert 0.008 < mid[0] < 0.03, alone
-    assert 0.07 < mid[1] < 0.12, crowded
-    assert mid[1] > 4 * mid[0]
+
+            async def mids() -> tuple[float, float]:
+                """The median gap of a stream alone, then of one with 15 others decoding beside it."""
+                alone = await gaps(client)
+                others = {**body, "stream": False, "max_tokens": 60}  # ~5 s of decoding, the measured ~2 s
+                background = [asyncio.create_task(client.post(CHAT, json=others)) for _ in range(15)]
+                for _ in range(200):  # until the others are decoding
+                    if (await client.get("/sim/stats")).json()["running"] >= 15:
+                        break
+                    await asyncio.sleep(0.01)
+                crowded = await gaps(client)
+                await asyncio.gather(*background)
+                return median(alone), median(crowded)
+
+            # a stall of this process or the simulator's moves the gaps it overlaps (`measured`)
+            taken = await measured_async(mids, rises, tries=3)
+    assert rises(taken[-1]), taken
 
 
 def scrape(base: str) -> str:

@@ -11,6 +11,7 @@ import pytest
 
 from engines.sim.launcher import SimProcess
 from tests.engines.sim.helpers import metric, stats
+from tests.support import measured
 
 CHAT = "/v1/chat/completions"
 SYSTEM = "You are a meticulous assistant. " + " ".join(f"rule{i} applies to case{i}." for i in range(300))
@@ -146,18 +147,19 @@ def test_stream_takes_ttft_plus_itl_per_later_token(engine: str) -> None:
     with SimProcess(engine, extra=[*flags, "--min-output-tokens", "6", "--max-output-tokens", "6"]) as p:
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "stream": True}
         httpx.post(p.base_url + CHAT, json=body, timeout=10)  # warm up the connection path
-        takes = []
-        for _ in range(4):  # a busy machine only ever adds time: the fastest of four is the model's
+
+        def take() -> float:
             t0 = time.perf_counter()
             with httpx.stream("POST", p.base_url + CHAT, json=body, timeout=10) as r:
                 events = [line for line in r.iter_lines() if line.startswith("data: {")]
-            takes.append(time.perf_counter() - t0)
             assert len(events) >= 6
-    # 1 + 5 x 150 ms (a stream may join the shared tick a little early: 750 ms measured); one ITL
-    # more would be >= 0.9, one less <= 0.6. (At 40 ms the margin for a busy machine was 34 ms,
-    # and the full suite once measured 240 ms on a shared machine; at 80 ms it once read 488 ms
-    # against a bound of 460.)
-    assert 0.62 < min(takes) < 0.86, takes
+            return time.perf_counter() - t0
+
+        # 1 + 5 x 150 ms (a stream may join the shared tick a little early: 750 ms measured); one ITL
+        # more would be >= 0.9, one less <= 0.6. A busy machine only adds time (four streams of one
+        # `make test` run took 1.04-1.44 s), so the stream is timed again, a few times at most.
+        takes = measured(take, lambda t: 0.62 < t < 0.86)
+    assert 0.62 < takes[-1] < 0.86, takes
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
@@ -170,13 +172,17 @@ def test_batching_steps_keep_their_period(engine: str) -> None:
     with SimProcess(engine, extra=flags) as p:
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "stream": True}
         httpx.post(p.base_url + CHAT, json=body, timeout=10)
-        spans = []
-        for _ in range(4):
+
+        def span() -> float:
             stamps = []
             with httpx.stream("POST", p.base_url + CHAT, json=body, timeout=10) as r:
                 for line in r.iter_lines():
                     if '"content":"' in line and '"content":""' not in line:
                         stamps.append(time.perf_counter())
             assert len(stamps) == 6
-            spans.append(stamps[-1] - stamps[0])
-    assert 0.36 < min(spans) < 0.44, spans
+            return stamps[-1] - stamps[0]
+
+        # a stall while a stream is read moves its span either way (0.17 and 0.46 s beside 0.41 s in
+        # one `make test` run): the stream is timed again, a few times at most (`measured`)
+        spans = measured(span, lambda s: 0.36 < s < 0.44)
+    assert 0.36 < spans[-1] < 0.44, spans
