@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The suite as `make test` runs it: three pytest processes side by side - tests/real_engines/ with a
-# few other parts (SIDE below) in one, the routing, admission and reliability tests (ROUTING) in
-# another, everything else in the third. Each test waits most of its time on other processes (vLLM and
-# SGLang, whose startup alone is ~50 s; simulators; gateways): one pytest process after another the
-# machine's two cores were busy only ~1.2 of the time, so the slowest of the runs sets the wall time,
-# and the parts are chosen to make the three about as long (docs/operations.md, "The test suite").
-# `.venv/bin/pytest` alone still runs everything in one process.
+# few other parts (SIDE below) in one, the routing and admission tests and the engine simulators' own
+# (ROUTING) in another, everything else in the third. Each test waits most of its time on other
+# processes (vLLM and SGLang, whose startup alone is ~50 s; simulators; gateways): one pytest process
+# after another the machine's two cores were busy only ~1.2 of the time, so the slowest of the runs
+# sets the wall time, and the parts are chosen to make the three about as long (docs/operations.md,
+# "The test suite"). `.venv/bin/pytest` alone still runs everything in one process.
 #
 # Extra arguments go to every run (e.g. `scripts/test.sh -x`). The other runs' output is kept in
 # .pytest-real-engines.log and .pytest-routing.log and printed after the main run's; the exit status is
@@ -20,15 +20,19 @@ PYTEST="${VENV:-.venv}/bin/pytest"
 # git-ignored __pycache__/ directories instead.
 unset PYTHONDONTWRITEBYTECODE
 
-# How the parts were balanced (2026-12-06, each part's summed test durations with the three runs side
-# by side): the real engines 293 s, tests/engines 99, tests/reliability 73, tests/deploy 58,
-# tests/bench 37, tests/clients 16; routing 255, control 78, admission 68; apis 119, upstream 80,
-# observability 42, the top-level gateway tests 38, policies 29. With two runs (tests/routing, control
-# and admission in the main one) the side run took 573-615 s and the main one 462-577 s.
-# tests/bench stays out of the run with tests/gateway/admission: with both in one run (2026-12-02)
-# test_limits_share.py failed twice (its redis client's 1 s timeouts), never without.
+# How the parts were balanced (2026-12-06, each part's summed test durations with three runs side by
+# side): the real engines 293 s, tests/engines 99, tests/reliability 73, tests/deploy 58, tests/bench
+# 37, tests/clients 16; routing 255, control 78, admission 68; apis 119, upstream 80, observability 42,
+# the top-level gateway tests 38, policies 29. With two runs (routing, control and admission in the
+# main one) the side run took 573-615 s and the main one 462-577 s.
+# - tests/engines comes last in its run: its timing tests (a simulator keeping its step period) ran
+#   first in the main run, beside the real engines' start (vLLM and SGLang importing PyTorch hold both
+#   cores for ~50 s), where four and then six streams in a row took 0.98-1.44 s against the model's
+#   0.75 (two runs of three).
+# - tests/bench stays out of the run with tests/gateway/admission: with both in one run (2026-12-02)
+#   test_limits_share.py failed twice (its redis client's 1 s timeouts), never without.
 SIDE=(tests/real_engines tests/deploy tests/bench tests/clients tests/gateway/observability)
-ROUTING=(tests/gateway/routing tests/gateway/admission tests/reliability)
+ROUTING=(tests/gateway/routing tests/gateway/admission tests/engines)
 LOG=.pytest-real-engines.log
 LOG_ROUTING=.pytest-routing.log
 IGNORE=()
