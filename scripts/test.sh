@@ -28,7 +28,7 @@ unset PYTHONDONTWRITEBYTECODE
 # - tests/engines comes last in its run: its timing tests (a simulator keeping its step period) ran
 #   first in the main run, beside the real engines' start (vLLM and SGLang importing PyTorch hold both
 #   cores for ~50 s), where four and then six streams in a row took 0.98-1.44 s against the model's
-#   0.75 (two runs of three).
+#   0.75 (in two of five runs).
 # - tests/bench stays out of the run with tests/gateway/admission: with both in one run (2026-12-02)
 #   test_limits_share.py failed twice (its redis client's 1 s timeouts), never without.
 SIDE=(tests/real_engines tests/deploy tests/bench tests/clients tests/gateway/observability)

@@ -529,10 +529,10 @@ def test_a_documents_proposal_adds_the_other_processes_working_sets_and_queued_p
     assert seen["b0"] == (2, 750) and seen["b1"] == (0, 50)
 
 
-def one_tool_set(n: int = 40) -> list[RequestFeatures]:
+def one_tool_set(n: int = 40, seed: int = 11) -> list[RequestFeatures]:
     """`n` requests of one agent's tool set (a ~900-word schema, then a short question each): one
     prefix group, all of its pool's traffic."""
-    rng = random.Random(11)
+    rng = random.Random(seed)
     tools = [{"type": "function", "function": {"name": "f", "description": text(rng, 900), "parameters": {}}}]
     return [with_prompt([{"role": "user", "content": text(rng, 20)}], tools=tools) for _ in range(n)]
 
@@ -558,12 +558,7 @@ def test_a_new_group_is_not_placed_beside_a_warm_up() -> None:
     target = next(c.warm for c in choices if c.warm is not None)
     placed = 0
     for seed in range(300):  # new groups whose rendezvous order puts the warm-up's target first
-        r = random.Random(1000 + seed)
-        schema = {
-            "type": "function",
-            "function": {"name": "g", "description": text(r, 900), "parameters": {}},
-        }
-        new = with_prompt([{"role": "user", "content": text(r, 20)}], tools=[schema])
+        new = one_tool_set(1, seed=1000 + seed)[0]
         if policy.rank(p, new)[0].name != target:
             continue
         choice = policy.select(p, new, 0.0)
