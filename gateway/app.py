@@ -18,6 +18,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import urlsplit
 
 import orjson
 from redis.asyncio import Redis
@@ -160,20 +161,42 @@ class Gateway:
         admit = self.admission.admit_stages(route.shared)
         sanitise = self.admission.sanitise_stage(features)
         validate = ValidateStage()
+        media = self.admission.media_stage(self._engine_hosts)
         proxy = ProxyStage(transport, s.upstream, route.reroute, self._on_upstream_error)
         permits = self.admission.permits
         parse = ParseStage(self.models, s.server.max_body_bytes, permits)
         apis = self.apis
-        chat: list[Stage] = [*auth, parse, validate, sanitise, *admit, route, proxy]
+        chat: list[Stage] = [*auth, parse, validate, media, sanitise, *admit, route, proxy]
         pipelines: dict[Api, list[Stage]] = {
             "chat": chat,
-            "responses": [*auth, parse, apis.responses_intake(), validate, sanitise, *admit, route, proxy],
-            "messages": [*auth, parse, apis.messages_intake(), validate, sanitise, *admit, route, proxy],
+            "responses": [
+                *auth,
+                parse,
+                apis.responses_intake(),
+                validate,
+                media,
+                sanitise,
+                *admit,
+                route,
+                proxy,
+            ],
+            "messages": [
+                *auth,
+                parse,
+                apis.messages_intake(),
+                validate,
+                media,
+                sanitise,
+                *admit,
+                route,
+                proxy,
+            ],
             "messages.count_tokens": [
                 *auth,
                 parse,
                 apis.messages_intake(count_only=True),
                 validate,
+                media,
                 sanitise,
                 *admit,
                 apis.count_tokens(),
@@ -205,6 +228,10 @@ class Gateway:
             and s.redis.mode != "cluster"
             and s.routing.policy != "round_robin"
         )
+
+    def _engine_hosts(self) -> list[str]:
+        """The backends' hosts (media must never come from an engine's address)."""
+        return [urlsplit(b.url).hostname or "" for b in self.fleet.backends.values()]
 
     async def _get_json(self, url: str) -> Any:
         """A backend's JSON answer to a GET (KV event discovery), None when not 200."""

@@ -8,6 +8,12 @@ do not depend on later messages, so a conversation that grows turn by turn keeps
 `response_format` goes last because engines do not put it into the prompt: it must not move the
 prefix, yet it still differs between JSON-mode and plain requests in the final blocks.
 
+Media. An image, audio or video item is rendered as its digest (`policies.media.media_digest`)
+repeated over as many bytes as its estimated tokens take (`policies.media.MEDIA_TOKENS`), as an engine
+puts a run of placeholder tokens keyed by the item's hash into the prompt: conversations that differ
+only in an image share their blocks up to the image and differ from it on, and the estimate counts the
+item by its tokens, not by its URL's base64 length.
+
 Token estimate. `prompt_tokens = ceil(len(rendered_bytes) / bytes_per_token)` (default 4 bytes per
 token; English text and JSON come out within roughly ±30 %, CJK text is underestimated). Token-id
 prompts of `/v1/completions` are counted exactly. No per-token Python objects are created.
@@ -40,6 +46,7 @@ from typing import Any
 import orjson
 
 from policies.hashing import mix64
+from policies.media import MEDIA_TOKENS, media_digest, media_refs
 from policies.types import RequestFeatures, ToolChoice
 
 _SORT = orjson.OPT_SORT_KEYS
@@ -96,7 +103,7 @@ def extract_features(
     exact_tokens: int | None = None
     batch: tuple[int, ...] = ()
     if "messages" in body:
-        rendered, preamble_end, anchor_end, history_end = _render_chat(body)
+        rendered, preamble_end, anchor_end, history_end = _render_chat(body, config.bytes_per_token)
     else:
         prompt = body.get("prompt")
         rendered, exact_tokens = render_prompt(prompt)
@@ -121,14 +128,16 @@ def extract_features(
     )
 
 
-def render_chat(body: Mapping[str, Any]) -> tuple[bytes, int, int]:
+def render_chat(
+    body: Mapping[str, Any], bytes_per_token: int = DEFAULT_FEATURE_CONFIG.bytes_per_token
+) -> tuple[bytes, int, int]:
     """The canonical bytes of a chat request and the byte offsets where its preamble (tool schemas,
     system and developer messages) and its anchor (preamble + first other message) end."""
-    rendered, preamble_end, anchor_end, _ = _render_chat(body)
+    rendered, preamble_end, anchor_end, _ = _render_chat(body, bytes_per_token)
     return rendered, preamble_end, anchor_end
 
 
-def _render_chat(body: Mapping[str, Any]) -> tuple[bytes, int, int, int]:
+def _render_chat(body: Mapping[str, Any], bytes_per_token: int) -> tuple[bytes, int, int, int]:
     """`render_chat` plus the offset where the last message starts (the end of the history an earlier
     turn of the same conversation has already sent; the preamble's end for a first turn)."""
     parts: list[bytes] = []
@@ -140,7 +149,7 @@ def _render_chat(body: Mapping[str, Any]) -> tuple[bytes, int, int, int]:
         size += len(part)
     preamble_end = anchor_end = last_start = -1
     for message in body.get("messages") or ():
-        part = b"\n" + _render_message(message)
+        part = b"\n" + _render_message(message, bytes_per_token)
         if anchor_end < 0 and message.get("role") not in _PREAMBLE_ROLES:
             preamble_end = size
             anchor_end = size + len(part)
@@ -156,10 +165,12 @@ def _render_chat(body: Mapping[str, Any]) -> tuple[bytes, int, int, int]:
     return rendered, preamble_end, anchor_end, max(last_start, preamble_end)
 
 
-def _render_message(message: Mapping[str, Any]) -> bytes:
+def _render_message(message: Mapping[str, Any], bytes_per_token: int) -> bytes:
     content = message.get("content")
     if isinstance(content, list):
         content = _flatten_text_parts(content)
+        if isinstance(content, list):
+            content = _media_by_digest(content, bytes_per_token)
     return _dumps(
         (
             message.get("role"),
@@ -169,6 +180,24 @@ def _render_message(message: Mapping[str, Any]) -> bytes:
             message.get("tool_call_id"),
         )
     )
+
+
+def _media_by_digest(content: list[Any], bytes_per_token: int) -> list[Any]:
+    """`content` with each media item's URL replaced by its digest, repeated over the bytes of the
+    item's estimated tokens (see the module docstring)."""
+    out: list[Any] = []
+    for part in content:
+        refs = media_refs(part) if isinstance(part, dict) else []
+        if not refs:
+            out.append(part)
+            continue
+        marked = dict(part)
+        for ref in refs:
+            digest = media_digest(ref.url) if ref.url is not None else str(part.get("uuid"))
+            size = MEDIA_TOKENS[ref.kind] * bytes_per_token
+            marked[ref.key] = (digest * (size // len(digest) + 1))[:size]
+        out.append(marked)
+    return out
 
 
 def _dumps(value: Any) -> bytes:

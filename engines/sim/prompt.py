@@ -10,6 +10,7 @@ schemas when tools are rendered), then every other message in order, then the ge
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -26,12 +27,24 @@ def content_text(content: Any) -> str:
             if isinstance(part, dict):
                 if isinstance(part.get("text"), str):
                     parts.append(part["text"])
-                elif part.get("type") in ("image_url", "input_audio", "video_url"):
-                    parts.append(f"<|{part['type']}|>")
+                elif part.get("type") in _MEDIA_TYPES:
+                    parts.append(f"<|{part['type']} {_media_id(part)}|>")
             elif isinstance(part, str):
                 parts.append(part)
         return "\n".join(parts)
     return str(content)
+
+
+#: content parts that carry media; a medium enters the prompt as a placeholder naming its content, so
+#: different images never share cached blocks (as SGLang pads an image's tokens with its hash)
+_MEDIA_TYPES = ("image_url", "input_audio", "audio_url", "video_url")
+
+
+def _media_id(part: dict[str, Any]) -> str:
+    value = part.get(part["type"])
+    if isinstance(value, dict):
+        value = value.get("url", value.get("data"))
+    return hashlib.blake2b(str(value).encode(), digest_size=6).hexdigest()
 
 
 def render_chat(messages: list[Any], tools: list[Any] | None, add_generation_prompt: bool = True) -> str:

@@ -15,7 +15,7 @@ admin API. What admission reports (rejections, Redis timings) goes to the `Obser
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -32,6 +32,8 @@ from gateway.admission.jwt_auth import JwtVerifier
 from gateway.admission.limits import FailoverLimiter, StoreDown
 from gateway.admission.limits_local import LocalLimiter
 from gateway.admission.limits_redis import RedisLimiter
+from gateway.admission.media import MediaStage
+from gateway.admission.media_fetch import MediaFetcher
 from gateway.admission.sanitise import SanitiseStage
 from gateway.admission.settings import AuthSettings, LimitsSettings, SanitiseSettings
 from gateway.admission.spend import PeriodClock, SpendBook, SpendReport
@@ -87,6 +89,7 @@ class Admission:
             "gateway_limiter_redis_outages", "Times the shared limiter lost Redis.", registry=r
         )
         self.jwks: JwksCache | None = None
+        self._media_fetcher: MediaFetcher | None = None
         if auth.jwt.jwks_url:
             j = auth.jwt
             self.jwks = JwksCache(
@@ -131,6 +134,16 @@ class Admission:
     def sanitise_stage(self, features: FeatureConfig) -> SanitiseStage:
         """After ValidateStage; `features` must be the routing's config (its estimate is reused)."""
         return SanitiseStage(self._sanitise, features, self.count_rejection)
+
+    def media_stage(self, engine_hosts: Callable[[], Iterable[str]]) -> MediaStage:
+        """After ValidateStage, before SanitiseStage (whose estimate reads the inlined media):
+        `engine_hosts` are the backends' hosts, whose addresses media may never come from."""
+        m = self._sanitise.media
+        if self._media_fetcher is None:
+            self._media_fetcher = MediaFetcher(
+                m.allowed_hosts, m.max_bytes, m.fetch_timeout_s, engine_hosts=engine_hosts
+            )
+        return MediaStage(m, self._media_fetcher, self.count_rejection)
 
     def admit_stages(self, share: LoadShare | None = None) -> list[AdmitStage]:
         """After SanitiseStage; none when no limit or budget is configured and no API key can carry a
@@ -257,6 +270,8 @@ class Admission:
             await self._wire.aclose()
         if self.jwks is not None:
             await self.jwks.aclose()
+        if self._media_fetcher is not None:
+            await self._media_fetcher.aclose()
 
     def describe(self, shared: bool) -> str:
         """One start-up line on how admission runs in this process."""

@@ -30,6 +30,7 @@ from gateway.admission.settings import SanitiseSettings
 from gateway.core.context import RequestContext
 from gateway.core.responses import Response
 from policies.features import DEFAULT_FEATURE_CONFIG, FeatureConfig, extract_features
+from policies.media import INLINE_AUDIO_KEY, MEDIA_KEYS
 
 #: (stage, reason, ctx) → count a rejection (gateway_rejections; `Metrics.reject`)
 RejectHook = Callable[[str, str, RequestContext], None]
@@ -40,6 +41,8 @@ _CONTROL_RE = re.compile(_CONTROL)
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 #: top-level fields whose strings reach the prompt
 _TEXT_FIELDS = ("messages", "prompt", "suffix", "tools")
+#: content-part keys of media items (policies/media.py), checked by the media stage instead
+_MEDIA_KEYS = frozenset((*MEDIA_KEYS, INLINE_AUDIO_KEY))
 
 
 class _Reject(Exception):
@@ -290,6 +293,8 @@ class SanitiseStage:
             )
         if t is dict:
             for k, v in node.items():
+                if k in _MEDIA_KEYS and path[0] == "messages":
+                    continue  # the media stage bounds media items (their size cap, not a string's)
                 path.append(k)
                 new = self._walk(v, depth + 1, path, rules)
                 if new is not v:

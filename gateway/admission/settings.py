@@ -275,6 +275,30 @@ DEFAULT_SPECIAL_TOKENS = (
 )
 
 
+class MediaSettings(_Model):
+    """Media parts (images, audio, video) in chat, Responses and Messages requests (docs/admission.md,
+    *Media*). Engines fetch media URLs themselves, so the gateway decides which may reach them."""
+
+    #: hosts whose `http(s)` media the gateway fetches and forwards inline (`images.example.com`, or
+    #: `*.example.com` for the names under it); empty: only `data:` URLs are accepted
+    allowed_hosts: list[str] = Field(default_factory=list)
+    #: media items in one request at most (0 refuses every media part)
+    max_parts: int = Field(32, ge=0)
+    #: largest media item, decoded, in bytes (a `data:` URL's payload or a fetched body)
+    max_bytes: int = Field(20 * 1024 * 1024, ge=1024)
+    #: how long fetching one allowed URL may take, redirects included
+    fetch_timeout_s: float = Field(10.0, gt=0)
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, v: list[str]) -> list[str]:
+        for host in v:
+            bare = host[2:] if host.startswith("*.") else host
+            if not bare or any(c in bare for c in "/@ *\t"):
+                raise ValueError(f"{host!r} is not a host name (write images.example.com or *.example.com)")
+        return v
+
+
 class SanitiseSettings(_Model):
     #: deepest JSON nesting accepted anywhere in the body
     max_json_depth: int = Field(32, ge=4, le=512)
@@ -298,6 +322,7 @@ class SanitiseSettings(_Model):
     #: reject when the estimated prompt exceeds the model's context by more than this share
     #: (the estimate is ~4 bytes per token; the slack keeps estimate error from refusing valid prompts)
     context_slack: float = Field(0.1, ge=0, le=1)
+    media: MediaSettings = MediaSettings()
 
     @field_validator("special_token_list", "template_marker_list")
     @classmethod

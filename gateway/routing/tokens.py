@@ -40,6 +40,7 @@ from typing import Any, Protocol
 from engines.request import prompt_tools
 from gateway.core.settings import ModelSettings
 from policies.kv_blocks import PromptBlocks, salt_extra, seed_for, token_bytes
+from policies.media import media_digest, media_refs
 
 log = logging.getLogger("gateway.tokens")
 
@@ -524,7 +525,10 @@ def _compile(source: str) -> Any:
 
 
 def _message(message: Any) -> Any:
-    """A message as vLLM hands it to a string-content template: text parts joined by newlines."""
+    """A message as vLLM hands it to a string-content template: text parts joined by newlines. A
+    media item is followed by a text part naming its digest, so blocks from the item on are keyed by
+    it, as the engines key them (vLLM's multimodal extra keys, SGLang's padded token ids): different
+    images never share those blocks, while the text before them still does."""
     if not isinstance(message, Mapping):
         return message
     content = message.get("content")
@@ -532,7 +536,18 @@ def _message(message: Any) -> Any:
         texts = [p.get("text") for p in content if isinstance(p, Mapping) and p.get("type") == "text"]
         if len(texts) == len(content):
             return {**message, "content": "\n".join(str(t) for t in texts)}
+        return {**message, "content": _media_marked(content)}
     return message
+
+
+def _media_marked(content: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for part in content:
+        out.append(part)
+        for ref in media_refs(part) if isinstance(part, dict) else ():
+            mark = media_digest(ref.url) if ref.url is not None else str(part.get("uuid"))
+            out.append({"type": "text", "text": f"<media {mark}>"})
+    return out
 
 
 def _tools(tools: Any) -> Any:

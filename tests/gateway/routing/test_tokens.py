@@ -286,3 +286,41 @@ async def test_a_full_worker_or_a_failing_encoding_routes_without_tokens(tok_dir
         assert await broken.blocks_async(chat("short")) is not None
     finally:
         broken.close()
+
+
+VL_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n"
+    "{% if message.content is string %}{{ message.content }}{% else %}{% for part in message.content %}"
+    "{% if part.type == 'image_url' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part.type == 'text' %}{{ part.text }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def with_image(url: str) -> dict[str, Any]:
+    system = "You describe pictures in detail. " * 12
+    content = [{"type": "text", "text": "What is in it?"}, {"type": "image_url", "image_url": {"url": url}}]
+    return {
+        "model": "m",
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": content}],
+    }
+
+
+@pytest.mark.parametrize("tokenizer", ["hf", "sim"])
+def test_different_images_share_the_text_before_them_and_no_block_after(
+    tok_dir: Path, tmp_path: Path, tokenizer: str
+) -> None:
+    if tokenizer == "hf":
+        (tmp_path / "tokenizer.json").write_bytes((tok_dir / "tokenizer.json").read_bytes())
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": VL_TEMPLATE}))
+        tokens = PromptTokens({"m": HfTokenizer(tmp_path)})
+    else:
+        tokens = PromptTokens({"m": SimTokenizer()})
+    a = tokens.blocks(with_image("data:image/png;base64,AAAA"))
+    b = tokens.blocks(with_image("data:image/png;base64,BBBB"))
+    again = tokens.blocks(with_image("data:image/png;base64,AAAA"))
+    assert a is not None and b is not None and again is not None
+    assert a.keys(4) == again.keys(4)
+    shared = [x == y for x, y in zip(a.keys(4), b.keys(4), strict=False)]
+    assert shared[0] and not shared[-1]  # the system prompt is one prefix; the image sets them apart
+    assert shared == sorted(shared, reverse=True)  # once apart, apart for good
