@@ -11,10 +11,13 @@ from collections.abc import Sequence
 def _serve(args: argparse.Namespace) -> None:
     from gateway.routing.tokens import tokenizer_problem
     from gateway.server import serve
-    from gateway.settings import load_settings
+    from gateway.settings import ConfigError, load_settings
 
     os.environ["GATEWAY_CONFIG"] = os.path.abspath(args.config)
-    settings = load_settings(args.config)
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        sys.exit(f"gateway serve: {exc}")
     # before any worker starts: a tokenizer that is not there is a deployment error, said once
     problems = [p for m in settings.models if m.tokenizer and (p := tokenizer_problem(m.name, m.tokenizer))]
     if problems:

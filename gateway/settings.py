@@ -11,12 +11,13 @@ honoured as the conventional short forms.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import model_validator
+from pydantic import ValidationError, model_validator
 
 from gateway.admission.settings import AuthSettings, LimitsSettings, SanitiseSettings
 from gateway.apis.settings import ApisSettings, ResponsesSettings
@@ -40,6 +41,7 @@ __all__ = [
     "ApisSettings",
     "AuthSettings",
     "BackendSettings",
+    "ConfigError",
     "HealthSettings",
     "KvEventsSettings",
     "LimitsSettings",
@@ -102,13 +104,42 @@ class Settings(SettingsModel):
             missing = set(rule.pools) - set(names)
             if missing:
                 raise ValueError(f"rule {rule.name!r} names unknown pools: {sorted(missing)}")
+        self._auth_has_keys()
         return self
+
+    def _auth_has_keys(self) -> None:
+        """Authentication never turns itself off: with an `auth` section, or listening beyond this
+        machine, a missing key source is an error. Anonymous serving takes `auth.enabled: false`,
+        or a loopback-only gateway without an `auth` section (development)."""
+        auth = self.auth
+        if auth.enabled is False or auth.jwt.has_keys or (auth.enabled and auth.api_keys.enabled):
+            return
+        if "auth" in self.model_fields_set:
+            why = "the config has an auth section"
+        elif not _loopback(self.server.host):
+            why = f"server.host {self.server.host} is reachable from other machines"
+        else:
+            return
+        raise ValueError(
+            f"auth: authentication has no key source ({why}): set GATEWAY_JWT_SECRET (or auth.jwt.secret), "
+            "auth.jwt.public_keys or auth.jwt.jwks_url; to serve every request anonymously, set "
+            "auth.enabled: false"
+        )
 
     def model(self, name: str) -> ModelSettings | None:
         for m in self.models:
             if m.name == name:
                 return m
         return None
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
@@ -141,10 +172,31 @@ def parse_settings(data: dict[str, Any], environ: dict[str, str] | None = None) 
     return Settings.model_validate(_merge(data, _env_overrides(env)))
 
 
+class ConfigError(ValueError):
+    """A config file that cannot be used: `str()` names the file and, one line each, what is wrong."""
+
+
 def load_settings(path: str | Path, environ: dict[str, str] | None = None) -> Settings:
-    """Settings from a YAML file, with environment overrides applied."""
-    with open(path, encoding="utf-8") as f:
-        data = yaml.safe_load(f) or {}
+    """Settings from a YAML file, with environment overrides applied; `ConfigError` when the file
+    cannot be read, is not YAML, or does not describe valid settings."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: the top level must be a mapping")
-    return parse_settings(data, environ)
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    try:
+        return parse_settings(data, environ)
+    except ValidationError as exc:
+        lines = [_where(e["loc"]) + e["msg"].removeprefix("Value error, ") for e in exc.errors()]
+        raise ConfigError(f"{path}:\n  " + "\n  ".join(lines)) from None
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    """A pydantic error location as a dotted key and a colon (`pools[0].backends: `); nothing for a
+    check across sections, whose message names its keys."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return f"{out}: " if out else ""

@@ -88,6 +88,12 @@ class Admission:
         self._limiter_outages = Counter(
             "gateway_limiter_redis_outages", "Times the shared limiter lost Redis.", registry=r
         )
+        self._auth_enabled = Gauge(
+            "gateway_auth_enabled",
+            "1 when requests are authenticated; 0 when every request is served as anonymous.",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
         self.jwks: JwksCache | None = None
         self._media_fetcher: MediaFetcher | None = None
         if auth.jwt.jwks_url:
@@ -110,6 +116,7 @@ class Admission:
             self.authenticator = Authenticator(
                 jwt, self.api_keys if k.enabled else None, self.count_rejection
             )
+        self._auth_enabled.set(1 if self.authenticator is not None else 0)
         self.limiter = FailoverLimiter(
             LocalLimiter(window_s=limits.window_s),
             limits.on_redis_error,
@@ -261,6 +268,11 @@ class Admission:
         if self.jwks is not None:
             await self.jwks.start()
         log.info("%s", self.describe(redis is not None))
+        if self.authenticator is None:
+            log.warning(
+                "AUTHENTICATION IS OFF: every request is served as 'anonymous' (%s); /admin/* is refused",
+                "auth.enabled: false" if self._auth.enabled is False else "no auth section, loopback only",
+            )
 
     async def aclose(self) -> None:
         await self.limiter.aclose()

@@ -19,6 +19,9 @@ DOC = compose()
 SERVICES: dict[str, dict[str, Any]] = DOC["services"]
 GPU_ENGINES = {"vllm", "sglang"}
 
+#: the secret compose hands the gateway (`GATEWAY_JWT_SECRET`): the configs refuse to start without one
+SECRET_ENV = {"GATEWAY_JWT_SECRET": "s" * 32}
+
 
 def profiles(name: str) -> list[str]:
     return list(SERVICES[name].get("profiles", []))
@@ -138,7 +141,7 @@ def test_gateway_config_env_and_shutdown() -> None:
     assert sim_env["COMPOSE_PROFILES"] == "sim"
     grace = int(gateway["stop_grace_period"].rstrip("s"))
     for profile, config in (("gpu", default), ("sim", sim_env["GATEWAY_CONFIG_FILE"])):
-        settings = load_settings(COMPOSE_DIR / config, environ={})
+        settings = load_settings(COMPOSE_DIR / config, environ=SECRET_ENV)
         assert settings.server.graceful_shutdown_s < grace, "compose would SIGKILL draining streams"
         assert settings.redis.url == env["REDIS_URL"]
         hosts = {re.match(r"http://([^:/]+)", b.url).group(1) for p in settings.pools for b in p.backends}  # type: ignore[union-attr]
@@ -241,7 +244,7 @@ def test_engines_publish_kv_events_and_the_gateway_follows_them() -> None:
         config = json.loads(argv[argv.index("--kv-events-config") + 1])
         assert config["publisher"] == "zmq" and config["endpoint"] == "tcp://*:5557", name
         assert config.get("enable_kv_cache_events", name == "sglang") is True
-    settings = load_settings(COMPOSE_DIR / "gateway.gpu.yaml", environ={})
+    settings = load_settings(COMPOSE_DIR / "gateway.gpu.yaml", environ=SECRET_ENV)
     pools = {p.name: p for p in settings.pools}
     assert pools["vllm"].kv_event_discovery and pools["sglang"].kv_event_discovery
     assert all(b.kv_events is None for p in settings.pools for b in p.backends)

@@ -63,7 +63,8 @@ def test_environment_names_real_settings() -> None:
     env = _env(RUNTIME)
     gateway_env = {k: v for k, v in env.items() if k.startswith("GATEWAY_")}
     assert {"GATEWAY_SERVER__HOST", "GATEWAY_SERVER__PORT", "GATEWAY_SERVER__WORKERS"} <= set(gateway_env)
-    settings = load_settings(ROOT / "deploy/gateway.example.yaml", environ=gateway_env)
+    secret = {"GATEWAY_JWT_SECRET": "s" * 32}  # the operator's secret, which the image never carries
+    settings = load_settings(ROOT / "deploy/gateway.example.yaml", environ={**gateway_env, **secret})
     assert settings.server.host == "0.0.0.0"
     assert settings.server.port == int(gateway_env["GATEWAY_SERVER__PORT"])
     assert settings.server.workers == int(gateway_env["GATEWAY_SERVER__WORKERS"])

@@ -17,6 +17,9 @@ from tests.deploy.manifests import OVERLAYS, by_kind, kustomize, pod_templates
 K8S_VERSION = "1.30.0"  # the oldest version the manifests promise (HPA v2 behavior, PDB v1)
 GATEWAY_LABELS = {"app.kubernetes.io/name": "llm-gateway", "app.kubernetes.io/component": "gateway"}
 
+#: the secret the `gateway-secrets` Secret hands the gateway: the config refuses to start without one
+SECRET_ENV = {"GATEWAY_JWT_SECRET": "s" * 32}
+
 
 @pytest.fixture(scope="module", params=OVERLAYS)
 def overlay(request: pytest.FixtureRequest) -> str:
@@ -121,7 +124,7 @@ def test_gateway_probes_and_graceful_termination(docs: tuple[dict[str, Any], ...
     sleep_s = int(pre_stop[1])
     assert sleep_s >= 5
     configmap = next(iter(by_kind(docs, "ConfigMap").values()))
-    settings = parse_settings(yaml.safe_load(configmap["data"]["gateway.yaml"]), {})
+    settings = parse_settings(yaml.safe_load(configmap["data"]["gateway.yaml"]), SECRET_ENV)
     # the grace period covers the preStop sleep plus the whole stream drain
     assert spec["terminationGracePeriodSeconds"] > sleep_s + settings.server.graceful_shutdown_s
     assert "replicas" not in gateway["spec"], "the HPA owns the replica count"
@@ -135,7 +138,7 @@ def test_gateway_probes_and_graceful_termination(docs: tuple[dict[str, Any], ...
 
 def test_gateway_config_reaches_the_engine_pods(docs: tuple[dict[str, Any], ...]) -> None:
     configmap = next(iter(by_kind(docs, "ConfigMap").values()))
-    settings = parse_settings(yaml.safe_load(configmap["data"]["gateway.yaml"]), {})
+    settings = parse_settings(yaml.safe_load(configmap["data"]["gateway.yaml"]), SECRET_ENV)
     statefulsets = by_kind(docs, "StatefulSet")
     services = by_kind(docs, "Service")
     for pool in settings.pools:

@@ -37,9 +37,17 @@ def test_parses(path: Path) -> None:
 
 @pytest.mark.parametrize("path", GATEWAY_CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_gateway_configs_load(path: Path) -> None:
-    settings = load_settings(path, environ={})
+    settings = load_settings(path, environ={"GATEWAY_JWT_SECRET": "s" * 32})
     assert settings.server.host == "0.0.0.0"  # in a container, listening on loopback is useless
+    assert settings.auth.active
     assert settings.pools and all(p.backends for p in settings.pools)
     # shutdown drains streams; every orchestrator here waits longer than this (see the compose and
     # k8s tests)
     assert 10 <= settings.server.graceful_shutdown_s <= 60
+
+
+@pytest.mark.parametrize("path", GATEWAY_CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_gateway_configs_refuse_to_start_without_their_secret(path: Path) -> None:
+    """Listening beyond loopback, a shipped config never serves anonymously by accident."""
+    with pytest.raises(ValueError, match=r"authentication has no key source.*GATEWAY_JWT_SECRET"):
+        load_settings(path, environ={})
