@@ -1,0 +1,61 @@
+"""The admin REST API (`/admin/*`, admin role only), OpenAPI-documented at `/docs` and `/openapi.json`.
+
+One router per resource: `pools` (the fleet, weights, backends added to a pool), `backends` (remove,
+drain), `routes` (explain, reload), `api_keys`, `spend`, `audit`; `errors` maps every failure to
+OpenAI's error shape; `common` holds what they share. Every fleet change goes through
+`FleetControl.change_fleet` (gateway/control/verbs.py), which persists it (Redis when configured),
+records an audit entry (who, what, when, before → after) and reaches every replica within a second.
+Reads show this replica's view. Answers here may name backend URLs: they are for operators, behind
+the admin role; client-facing answers never do.
+"""
+
+from collections.abc import Callable, Collection, Sequence
+
+from fastapi import FastAPI
+
+from gateway.admission import ApiKeys, SpendQuery
+from gateway.control.admin import api_keys, audit, backends, errors, pools, routes
+from gateway.control.admin import spend as spend_routes
+from gateway.control.admin.common import AdminContext, Authorize, Explain
+from gateway.control.console import Console
+from gateway.control.openapi import document_public_api
+from gateway.control.verbs import FleetControl
+
+__all__ = ["AdminContext", "Authorize", "Explain", "build_admin_app"]
+
+
+def build_admin_app(
+    control: FleetControl,
+    authorize: Authorize,
+    keys: ApiKeys | None,
+    explain_route: Explain,
+    models: Sequence[str],
+    known_models: Callable[[], Collection[str]] | None = None,
+    spend: SpendQuery | None = None,
+) -> FastAPI:
+    """The admin app over the operator's verbs; `keys` is None when API keys are off, `models` the
+    public model names the OpenAPI document lists, `known_models` the names served now (API keys'
+    model lists are checked against them; `models` when not given), `spend` the spend report
+    (`GET /admin/spend`; admission's `spend_report`)."""
+    app = FastAPI(
+        title="LLM gateway admin API",
+        version="1",
+        description=(
+            "Pools, weights, backends, drain, route explain, audit. Every endpoint needs the admin "
+            "role. The browser console at /admin/ui uses these endpoints with the operator's token."
+        ),
+        openapi_url="/openapi.json",
+        docs_url="/docs",
+        redoc_url=None,
+        # No slash redirects: their Location would be built from the client's Host header.
+        redirect_slashes=False,
+    )
+    served = known_models or (lambda: models)
+    app.state.admin = AdminContext(control, authorize, keys, explain_route, served, spend)
+    errors.install(app)
+    for module in (pools, backends, routes, api_keys, spend_routes, audit):
+        app.include_router(module.router)
+    # the browser console (/admin/ui): static files that call the endpoints above with the operator's token
+    Console.from_package().install(app)
+    document_public_api(app, list(models))
+    return app
