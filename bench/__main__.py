@@ -277,12 +277,10 @@ def main(argv: list[str] | None = None) -> int:
         run["elapsed_s"] = time.monotonic() - log.t0
         keys = ("mode", "machine", "elapsed_s", "peer_versions")
         last.write_text(json.dumps({k: run[k] for k in keys}, indent=1))
-    analysis = BENCH / "ANALYSIS.md"
-    if analysis.exists():
-        run["analysis"] = analysis.read_text().strip().splitlines()
-    if run.get("overhead"):
+    # the plots are drawn from the same results when they are measured; --report-only keeps them
+    if run.get("overhead") and "overhead" in suites:
         report.overhead_plots(run["overhead"])
-    if run.get("routing") and run["routing"].get("rows"):
+    if run.get("routing") and run["routing"].get("rows") and "routing" in suites:
         report.routing_plots(run["routing"])
     report.write(run, Path(a.out))
     log(f"wrote {a.out} (and plots in bench/plots/)")

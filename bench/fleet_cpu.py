@@ -1,4 +1,4 @@
-"""Micro-benchmark: what the fleet's size costs the gateway per request, CPU (issue #18).
+"""Micro-benchmark: what the fleet's size costs the gateway per request, CPU.
 
     python -m bench.fleet_cpu [--backends 1 --backends 8 --backends 32] [--seconds 4]
                               [--concurrency 16] [--rounds 3] [--groups 64] [--baseline REF ...]

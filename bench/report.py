@@ -14,9 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from bench.procs import BENCH
-from bench.verdicts import CPU_C, Verdict, med, overhead_verdicts, routing_verdicts, slope_us_per_chunk
+from bench.verdicts import (
+    Verdict,
+    by_point,
+    med,
+    overhead_verdicts,
+    routing_verdicts,
+    slope_us_per_chunk,
+)
 
 PLOTS = BENCH / "plots"
+#: functions listed per profile: the few that explain where the CPU goes
+PROFILE_ROWS = 5
 ORDER = ("direct", "gw_bare", "gw_bare2", "gw_full", "sglang_router", "vllm_router", "litellm")
 _COLORS = ("#444444", "#1f77b4", "#17becf", "#2ca02c", "#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2")
 
@@ -149,8 +158,8 @@ def routing_plots(r: dict[str, Any]) -> list[str]:
 
 # -- markdown --------------------------------------------------------------------------------------
 def verdict_table(vs: list[Verdict]) -> list[str]:
-    lines = ["| issue | target | measured | verdict |", "|---|---|---|---|"]
-    lines += [f"| {v.issue} | {v.target} | {v.measured} | {v.word} |" for v in vs]
+    lines = ["| area | target | measured | verdict |", "|---|---|---|---|"]
+    lines += [f"| {v.area} | {v.target} | {v.measured} | {v.word} |" for v in vs]
     return lines
 
 
@@ -254,25 +263,6 @@ def overhead_md(o: dict[str, Any]) -> list[str]:
             f"RSS +{many['rss_delta_mb']:.1f} MB per 1,000."
         )
         L.append("")
-    concs = sorted({p["concurrency"] for p in ns})
-    L += ["### Ratios: CPU per request, ÷ ours (bare), by concurrency (lower is cheaper)", ""]
-    L.append(
-        "| target | "
-        + " | ".join(f"c={c} µs/req | c={c} ÷ ours" for c in concs)
-        + " | requests per CPU-second (c=16) |"
-    )
-    L.append("|---|" + "---:|---:|" * len(concs) + "---:|")
-    for k in keys:
-        cells = []
-        for c in concs:
-            cpu = med(ns, k, c, "cpu_us_per_req")
-            cells += [_f(cpu), _f(cpu / med(ns, "gw_bare", c, "cpu_us_per_req"), "{:.2f}×")]
-        L.append(
-            f"| {_label(o, k)} | "
-            + " | ".join(cells)
-            + f" | {_f(1e6 / med(ns, k, CPU_C, 'cpu_us_per_req'), '{:,.0f}')} |"
-        )
-    L.append("")
     return L
 
 
@@ -282,23 +272,20 @@ def profiles_md(o: dict[str, Any]) -> list[str]:
         return []
     L = ["### Profiles of our gateway (py-spy, 250 Hz, one worker)", ""]
     L.append(
-        "*self* = samples whose innermost Python frame is that function (time spent in C code — sockets, "
-        "uvloop, orjson — is charged to the Python frame that called it; `Runner.run` is the event loop "
-        "itself: polling and callbacks). *inclusive* = samples with the function anywhere on the stack."
+        "*self*: samples whose innermost Python frame is the function (C code is charged to its Python caller; "
+        "`Runner.run` is the event loop itself); *inclusive*: samples with the function anywhere on the stack."
     )
     L.append("")
     for p in profs:
         if p.get("error"):
             L.append(f"- {p['name']}: profile failed ({p['error']})")
             continue
-        L.append(
-            f"**{p['name']}** ({p['samples']} samples, raw stacks in `{p.get('raw_path', '')}`, not committed)"
-        )
+        L.append(f"**{p['name']}** ({p['samples']} samples; raw stacks in `{p.get('raw_path', '')}`)")
         L.append("")
         L.append("| self | function | | inclusive | our function |")
         L.append("|---:|---|---|---:|---|")
         rows = max(len(p["self_share"]), len(p["ours_inclusive"]))
-        for i in range(min(rows, 10)):
+        for i in range(min(rows, PROFILE_ROWS)):
             s = p["self_share"][i] if i < len(p["self_share"]) else ("", math.nan)
             n = p["ours_inclusive"][i] if i < len(p["ours_inclusive"]) else ("", math.nan)
             L.append(
@@ -315,41 +302,25 @@ def routing_md(r: dict[str, Any]) -> list[str]:
     if r.get("unavailable"):
         L.append("Not measured: " + "; ".join(f"**{k}** — {v[:160]}" for k, v in r["unavailable"].items()))
         L.append("")
-    L.append(
-        "| workload | load | router | requests | req/s | TTFT p50 ms | TTFT p99 ms | hit rate (sim counters) | oracle hit rate | ÷ oracle | errors |"
-    )
-    L.append("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for x in r["rows"]:
-        L.append(
-            f"| {x['workload']} | {x['load']:.0%} | {x['router']} | {x['requests']} | {x['rps']:.1f} | {x['ttft_p50_ms']:.0f} "
-            f"| {x['ttft_p99_ms']:.0f} | {x['hit_rate']:.1%} | {x['oracle_hit_rate']:.1%} | {x['hit_vs_oracle']:.0%} | {x['errors']} |"
-        )
+    L += [
+        "Each cell: TTFT p50 / p99 in ms, then the hit rate (the simulators' cached ÷ prompt tokens) as a "
+        "share of the oracle's; requests, rates and the raw hit rates are in `bench/results/routing.json`.",
+        "",
+        *by_point(r["rows"], "workload"),
+    ]
     L += ["", "![TTFT vs offered load](plots/routing_ttft.png)", ""]
-    reps = [x for x in r.get("repeats", []) if x["rounds"] > 1]
-    if reps:
+    if any(x["rounds"] > 1 for x in r.get("repeats", [])):
         L += [
-            "Every round of the two routers an issue #5 verdict compares (ours and round robin; least-load on "
-            "uniform traffic): the same requests on another Poisson schedule each round (round 0 is the table "
-            "above), the pair's order alternating. A p99 over one round is its few slowest first tokens, so the "
-            "verdicts take the p99 of all rounds' first tokens pooled.",
+            "The table is round 0. The two routers a routing verdict compares (ours and round robin; least load "
+            "on uniform traffic) run each point again on other Poisson schedules of the same requests, and the "
+            "verdicts take the p99 of all rounds' first tokens pooled (`repeats` in the results).",
             "",
-            "| workload | load | router | rounds | TTFT p50 ms (pooled) | TTFT p99 ms (pooled) | TTFT p99 ms each round | ÷ oracle each round |",
-            "|---|---:|---|---:|---:|---:|---|---|",
         ]
-        for x in reps:
-            each = " / ".join(f"{v:.0f}" for v in x["ttft_p99_ms_each"])
-            hits = " / ".join(f"{v:.0%}" for v in x["hit_vs_oracle_each"])
-            L.append(
-                f"| {x['workload']} | {x['load']:.0%} | {x['router']} | {x['rounds']} | {x['ttft_p50_ms']:.0f} "
-                f"| {x['ttft_p99_ms']:.0f} | {each} | {hits} |"
-            )
-        L.append("")
     return L
 
 
 def kv_md(kv: dict[str, str]) -> list[str]:
-    """The `kv` suite: bench/kv_micro.py's and bench/replay.py's output as they printed it (the replay's
-    lines above its markdown table are the same points, one a line)."""
+    """The `kv` suite: bench/kv_micro.py's output as it printed it, and bench/replay.py's markdown tables."""
     date, commit = kv.pop("_date", ""), kv.pop("_commit", "")
     L = ["## KV events and routing processes (`python -m bench --suite kv`)", ""]
     L += [
@@ -364,11 +335,13 @@ def kv_md(kv: dict[str, str]) -> list[str]:
         lines = body.rstrip().splitlines()
         table = [x for x in lines if x.startswith("|")]
         rest = [x for x in lines if not x.startswith("|")]
-        if table:
+        if table:  # the lines around a table print the same points
             L += [*table, ""]
-            L += ["<details><summary>as printed</summary>", "", "```", *rest, "```", "", "</details>", ""]
-        else:
-            L += ["```", *rest, "```", ""]
+        elif name.endswith("from their sources"):  # beside the compiled run: its summary lines
+            L += ["```", *(x for x in rest if x.strip().startswith(("with", "all"))), "```", ""]
+        else:  # the printed text without its runs of blank lines
+            kept = [x for i, x in enumerate(rest) if x.strip() or (i and rest[i - 1].strip())]
+            L += ["```", *kept, "```", ""]
     return L
 
 
@@ -377,10 +350,12 @@ def write(run: dict[str, Any], path: Path) -> None:
     o, r = run.get("overhead"), run.get("routing")
     L = ["# Benchmarks", ""]
     L.append(
-        "Generated by `make bench` (quick mode, under 5 minutes on 2 cores) or `make bench BENCH_ARGS=--full` "
+        "Written by `make bench` (quick mode, under 5 minutes on 2 cores) or `make bench BENCH_ARGS=--full` "
         "(several rounds, longer points, the whole routing matrix); `python -m bench --help` lists the options "
-        "(`--suite overhead|routing|micro|kv`, `--no-peers`, `--gateway-ref REF`). Peers are installed from PyPI "
-        "into `bench/.peers/` on first use; logs and raw profiles land in `bench/.work/` (both git-ignored)."
+        "(`--suite overhead|routing|micro|kv`, `--no-peers`, `--gateway-ref REF`). Each suite stores its results in "
+        "`bench/results/*.json`; `python -m bench --report-only` renders this page again from them without "
+        "measuring. Peers are installed from PyPI into `bench/.peers/` on first use; logs and raw profiles land in "
+        "`bench/.work/` (both git-ignored)."
     )
     L.append("")
     L.append(
@@ -400,8 +375,8 @@ def write(run: dict[str, Any], path: Path) -> None:
         )
     L.append("")
     L.append(
-        "> **Noise.** These machines are shared: other engineers run test suites on the same 2 cores while this "
-        "runs, and every target, the simulator and the load generator share those cores too. Absolute figures "
+        "> **Noise.** The benchmark machine may be shared with other work, and every target, the simulator and "
+        "the load generator share its cores. Absolute figures "
         "(req/s, ms) move by tens of percent between runs; the comparisons that matter are **ratios taken in the "
         "same run** with targets alternated (CPU per request is the most stable of them)."
     )
@@ -419,8 +394,6 @@ def write(run: dict[str, Any], path: Path) -> None:
                 "Where targets are missed, the profiles below (overhead suite) show where the gateway's CPU goes."
             )
             L.append("")
-    if run.get("analysis"):
-        L += ["## What the figures say", ""] + run["analysis"] + [""]
     if o:
         L += overhead_md(o)
         L += profiles_md(o)
@@ -444,7 +417,4 @@ def write(run: dict[str, Any], path: Path) -> None:
     kv = dict(run.get("kv") or {})
     if kv:
         L += kv_md(kv)
-    sim_md = BENCH / "SIMULATOR.md"
-    if sim_md.exists():
-        L += ["## Simulator throughput (from bench/SIMULATOR.md)", "", sim_md.read_text().strip(), ""]
     path.write_text("\n".join(L) + "\n")

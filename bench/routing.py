@@ -16,7 +16,7 @@ For each seeded workload (bench/workloads.py) and load level:
   capacity = that ÷ the mean service time; offered load is a Poisson process at 50 % / 80 % of it;
 - **measured**: hit rate from the simulators' own counters (`/sim/stats`: cached ÷ prompt tokens),
   TTFT p50/p99 and throughput from the trace client (bench/tracerunner.py, its own process);
-- **rounds** (full mode): the two routers an issue #5 verdict compares (ours and round robin; ours and
+- **rounds** (full mode): the two routers a routing verdict compares (ours and round robin; ours and
   least load on uniform traffic) run the point again on other Poisson schedules of the same requests,
   and the verdicts take the p99 of all their rounds' first tokens (`pool_rounds`): one 20 s run's p99
   is its few slowest requests, and which requests collide depends on the schedule.
@@ -55,7 +55,7 @@ import orjson
 from bench import machine, peers
 from bench.procs import BENCH, ROOT, WORK, Service, ServiceError, free_port
 from bench.targets import gateway_service, gateway_source
-from bench.verdicts import compared
+from bench.verdicts import by_point, compared
 from bench.workloads import WORKLOADS, Request, schedule
 from engines.sim import tokenizer
 from engines.sim.config import parse_config
@@ -176,7 +176,7 @@ class Matrix:
     routers: tuple[str, ...]
     seconds: float
     uniform_routers: tuple[str, ...]  # on uniform traffic only balance matters
-    # Arrival schedules per point for the two routers an issue #5 verdict compares (`compared`): a
+    # Arrival schedules per point for the two routers a routing verdict compares (`compared`): a
     # TTFT p99 over one 20 s run is its few slowest requests, and round robin's moved by 1.3-2.1 s
     # between runs of one point; the verdicts pool every round's first tokens.
     rounds: int = 1
@@ -738,7 +738,7 @@ def _baseline(
 
 
 def processes_verdicts(res: dict[str, Any]) -> list[str]:
-    """Issue #18's targets on the processes mode's rows: one table row per (workload, load), each
+    """The several-process targets on the processes mode's rows: one table row per (workload, load), each
     cell its figure for 1 / 4 processes (ours with events and shared load) and whether it met the target."""
     rows = res["rows"]
     ours = [r for r in OURS_EVENTS if r in res["setups"]]
@@ -815,36 +815,23 @@ def processes_md(res: dict[str, Any]) -> list[str]:
         "",
         *res["preamble"][:1],
         "",
-        "Every simulator publishes its KV-cache events (`--kv-events-config`, ZMQ on loopback) in every run; a "
-        "real redis-server is flushed before each. **x1**: one gateway process; **x4**: two gateway replicas × "
-        "`workers: 2`, the trace client sending each request to the next replica (round robin, so a "
-        "conversation's turns alternate replicas and the kernel spreads connections over the workers). "
-        "*events + shared*: every backend's `kv_events`, `tokenizer: sim`, `routing.shared` through Redis; "
-        "*fallback*: neither (each process routes on its own memory). Round robin and least load run as one "
-        "process; on uniform traffic least load also runs as x4 with shared in-flight counts, the baseline of "
-        "the x4 rows there (the same processes on the same cores). **sglang-router and vllm-router are single-process routers**: they run as one process each. "
-        f"Each run: {res['matrix']['seconds']:.0f} s of arrivals at the suite's rates, one schedule per point. "
-        "p99 ÷ baseline: ÷ round robin's, on uniform traffic ÷ least load's at the row's process count. Routes: our gateway's "
-        "`x-gateway-route` counts (the most frequent three).",
+        "Every simulator publishes its KV-cache events (ZMQ on loopback); a real redis-server is flushed before "
+        "each run. **x1**: one gateway process; **x4**: two replicas × `workers: 2`, the trace client sending each "
+        "request to the next replica. *events + shared*: `kv_events`, `tokenizer: sim` and `routing.shared` on; "
+        "*fallback*: neither. Round robin, least load and the peers (single-process routers) run as one process; "
+        "on uniform traffic least load also runs as x4 with shared counts, the x4 rows' baseline there. "
+        f"Each run: {res['matrix']['seconds']:.0f} s of arrivals at the suite's rates, one schedule per point.",
         "",
     ]
     if res.get("unavailable"):
         L += ["Not measured: " + "; ".join(f"**{k}** — {v[:160]}" for k, v in res["unavailable"].items()), ""]
     L += [
-        "| workload | load | router | processes | requests | errors | TTFT p50 ms | TTFT p99 ms | p99 ÷ baseline "
-        "| hit rate | ÷ oracle | routes |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "Each cell: TTFT p50 / p99 in ms, then hits ÷ oracle (requests and `x-gateway-route` counts: "
+        "`bench/results/routing_processes.json`).",
+        "",
+        *by_point(res["rows"], "workload"),
     ]
-    for x in res["rows"]:
-        base = _baseline(res["rows"], x["workload"], x["load"], x.get("processes", 1))
-        ratio = f"{x['ttft_p99_ms'] / base['ttft_p99_ms']:.2f}×" if base and base["ttft_p99_ms"] else "—"
-        routes = ", ".join(f"{k} {v}" for k, v in list(x.get("routes", {}).items())[:3]) or "—"
-        L.append(
-            f"| {x['workload']} | {x['load']:.0%} | {x['router']} | {x.get('processes', 1)} | {x['requests']} "
-            f"| {x['errors']} | {x['ttft_p50_ms']:.0f} | {x['ttft_p99_ms']:.0f} | {ratio} | {x['hit_rate']:.1%} "
-            f"| {x['hit_vs_oracle']:.1%} | {routes} |"
-        )
-    L += ["", "Issue #18's targets on these rows (ours with events and shared load, x1; x4):", ""]
+    L += ["", "The targets on these rows (ours with events and shared load, x1; x4):", ""]
     L += processes_verdicts(res)
     L.append("")
     return L

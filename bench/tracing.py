@@ -1,4 +1,4 @@
-"""Micro-benchmark: what tracing costs the gateway, CPU per request, off and on (issue #21).
+"""Micro-benchmark: what tracing costs the gateway, CPU per request, off and on.
 
     python -m bench.tracing [--seconds 3] [--concurrency 8] [--rounds 3] [--inproc 20000]
                             [--baseline REF]
@@ -36,7 +36,7 @@ tests.otlp_receiver`, counting only). Rounds rotate the order; tables show media
 spread (lowest–highest round) and differences to `off` in the same mode. On a shared machine the end
 to end figures move by tens of µs between rounds; the in-process ones by a few.
 
-Targets (issue #21): ≤ 15 µs with tracing off or unsampled, ≤ 60 µs with every request sampled. A
+Targets: ≤ 15 µs with tracing off or unsampled, ≤ 60 µs with every request sampled. A
 benchmark, not a test: it asserts nothing about time (it fails only if requests fail).
 """
 

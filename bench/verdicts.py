@@ -1,4 +1,4 @@
-"""The targets from the issues, checked against one run's figures: met, missed, or not measurable yet.
+"""The benchmark targets, checked against one run's figures: met, missed, or not measurable yet.
 
 Every check compares figures taken in the same run (medians over its rounds); CPU ratios are the
 robust ones on a shared machine. The concurrency used for a per-request CPU figure is 16 (non-streaming)
@@ -18,13 +18,13 @@ BASELINE = {"uniform": "ours (least_load)"}  # else round robin
 
 
 def compared(workload: str) -> tuple[str, str]:
-    """The routers whose TTFT p99 an issue #5 verdict compares on `workload`: ours and its baseline."""
+    """The routers whose TTFT p99 a routing verdict compares on `workload`: ours and its baseline."""
     return OURS, BASELINE.get(workload, "ours (round_robin)")
 
 
 @dataclass
 class Verdict:
-    issue: str
+    area: str  # what the target measures: overhead, streaming, pipeline, peers, simulator, routing
     target: str
     measured: str
     met: bool | None  # None: not measurable in this run
@@ -32,6 +32,26 @@ class Verdict:
     @property
     def word(self) -> str:
         return {True: "**met**", False: "**missed**", None: "not measured"}[self.met]
+
+
+def by_point(rows: list[dict[str, Any]], head: str) -> list[str]:
+    """A routing run's rows as one markdown table: a line per (workload, load), a column per router,
+    each cell `TTFT p50 / p99 ms, hits ÷ oracle` (and the errors, when there were any)."""
+    routers = list(dict.fromkeys(x["router"] for x in rows))
+    cells = {(x["workload"], x["load"], x["router"]): x for x in rows}
+    L = [f"| {head} | load | " + " | ".join(routers) + " |", "|---|---:|" + "---|" * len(routers)]
+    for w, load in dict.fromkeys((x["workload"], x["load"]) for x in rows):
+        line = []
+        for router in routers:
+            x = cells.get((w, load, router))
+            if x is None:
+                line.append("—")
+                continue
+            hits = f", {x['hit_vs_oracle']:.0%}" if x.get("oracle_hit_rate") else ""
+            errors = f", **{x['errors']} errors**" if x.get("errors") else ""
+            line.append(f"{x['ttft_p50_ms']:,.0f} / {x['ttft_p99_ms']:,.0f}{hits}{errors}")
+        L.append(f"| {w} | {load:.0%} | " + " | ".join(line) + " |")
+    return L
 
 
 def med(points: list[dict[str, Any]], target: str, conc: int, attr: str) -> float:
@@ -61,16 +81,18 @@ def overhead_verdicts(o: dict[str, Any]) -> list[Verdict]:
     have = set(o["targets"])
     out: list[Verdict] = []
 
-    def add(issue: str, target: str, value: float, fmt: str, met: bool | None) -> None:
+    def add(area: str, target: str, value: float, fmt: str, met: bool | None) -> None:
         out.append(
-            Verdict(issue, target, fmt.format(value) if _ok(value) else "—", met if _ok(value) else None)
+            Verdict(area, target, fmt.format(value) if _ok(value) else "—", met if _ok(value) else None)
         )
 
     added = med(ns, "gw_bare", 1, "p50_us") - med(ns, "direct", 1, "p50_us")
-    add("#3", "added p50 ≤ 0.3 ms at c=1 (bare, non-streaming)", added / 1000, "{:.3f} ms", added <= 300)
+    add(
+        "overhead", "added p50 ≤ 0.3 ms at c=1 (bare, non-streaming)", added / 1000, "{:.3f} ms", added <= 300
+    )
     cpu_bare = med(ns, "gw_bare", CPU_C, "cpu_us_per_req")
     add(
-        "#3 #8",
+        "overhead",
         "bare proxy CPU ≤ 0.2 ms per non-streaming request",
         cpu_bare / 1000,
         "{:.3f} ms",
@@ -78,32 +100,40 @@ def overhead_verdicts(o: dict[str, Any]) -> list[Verdict]:
     )
     rps2 = med(ns, "gw_bare2", 64, "rps")
     cpu2 = med(ns, "gw_bare2", 64, "cpu_us_per_req")
-    out.append(Verdict("#3", "≥ 10,000 req/s at c=64 with 2 workers on 2 cores",
+    out.append(Verdict("overhead", "≥ 10,000 req/s at c=64 with 2 workers on 2 cores",
                        f"{rps2:,.0f} req/s measured (sharing the cores with wrk and the simulator); "
                        f"{2e6 / cpu2:,.0f} req/s if the gateway had both cores (2 s ÷ CPU per request)",
                        rps2 >= 10_000 if _ok(rps2) else None))  # fmt: skip
     ttfc = med(st, "gw_bare", 1, "p50_us") - med(st, "direct", 1, "p50_us")
-    add("#3", "streaming: added TTFC p50 ≤ 0.3 ms (c=1)", ttfc / 1000, "{:.3f} ms", ttfc <= 300)
+    add("streaming", "streaming: added TTFC p50 ≤ 0.3 ms (c=1)", ttfc / 1000, "{:.3f} ms", ttfc <= 300)
     chunk = slope_us_per_chunk(o, "gw_bare")
-    add("#3", "CPU ≤ 10 µs per relayed chunk", chunk, "{:.1f} µs", chunk <= 10)
+    add("streaming", "CPU ≤ 10 µs per relayed chunk", chunk, "{:.1f} µs", chunk <= 10)
     many = o.get("many_streams") or {}
     if many:
         ok = many.get("errors", 1) == 0 and many.get("completed", 0) == many.get("streams")
-        out.append(Verdict("#3", f"{many['streams']:,} concurrent streams by one process without errors",
+        out.append(Verdict("streaming", f"{many['streams']:,} concurrent streams by one process without errors",
                            f"{many.get('completed', 0):,.0f} completed, {many.get('errors', 0):,.0f} errors", ok))  # fmt: skip
     else:
-        out.append(Verdict("#3", "2,000 concurrent streams by one process without errors", "—", None))
+        out.append(Verdict("streaming", "2,000 concurrent streams by one process without errors", "—", None))
     if "gw_full" in have:
         cpu_full = med(ns, "gw_full", CPU_C, "cpu_us_per_req")
-        add("#8", "full pipeline CPU ≤ 0.4 ms per request", cpu_full / 1000, "{:.3f} ms", cpu_full <= 400)
-        add("#4", "full admission path ≤ 0.2 ms CPU over bare", (cpu_full - cpu_bare) / 1000, "{:.3f} ms",
+        add(
+            "pipeline",
+            "full pipeline CPU ≤ 0.4 ms per request",
+            cpu_full / 1000,
+            "{:.3f} ms",
+            cpu_full <= 400,
+        )
+        add("pipeline", "full admission path ≤ 0.2 ms CPU over bare", (cpu_full - cpu_bare) / 1000, "{:.3f} ms",
             cpu_full - cpu_bare <= 200)  # fmt: skip
     else:
-        out.append(Verdict("#8", "full pipeline CPU ≤ 0.4 ms per request", "not available yet", None))
-        out.append(Verdict("#4", "full admission path ≤ 0.2 ms CPU over bare", "not available yet", None))
+        out.append(Verdict("pipeline", "full pipeline CPU ≤ 0.4 ms per request", "not available yet", None))
+        out.append(
+            Verdict("pipeline", "full admission path ≤ 0.2 ms CPU over bare", "not available yet", None)
+        )
     lite = med(ns, "litellm", CPU_C, "cpu_us_per_req")
     add(
-        "#8",
+        "peers",
         "≥ 50× LiteLLM's throughput per core (CPU per request ratio)",
         lite / cpu_bare,
         "{:.1f}×",
@@ -112,7 +142,7 @@ def overhead_verdicts(o: dict[str, Any]) -> list[Verdict]:
     for key, name in (("sglang_router", "SGLang router"), ("vllm_router", "vLLM router")):
         rust = med(ns, key, CPU_C, "cpu_us_per_req")
         add(
-            "#8",
+            "peers",
             f"within 2× of the {name}'s CPU per request",
             cpu_bare / rust,
             "{:.2f}× theirs",
@@ -120,7 +150,7 @@ def overhead_verdicts(o: dict[str, Any]) -> list[Verdict]:
         )
     sim_rps = max((med(ns, "direct", c, "rps") for c in (1, 16, 64)), default=math.nan)
     sim_core = 1e6 / min((med(ns, "direct", c, "cpu_us_per_req") for c in (16, 64)), default=math.nan)
-    out.append(Verdict("#2", "one zero-latency simulator ≥ 5,000 non-streaming req/s on one core",
+    out.append(Verdict("simulator", "one zero-latency simulator ≥ 5,000 non-streaming req/s on one core",
                        f"{sim_core:,.0f} req per CPU-second of the simulator (best of c=16/64); "
                        f"{sim_rps:,.0f} req/s measured on the shared cores",
                        sim_core >= 5000 if _ok(sim_core) else None))  # fmt: skip
@@ -128,7 +158,7 @@ def overhead_verdicts(o: dict[str, Any]) -> list[Verdict]:
     if mem:
         held = int(o["plan"]["held_streams"])
         ok = mem.get("errors", 1) == 0 and mem.get("completed", 0) >= held
-        out.append(Verdict("#2", f"simulator holds ≥ 1,000 concurrent streams ({held:,} held)",
+        out.append(Verdict("simulator", f"simulator holds ≥ 1,000 concurrent streams ({held:,} held)",
                            f"{mem.get('completed', 0):,.0f} completed, {mem.get('errors', 0):,.0f} errors", ok))  # fmt: skip
     return out
 
@@ -182,14 +212,16 @@ def routing_verdicts(r: dict[str, Any]) -> list[Verdict]:
             # the same requests every round, so the mean of the rounds is the token-weighted rate
             frac = min(statistics.fmean(p["hit_vs_oracle_each"]) for p in ours)
             out.append(
-                Verdict("#5", f"{w}: hit rate ≥ 95 % of the oracle", f"{frac:.0%} (worst load)", frac >= 0.95)
+                Verdict(
+                    "routing", f"{w}: hit rate ≥ 95 % of the oracle", f"{frac:.0%} (worst load)", frac >= 0.95
+                )
             )
         for load in loads:
             got = p99_ratio(w, load)
             if got:
                 ratio, text = got
                 out.append(
-                    Verdict("#5", f"{w} @ {load:.0%}: TTFT p99 ≤ 0.5× round robin", text, ratio <= 0.5)
+                    Verdict("routing", f"{w} @ {load:.0%}: TTFT p99 ≤ 0.5× round robin", text, ratio <= 0.5)
                 )
         for peer in ("sglang-router cache_aware", "vllm-router cache_aware"):
             a, b = row(w, OURS, hi), row(w, peer, hi)
@@ -197,7 +229,10 @@ def routing_verdicts(r: dict[str, Any]) -> list[Verdict]:
                 ratio = a["ttft_p99_ms"] / b["ttft_p99_ms"] if b["ttft_p99_ms"] else math.nan
                 out.append(
                     Verdict(
-                        "#8", f"{w} @ {hi:.0%}: TTFT p99 ahead of {peer}", f"{ratio:.2f}× theirs", ratio < 1.0
+                        "routing vs peers",
+                        f"{w} @ {hi:.0%}: TTFT p99 ahead of {peer}",
+                        f"{ratio:.2f}× theirs",
+                        ratio < 1.0,
                     )
                 )
     for load in loads:
@@ -206,7 +241,7 @@ def routing_verdicts(r: dict[str, Any]) -> list[Verdict]:
             ratio, text = got
             out.append(
                 Verdict(
-                    "#5",
+                    "routing",
                     f"uniform @ {load:.0%}: TTFT p99 within +5 % of least-load (lower is better, so below counts)",
                     text,
                     ratio <= 1.05,

@@ -1,4 +1,4 @@
-"""The routing suite's verdicts: issue #5's TTFT ratios are taken over every round of the two routers
+"""The routing suite's verdicts: the TTFT ratios are taken over every round of the two routers
 they compare, pooled, and fall back to the single round when a run has no repeats (quick mode)."""
 
 from __future__ import annotations
