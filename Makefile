@@ -43,7 +43,7 @@ lint: $(STAMP)
 bench: native services
 	$(PY) -m bench $(BENCH_ARGS)
 
-# Bounded soak (not in CI): 10 minutes, 500 concurrent streams, churn and faults; figures in docs/soak/.
+# Bounded soak (not in CI): 10 minutes, 500 concurrent streams, churn and faults; figures in bench/soak/.
 # Shorter: make soak SOAK_ARGS="--minutes 3"
 soak: native
 	$(PY) scripts/soak.py $(SOAK_ARGS)

@@ -1,6 +1,6 @@
 """`make soak` → a bounded soak of one gateway process: many concurrent streams, churn and faults.
 
-    .venv/bin/python scripts/soak.py [--minutes 10] [--concurrency 500] [--out docs/soak]
+    .venv/bin/python scripts/soak.py [--minutes 10] [--concurrency 500] [--out bench/soak]
 
 What runs (all on loopback, everything stopped by PID at the end):
 - three vLLM-dialect simulators (80 ms per token, 1024 running slots) behind one gateway process
@@ -14,13 +14,13 @@ What runs (all on loopback, everything stopped by PID at the end):
 Every 5 s it samples the gateway's RSS and open file descriptors, the latency of `GET /healthz`
 (event-loop lag: the probe waits behind everything else on the loop), and the outcome counters.
 
-Pass criteria (the issue's): RSS growth < 10 % from the end of warm-up (first 20 % of the run, at
+Pass criteria: RSS growth < 10 % from the end of warm-up (first 20 % of the run, at
 least 60 s) to the end; no file-descriptor growth (the level once the load has stopped and pooled
 connections idled out, compared with the idle level before it started); zero gateway-originated 5xx (a 500 `server_error` from the gateway itself:
 engine-caused 503s during a fault are counted apart); every stream either completed, ended with an
 error event then `[DONE]`, or was abandoned by the client on purpose — none truncated or hung.
-Writes `<out>/latest.json` (figures and the time series) and `<out>/latest.md` (a table), which
-docs/reliability.md refers to. Exit status 1 when a criterion fails.
+Writes `<out>/latest.json` (figures and the time series) and `<out>/latest.md` (a table): a
+measurement, so it lives in bench/ (docs/reliability.md describes the soak). Exit status 1 when a criterion fails.
 """
 
 from __future__ import annotations
@@ -406,7 +406,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=10.0)
     p.add_argument("--concurrency", type=int, default=500)
-    p.add_argument("--out", type=Path, default=ROOT / "docs" / "soak")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "soak")
     args = p.parse_args()
     figures = asyncio.run(run(args))
     write(args.out, figures)
