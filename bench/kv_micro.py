@@ -22,8 +22,7 @@ Prints three tables (figures for docs/routing.md, *KV events*; not a test, nothi
    processes' in-flight counts on every backend and queued prefill on half of them, as the gateway
    does with shared load), 8 and 32 backends in two pools, one backend's own in-flight count
    changed since the last request (a request started or ended there); against the same views built
-   anew on every request (every `BackendView` and `PoolView` constructed, as before 2026-12-05),
-   alternated in one run.
+   anew on every request (every `BackendView` and `PoolView` constructed), alternated in one run.
 CPU times are the thread's (`time.thread_time_ns`), so other processes on the machine do not count;
 each figure is over many calls, p50 and p99 of the single calls (their resolution is ~0.1 us).
 """

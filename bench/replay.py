@@ -6,7 +6,7 @@ model of the bench fleet, in about a second per point instead of minutes.
     python -m bench.replay shared_prefix --policy least_load
     python -m bench.replay agent_tool_loop --load 0.5 --tail   the slowest first tokens taken apart
     python -m bench.replay multi_turn_chat --load 0.5 --policy clairvoyant --seeds 6
-    python -m bench.replay --engine serial                   the serial fleet of before 2026-12
+    python -m bench.replay --engine serial                   a serial fleet: one request at a time
     python -m bench.replay shared_prefix --baseline sglang_cache_aware --events 5 --shared
                                                              ours beside sglang-router's cache_aware
 
@@ -34,10 +34,9 @@ several seeds). Not a test; nothing here is asserted.
 `cache_aware` with its default arguments (`bench.replay_peers`): one router process per replica, each
 with its own approximate tree of the text it sent, as running several of them behind a load balancer
 would be (the wall-clock bench runs the real router as one process: compare with its x1 rows). Against
-the real router's rows of the wall-clock matrix of 2026-12-03 (4 seeds here, one schedule there), its
-hit rates land within 1 point on six of the eight prefix-heavy points and its TTFT p99 within 1-9 % at
-50 % load; at 80 % the real router's p99 was 17-37 % lower (chat, agents) or 28-54 % higher (shared
-prefixes, documents) than the model's (bench/ANALYSIS.md, stop 31).
+the real router's rows of the wall-clock matrix its hit rates land within a point on most prefix-heavy
+points and its TTFT p99 within 10 % at 50 % load; at 80 % the two differ by up to half, either way:
+use it to compare many schedules, not as the peer's measurement.
 
 `clairvoyant` is not a gateway policy but a reference for what routing could reach on a point: every
 request goes to the backend, of all eight, where its first token comes earliest, computed from what
@@ -611,7 +610,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--engine",
         choices=list(ENGINES),
         default="batching",
-        help="the fleet's engines: batching (the simulators' default) or serial (the fleet before 2026-12)",
+        help="the fleet's engines: batching (the simulators' default) or serial (one request at a time)",
     )
     ap.add_argument(
         "--events",

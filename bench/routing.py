@@ -84,8 +84,7 @@ class FleetSpec:
     running Llama-3.1-8B: 0.35 %), so a cache miss costs what it cost the serial fleet relative to a
     token, and the whole fleet runs ~4x slower than it would at the serial fleet's 10 ms a step, which
     keeps the offered request rates (tens per second) within what a shared 2-core machine drives in
-    the wall-clock suite. `scheduler="serial"` (`SERIAL`): one request at a time per simulator, the
-    fleet of before 2026-12.
+    the wall-clock suite. `scheduler="serial"` (`SERIAL`): one request at a time per simulator.
     """
 
     per_engine: int = 4

@@ -14,12 +14,9 @@ share is the group's count over the decayed weight of all the pool's requests th
 (at least `HOT_MIN_REQUESTS`' worth, so that a fresh pool's first request is not the whole pool).
 A replica sees a random sample of the traffic (the load balancer in front), so replicas estimate the
 same shares and agree on the span without talking to each other - also early on, and with many
-replicas: the share was once the count x `alpha` (of the window's full weight, `1 / alpha`), which
-reads a process's first ~`1 / alpha` requests as a fraction of their share, and with 4 or 8 routing
-processes, each seeing a quarter or an eighth of the traffic, a hot group's span stayed 1 for most
-of a 20 s run: its home ran 16 requests and a burst of its turns spilled from four processes at
-once onto one backend (bench.replay, agent loops at 80 %: p99 2.3 / 3.4 s at 4 / 8 processes against
-2.0 s at one; 2.0 s at every count with the share of the requests seen, bench/ANALYSIS.md stop 47).
+replicas: a share of the window's full weight (`1 / alpha`) would read a process's first
+~`1 / alpha` requests as a fraction of their share, and one of 4 or 8 routing processes, seeing a
+quarter or an eighth of the traffic, would keep a hot group's span at 1 for most of a run.
 
 Bounded: at most `max_entries` (pool, key) counts, least recently updated forgotten first; ~320 bytes
 each (tracemalloc, CPython 3.11), ~1.3 MB at the default 4,096.

@@ -55,10 +55,9 @@ evicts leaves only), so their removals make no holes; the index's own ageing (`m
 stored first) removes a chain from its first block, which is always read. A hole can come from an
 engine's recomputing a block after a lost removal and the like; it over-reports one backend until the
 engine stores the hole's block again. Cost: a dict lookup and an `and` per key read (`scan_stride` 1:
-every key, exact whatever the holes). The lookups were the decision's largest cost with events
-(bench/kv_micro.py: ~100-250 ns each on this machine, more when the index is cold in the CPU's
-caches); a long document's match took 10.0 / 6.1 us with `scan_stride` 8 and 3.9 / 3.3 bisecting
-(2026-12-05, two alternated runs, compiled), with the replay's decisions identical.
+every key, exact whatever the holes). The lookups are the decision's largest cost with events
+(~100-250 ns each, bench/kv_micro.py), which is why the default bisects: a long document's match
+reads about 2 keys instead of 17-24 with `scan_stride` 8, with the same decisions.
 
 Bounds and ageing (no clock here: a logical clock `now` is passed in by the caller, seconds in the
 gateway). Each backend keeps at most `max_blocks` engine blocks; beyond that the oldest stored are

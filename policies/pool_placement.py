@@ -5,22 +5,19 @@ groups over the pools by hash. With few groups that is lumpy: twelve long docume
 two pools of four engines, and the pool with seven runs near its capacity while the other idles; its
 engines then spill documents to each other and every document ends up cached on most of them (the
 routing bench at 80 % load: long_document_qa 53 %, shared_prefix 76 % of the oracle; the same fleet
-as one pool: 95 % on shared_prefix, bench/ANALYSIS.md).
+as one pool: 95 % on shared_prefix).
 
 So a group this replica has not placed yet (a long preamble or a long opening: `group_blocks`) goes
 to the first pool, in the weighted rendezvous order, whose working set per unit of weight is within
 one group (this request's prompt) of the lightest — the rule `policies.prefix_affinity` uses for
 backends, and for the same reason: the strictly lightest flips between replicas on near-ties, the
-slack keeps them mostly agreeing. Measured in an offline replay of the routing bench (80 % load,
-20 s, 1 / 2 / 4 replicas, mean of 2 seeds, % of the oracle): shared_prefix 73 / 51 / 52 -> 97 / 70 /
-55, long_document_qa 59 / 46 / 44 -> 62 / 47 / 43; no slack gives one replica 97 % and 83 % but two
-or four replicas far less on documents (38 / 31 %). An *opening* group (a long first message under a
-short preamble: a document asked about) takes the lightest pool itself, as inside a pool: once warm
-documents stopped spilling on engine queues (`policies.prefix_affinity`'s load model), a 7 / 5 split
-left the pool with seven near its capacity (`python -m bench.replay long_document_qa`, 80 %, 1 / 2 /
-4 replicas: 91 / 76 / 71 -> 99 / 71 / 60 %). The group then stays there (first in the pool order),
-subject to the pool load bound. A conversation (anchor key) is not a group: it keeps the plain
-weighted rendezvous, so the split over many conversations follows the weights exactly.
+slack keeps them mostly agreeing (the routing bench's replay at 80 % load, 1 / 2 / 4 replicas:
+shared_prefix 73 / 51 / 52 -> 97 / 70 / 55 % of the oracle). An *opening* group (a long first message
+under a short preamble: a document asked about) takes the lightest pool itself, as inside a pool:
+warm documents do not spill on engine queues (`policies.prefix_affinity`'s load model), so a 7 / 5
+split would leave the pool with seven near its capacity. The group then stays there (first in the
+pool order), subject to the pool load bound. A conversation (anchor key) is not a group: it keeps the
+plain weighted rendezvous, so the split over many conversations follows the weights exactly.
 
 Local and bounded like the backend working sets: this replica's own decisions, at most
 `working_set_entries` groups remembered (LRU), ~3 MB at the default 16,384.

@@ -643,8 +643,7 @@ class PrefixAffinity(BackendPolicy):
             if choice.warm is not None:
                 _remember(self._warming, key, (choice.warm, kv.now), limit)
                 # the warm-up puts the group's preamble in that engine's cache: its working set, so
-                # that a new group is not placed beside the warm-up's prefill (bench/ANALYSIS.md
-                # stop 47: a group's first request queued 1.3 s behind one, at one process)
+                # that a new group's first request is not placed to queue behind the warm-up's prefill
                 self._sets.note(key, choice.warm, shared)
 
     def warm_skipped(self, features: RequestFeatures) -> None:

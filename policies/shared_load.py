@@ -53,8 +53,7 @@ without a group, or whose group the engines' events already show held) and a pro
 process would place the group (a dry run of its own decision), with the candidates the store may
 take instead - when it does not know a placement for it yet, so the dry run costs a decision once
 per group and process. `learn` records the store's
-answer. Without a store, nothing here is used and every process routes on its own (today's
-behaviour).
+answer. Without a store, nothing here is used and every process routes on its own.
 """
 
 from __future__ import annotations

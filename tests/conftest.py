@@ -45,7 +45,7 @@ def fast_sim(engine: str, *extra: str) -> SimProcess:
     """A simulator with the demo's engine flags and small latencies (tests stay quick)."""
     flags = [*sim_flags(engine), "--ttft-ms", "2", "--prefill-us-per-token", "0", "--itl-ms", "1", *extra]
     # 90 s to listen: in the side run the real engines' starts (torch in three servers) saturate the
-    # two cores, and a simulator once was not listening after 30 s (2026-12-03)
+    # two cores, and a simulator's start can then take over 30 s
     return SimProcess(engine, free_port(), flags, start_timeout=90.0)
 
 

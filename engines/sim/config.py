@@ -96,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--scheduler",
         choices=SCHEDULERS,
         default="batching",
-        help="batching: continuous batching in steps; serial: one request at a time per slot (before 2026-12)",
+        help="batching: continuous batching in steps; serial: one request at a time per slot",
     )
     _add(
         g,

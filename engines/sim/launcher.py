@@ -4,17 +4,17 @@
         httpx.get(sim.base_url + "/health")
 
 `start()` launches `sys.executable -m engines.sim --engine E --host 127.0.0.1 --port P [extra]`, then
-waits until the port accepts TCP connections (default 30 s: beside two engines starting and the test suite a start once took over 15 s; pass `wait=False` for simulators started
-with `--listen-delay` or `--refuse`). If the process exits or the wait times out, it is killed and
+waits until the port accepts TCP connections (default 30 s: a start beside real engines starting
+on a busy machine can take over 15 s; pass `wait=False` for simulators started with
+`--listen-delay` or `--refuse`). If the process exits or the wait times out, it is killed and
 `SimStartError` carries its stderr. `stop()` sends SIGTERM to the PID, then SIGKILL after `stop_timeout`.
 
 A port chosen free (`free_port`) may be taken before the simulator binds it - by another simulator
 given the same port (the kernel hands a just-released port out again), or by another process - and
 the port then accepts connections of that other server while this simulator dies of "address already
-in use": the test suite once ran a whole module against the wrong simulator (2026-12-06, seven
-failures). So the wait also checks that the listening socket is this process's (`listener_held_by`,
-from /proc), and a simulator whose port was taken so is started again on another free port (when the
-port was not given by the caller; else `SimStartError`).
+in use", and its caller would talk to the wrong simulator. So the wait also checks that the listening
+socket is this process's (`listener_held_by`, from /proc), and a simulator whose port was taken so is
+started again on another free port (when the port was not given by the caller; else `SimStartError`).
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ def late_bound_port() -> int:
     """A TCP port free right now on every address and below the kernel's ephemeral range, for a server
     that binds it long after it was chosen (a real engine loads its model first, tens of seconds).
     `free_port`'s ports lie in that range, where any outgoing connection on the machine may take one
-    meanwhile as its local port: a real vLLM's KV-event socket once failed to bind so ("Address
-    already in use") while the test suite's other run was connecting to its own servers."""
+    meanwhile as its local port, and a server binding it late then fails with "Address already in
+    use"."""
     low = 32768
     with contextlib.suppress(OSError, ValueError, IndexError):
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])

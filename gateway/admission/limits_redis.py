@@ -532,11 +532,10 @@ def _share_args(share: LoadShare, counts: Mapping[str, int], ask: ShareAsk | Non
 def _others(packed: Any) -> dict[str, int]:
     """The other live processes' figures summed by name, from SHARE_LUA's reply: each one's JSON
     object as it sent it. The sum is made here, not in the script: Redis runs every process's scripts
-    one at a time, and its Lua unpacking the others' maps (three figures a backend) made a call at 32
-    backends cost it ~90-130 µs with one other process and ~220 with seven, against ~35 alone
-    (bench/ANALYSIS.md, stop 44). Here orjson reads one such object in ~6 µs, and when every process
-    sent the same names in the same order (one fleet, busy on every backend) the sum is one pass in
-    C. An object that does not parse counts as nothing."""
+    one at a time, and its Lua unpacking the others' maps (three figures a backend) costs it several
+    times what this does (bench/share_cost.py). Here orjson reads one such object in ~6 µs, and when
+    every process sent the same names in the same order (one fleet, busy on every backend) the sum is
+    one pass in C. An object that does not parse counts as nothing."""
     if not isinstance(packed, list):
         return {}
     maps: list[dict[str, int]] = []

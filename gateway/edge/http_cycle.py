@@ -4,8 +4,8 @@ disconnect callback instead of a task per request.
 **One socket write for a head and the body after it.** uvicorn's `RequestResponseCycle.send` writes
 the status line and headers as soon as the app sends `http.response.start`, then the body in a second
 write. On loopback every `send(2)` also runs the receiver's TCP processing and wakes it, so for a
-small JSON answer the second write is a measurable part of the gateway's cost per request
-(bench/ANALYSIS.md), and a stream's head and first event go out as two segments. An app that knows
+small JSON answer the second write is a measurable part of the gateway's cost per request, and a
+stream's head and first event go out as two segments. An app that knows
 its body follows at once marks the start message with `COALESCE` (gateway/core/responses.py:
 `"gateway.coalesce": True`, a key other ASGI servers ignore); the cycle then builds the head itself
 — as uvicorn does, minus its two regular-expression checks per header, since a marked start carries

@@ -404,9 +404,9 @@ class OtlpBatcher:
     `add` (at the end of each sampled request) appends the request's `request_fields` to a bounded
     queue; a task of its own POSTs them as one `ExportTraceServiceRequest` every `interval_s`, or
     sooner once `batch` requests wait, one export at a time, through a pooled aiohttp session. No
-    thread: an export thread contends for the GIL with the event loop, and on this project's
-    machine that contention cost the loop more CPU than the encoding itself (bench/ANALYSIS.md,
-    "Tracing"). Past `max_queued` waiting requests the oldest are dropped. A failed export (collector
+    thread: an export thread contends for the GIL with the event loop, and that contention costs
+    the loop more CPU than the encoding itself (bench/tracing.py). Past `max_queued` waiting
+    requests the oldest are dropped. A failed export (collector
     down, refused, slow, an error status) drops that batch — requests are never affected — and is
     logged at most once a minute. Create and `start` inside the running event loop.
     """

@@ -16,7 +16,7 @@ Per backend (`_Stream.run`):
   from a sequence on); a gap that cannot be filled is `KvIndex.gap` (forget, distrust for a while); a
   sequence that goes back (the engine restarted, its counter too) is `KvIndex.cleared`.
 Nothing here can fail a request: every error is logged (rate-limited) and the loop goes on; the index
-only ever loses knowledge, and routing without it is today's approximate affinity.
+only ever loses knowledge, and routing without it is the approximate affinity.
 
 Discovery (`KvEventSync`, for pools with `kv_event_discovery`): each engine is asked where it
 publishes, in its own dialect (`gateway.routing.kv_discovery`).

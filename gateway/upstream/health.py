@@ -10,15 +10,13 @@ other routing processes as last heard through the shared store - `elsewhere`, wh
 when routing processes share their load -, or its last scrape, since the previous probe, showing
 requests running or waiting): SGLang's `/health` is a
 one-token generation that waits behind the engine's work, so a long prefill with nothing decoding
-(documents arriving cold) times it out while the engine computes; taking such a backend out sent
-its warm documents to cold engines (bench/ANALYSIS.md, issue #18 stop 26). Only the second timed-out
-probe in a row (no probe answered in between) marks it unhealthy. Nor does a probe whose timeout
-fired more than `held_s` (1 s) after its deadline: this process itself was held (a VM whose vCPUs
-the host stopped for seconds, a long pause of the event loop), so the timeout measured the stall,
-not the backend, whose answer may sit unread in the socket. The test suite's machine held every
-process for up to 11.5 s now and then (bench/ANALYSIS.md, stop 44); on such a stall every idle
-backend's probe can time out at once, and its pool then refuses every request until the next probe
-(a gateway of the suite took its four backends out so). Every
+(documents arriving cold) times it out while the engine computes, and taking such a backend out
+sends its warm documents to cold engines. Only the second timed-out probe in a row (no probe
+answered in between) marks it unhealthy. Nor does a probe whose timeout fired more than `held_s`
+(1 s) after its deadline: this process itself was held (a VM whose vCPUs the host stopped for
+seconds, a long pause of the event loop), so the timeout measured the stall, not the backend, whose
+answer may sit unread in the socket; on such a stall every idle backend's probe can time out at
+once, and its pool would then refuse every request until the next probe. Every
 `scrape_interval_s` each backend's `/metrics` is read and parsed by its dialect into `EngineLoad`,
 which routing uses while it is fresher than `scrape_stale_s`.
 """

@@ -79,8 +79,8 @@ def test_cli(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_cli_with_baselines_shared_between_processes(capsys: pytest.CaptureFixture[str]) -> None:
     """The kv suite's call (`bench/__main__.py`): baselines without our routers (round robin,
-    sglang-router's model) beside ours, several processes sharing through the store. Stop 34's
-    working-set reports broke it for the baselines (IndexError), unseen until the suite ran."""
+    sglang-router's model) beside ours, several processes sharing through the store: the working-set
+    reports must not break the baselines, which have none."""
     main(["shared_prefix", "--seconds", "2", "--replicas", "2", "--events", "5", "--shared",
           "--baseline", "round_robin", "--baseline", "sglang_cache_aware"])  # fmt: skip
     line = capsys.readouterr().out.strip()

@@ -3,7 +3,7 @@
 With a pydantic `output_type`, pydantic-ai gives the model its function tools plus an output tool
 (`final_result`) and sends `tool_choice: "required"` on every step; the run ends when the output tool
 is called with valid arguments. The simulated model calls each tool once per turn, then the output
-tool, so the loop ends in two requests (it used to call the first tool until the request limit).
+tool, so the loop ends in two requests (not the first tool again until the request limit).
 """
 
 from __future__ import annotations

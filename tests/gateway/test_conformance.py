@@ -426,9 +426,9 @@ def test_named_tool_choice_finish_reason(client: openai.OpenAI, pool: Pool, stre
     servers' `disable_any_whitespace` structured-output setting the arguments open as an object), so
     the forced call always comes back, but the model may write the string value until max_tokens;
     SGLang 0.5.23 forces the name and holds the arguments to *a* JSON value, not the tool's object
-    (measured 2026-12-02: 60 sampled requests straight to it, all cut at max_tokens, the arguments
-    numbers, booleans, arrays, strings; once, through the gateway, `""` and then the end of the
-    turn: "stop"), and returns a call only when it parses. So for them: the name is the forced one
+    (sampled requests straight to it are cut at max_tokens, the arguments numbers, booleans,
+    arrays, strings, or `""` and then the end of the turn: "stop"), and returns a call only when it
+    parses. So for them: the name is the forced one
     whenever a call comes, vLLM always sends one, and "length" comes exactly when the output was
     cut — otherwise "stop" and arguments that are JSON (an object but from real SGLang)."""
     # greedy: a real engine's random weights then write the same call every run

@@ -46,9 +46,9 @@ _model: list[Path] = []  # the tiny model's directory, built once
 _lock = threading.RLock()  # launches come from the session's thread and from `_launch_after`
 _closed: list[bool] = []  # set at the session's end: nothing is launched any more
 _started: set[str] = set()  # every engine launched in this session
-# Started only once the others are healthy: three engines importing PyTorch at once, beside both test
-# runs, held the CPU for the first ~90 s of `make test` (a simulator then once took over 15 s to
-# listen), and the tests that use the spare run long after (test_engine_lora.py, test_failover.py).
+# Started only once the others are healthy: three engines importing PyTorch at once, beside the other
+# test runs, hold the CPU for ~90 s (a simulator's start then takes over 15 s), and the tests that use
+# the spare run long after (test_engine_lora.py, test_failover.py).
 LATER = {"vllm_spare"}
 
 

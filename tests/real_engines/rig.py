@@ -61,8 +61,8 @@ def engine_connections(server: EngineServer) -> dict[int, str]:
     kernel's state (`ESTAB`, `CLOSE-WAIT` once the peer has closed while the server has not yet,
     `TIME-WAIT` after a close the server began, ...). Read with `ss` (netlink: one consistent
     snapshot; /proc/net/tcp, read a page at a time, skips sockets while others come and go), so it
-    does not wait for the server's event loop. Beside the full suite one `ss` once took more than
-    10 s (2026-12-02): it gets 60."""
+    does not wait for the server's event loop. Beside the full suite one `ss` can take more than
+    10 s: it gets 60."""
     argv = ["ss", "-Htan", f"sport = :{server.port}"]
     out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
     found: dict[int, str] = {}

@@ -206,8 +206,7 @@ def routed_there_by_its_events(gateway: GatewayProcess, real_engine: EngineServe
 
 def _why(gateway: GatewayProcess, body: dict[str, Any], route: str) -> str:
     """A failed route's context: what the gateway's explain says now (the blocks held, the backends'
-    health) and its log without the access lines. (Under extra load one run routed such a request
-    as a miss after the explain had shown the engine holding it: stop 44.)"""
+    health) and its log without the access lines."""
     now = explain(gateway, body).text[:3000]
     return f"routed {route}; the explain now: {now}\nthe gateway log:\n{gateway.server_log()[-3000:]}"
 

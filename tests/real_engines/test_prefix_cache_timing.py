@@ -6,7 +6,7 @@ the blocks an earlier one is computing. Four identical prompts sent at once whil
 with a long prefill all wait and are scheduled together: one computes the prompt, the three others
 report its full blocks as cached - on the real engine and on the simulator alike. On the real engine
 the step histogram shows that the four ran in one step (so the hits are same-step hits, not later
-ones). The simulator cached a block only after its step had run until 2026-12-03 (the three got 0).
+ones). A simulator that cached a block only after its step had run would report 0 for the three.
 """
 
 from __future__ import annotations

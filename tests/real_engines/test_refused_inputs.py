@@ -1,8 +1,8 @@
 """Completions prompts that killed the real SGLang are refused by the gateway, and the engine lives.
 
 SGLang 0.5.23's scheduler raised `IndexError` and the server exited on an empty token array inside a
-batch and on a negative token id (measured on this machine, 2026-12-04: docs/engines.md, *List
-prompts*). vLLM refuses those itself. The gateway refuses them for both pools, before routing, with
+batch and on a negative token id (docs/engines.md, *List prompts*). vLLM refuses those itself. The
+gateway refuses them for both pools, before routing, with
 OpenAI's error shape (engines/validate.py `_prompt`), so one client's bad body cannot take a backend
 down for everybody. Here a gateway stands in front of each real engine and is sent each such body
 (and its neighbours: an empty prompt in a batch, an id past 2³¹ − 1, an empty array):
@@ -12,9 +12,8 @@ down for everybody. Here a gateway stands in front of each real engine and is se
 - afterwards the engine serves a batch through the same gateway (two prompts, two choices; the
   counter then reads 1) and its own `/health` answers 200.
 
-Checked against a gateway without the check (`_prompt` returning at once, 2026-12-04): on the real SGLang
-the test failed at its first body, `[[1, 2], []]`, which SGLang answered with a 200 (the measurement
-of docs/engines.md saw its scheduler die after that answer; this run's server was stopped first).
+Against a gateway without the check (`_prompt` returning at once) the test fails at its first body,
+`[[1, 2], []]`, which the real SGLang answers with a 200 before its scheduler dies.
 """
 
 from __future__ import annotations

@@ -102,16 +102,16 @@ async def test_running_waiting_and_kv_use_are_scraped(
         answered = 0  # and replaced
         try:
             # the last two only once the engine runs eight, so they must wait: sent with the others, a
-            # starved vLLM API server once handed two to the engine core, then the other eight 16 s
-            # later, when the first two had finished - 8 running, never one waiting (2026-12-05)
+            # starved vLLM API server can hand the engine core two, then the other eight when the
+            # first two have finished - 8 running, never one waiting
             deadline = time.monotonic() + 60
             while await asyncio.to_thread(running, real_engine) < SLOTS:
                 assert time.monotonic() < deadline, f"the engine never ran {SLOTS} requests"
                 await asyncio.sleep(0.1)
             tasks += [send(), send()]
             # each answered request is replaced at once, so two wait until the scrape has seen them: with
-            # ten in all, the ten were once answered (all 200) before any scrape, late on a stalled
-            # machine, showed one waiting (2026-12-06)
+            # ten in all, the ten can be answered before a scrape, late on a stalled machine, shows one
+            # waiting
             deadline = time.monotonic() + 90
             pools: Any = None
             while not (seen["running"] >= SLOTS and seen["waiting"] >= 1 and seen["kv_usage"] > 0):
@@ -135,8 +135,8 @@ async def test_running_waiting_and_kv_use_are_scraped(
             await asyncio.gather(*tasks, return_exceptions=True)
     assert seen["running"] == SLOTS  # never more than the engine's limit
     # the engine itself idle (it aborts the cancelled requests when it notices their connections
-    # closed: on a loaded machine seconds later), then the scrape showing it; the next test's first
-    # request once met the load still running and was answered 503 (2026-12-03)
+    # closed: on a loaded machine seconds later), then the scrape showing it, so that the next test's
+    # first request does not meet this load and a 503
     wait_until(lambda: running(real_engine) == 0, 90, 0.2, "the engine idle after the cancelled load")
     wait_until(lambda: load(gateway)["running"] == 0 and load(gateway)["waiting"] == 0, 15, 0.1, "idle again")
 

@@ -1,4 +1,4 @@
-"""One trace across the gateway and a real vLLM server (issue #21 item 2).
+"""One trace across the gateway and a real vLLM server.
 
 The gateway (tracing on, every request sampled) and the real vLLM 0.32 server
 (`--otlp-traces-endpoint`, OTLP/HTTP protobuf) export to the same receiver on loopback

@@ -153,7 +153,7 @@ def test_circuit_reopens_when_a_request_after_the_open_period_fails() -> None:
     assert c.is_open(11.0)
     # Routing lets traffic through once the open period is over (is_open turns False) ...
     assert not c.is_open(12.5)
-    # ... and a failure then re-opens the circuit for another period (it used to stay passable).
+    # ... and a failure then re-opens the circuit for another period (it does not stay passable).
     c.failure(12.5)
     assert c.is_open(13.0) and c.is_open(14.4)
     assert not c.is_open(14.6)

@@ -369,7 +369,7 @@ def test_hostile_tokens_over_http_and_jwks_rotation(sim: SimProcess) -> None:
                 status, body = _raw_post(gw.port, header)
                 assert status == 401, (name, status, body)
                 assert orjson.loads(body)["error"]["code"] in ("invalid_api_key", None)
-                # the model inventory answers strangers no more than chat does (issue #20)
+                # the model inventory answers strangers no more than chat does
                 for path in (b"/v1/models", model_path, b"/v1/models/no-such-model"):
                     status, body = _raw(gw.port, b"GET", path, header)
                     assert status == 401, (name, path, status, body)

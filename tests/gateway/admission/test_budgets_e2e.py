@@ -188,8 +188,8 @@ def test_money_budget_exact_across_three_gateways(sim: SimProcess, redis_server:
                 return dict(http.get("/admin/spend", params={"tenant": "acme", "period": "month"}).json())
 
             # A request is reconciled by its finalizer, after its response ended (docs/architecture.md):
-            # the client can see its stream's end before the gateway, held for seconds on this loaded
-            # machine (stop 44), has reconciled it. Exact once no reservation is left.
+            # the client can see its stream's end before the gateway, held for seconds on a loaded
+            # machine, has reconciled it. Exact once no reservation is left.
             wait_until(
                 lambda: month_report()["periods"][0]["reserved"]["usd"] == 0.0,
                 timeout=20,

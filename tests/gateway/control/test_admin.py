@@ -30,10 +30,8 @@ ENV = {"GATEWAY_JWT_SECRET": SECRET}
 ADMIN = {"Authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}
 USER = {"Authorization": "Bearer " + mint_token(SECRET, "alice")}
 EXPIRED = {"Authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"], ttl_s=-3600)}
-# A client's wait for one answer. Generous: under make test's load this machine has held every process
-# for seconds at a time (a 0.1 s sleep loop woke 11.5 s late, one request of 2,000 took 25 s; bench/
-# ANALYSIS.md, stop 44), and a 10 s read timeout failed the pin test once. An answer that comes returns
-# at once.
+# A client's wait for one answer. Generous: a loaded machine can hold every process for seconds at a
+# time, and an answer that comes returns at once.
 HTTP_TIMEOUT_S = 30.0
 
 
@@ -123,10 +121,9 @@ async def _send_many(
 ) -> list[httpx.Response]:
     """`bodies` sent 32 at a time over 32 kept-alive connections. A request that fails at the transport
     level is sent once more, as the SDKs do (openai's `max_retries`), and the call fails when one fails
-    twice or more than 3 needed it. Such failures came rarely under make test's load (a connect timeout,
-    a closed connection: the gateway logged those requests as 499, the client gone 34 ms after it read
-    them, while the client waited 7.8 s; bench/ANALYSIS.md, stop 43); a connection pool smaller than
-    the concurrency (httpx keeps 20 by default) opened and closed connections all along."""
+    twice or more than 3 needed it. Such failures come rarely on a loaded machine (a connect timeout, a
+    connection closed while a held client waited); a connection pool smaller than the concurrency
+    (httpx keeps 20 by default) would open and close connections all along."""
     sem = asyncio.Semaphore(32)
     started = time.monotonic()
     retried: list[str] = []

@@ -254,7 +254,7 @@ def test_a_wrong_token_is_refused_with_a_clear_message(browser: WebDriver, gatew
     error = wait(browser, lambda: css(browser, "#login-error").text, "the refusal")
     assert error.startswith("Refused by the gateway (401: "), error
     assert not css(browser, "#tabs").is_displayed()
-    assert browser.execute_script("return sessionStorage.length") == 0, "a refused token is not kept"
+    assert browser.execute_script("return sessionStorage.length") == 0, "a refused token is not stored"
     shoot(browser, "01-login-refused")
     sign_in(browser, gateway.base_url, USER_TOKEN)  # a valid token without the admin role
     wait(browser, lambda: "403" in css(browser, "#login-error").text, "the 403")
@@ -340,7 +340,7 @@ def test_route_explain_shows_pool_backend_and_reason(browser: WebDriver, gateway
     tab(browser, "explain")
     # The tab puts an example in an empty body once it has read the pools: typing before that could
     # see the body cleared, the example put in and the typed text appended to it - a 400, "not valid
-    # JSON" (make test failed so once, 2026-12-06; reproduced by holding GET /admin/pools in the page)
+    # JSON" (reproduced by holding GET /admin/pools in the page)
     wait(browser, lambda: css(browser, "#explain-pin option[value=vllm]"), "the pools in the explain tab")
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     body = f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "hi"}}], "tools": [{json.dumps(tool)}]}}'

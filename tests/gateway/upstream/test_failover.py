@@ -154,7 +154,7 @@ def test_example_topology_fails_over_when_a_pool_dies() -> None:
         assert {r.kind for r in late} == {"tools", "long", "plain"}
         # Whether a new request still chose the dead pool and failed over ("failover+" in its route)
         # or found it already out of routing (the streams the kill cut mark it down at once) depends
-        # on timing — under load the second happened (seen 2026-12-01). Either way nothing failed;
+        # on timing (under load, the second). Either way nothing failed;
         # failover itself is pinned down by test_a_misconfigured_pool_fails_over_to_one_that_serves.
         failed_over = sum(r.route.startswith("failover+") for r in after)
         # passive health took the dead backends out (each of the two workers on its own)

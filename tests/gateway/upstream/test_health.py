@@ -77,9 +77,9 @@ def _checker(
 ) -> HealthChecker:
     """A probe timing out after `timeout_s`: short where a timeout is what is tested, long where it
     must not come (a busy machine has held the event loop for more than 50 ms between a stand-in
-    transport's start and its answer). Every timeout is a verdict unless `held_s` is given: this
-    machine has held every process for seconds (bench/ANALYSIS.md, stop 44), and a test of what a
-    timeout does must not meet the no-verdict of a held process by chance."""
+    transport's start and its answer). Every timeout is a verdict unless `held_s` is given: a loaded
+    machine can hold every process for seconds, and a test of what a timeout does must not meet the
+    no-verdict of a held process by chance."""
     return HealthChecker(
         _Fleet(backend),  # type: ignore[arg-type]
         transport,  # type: ignore[arg-type]
@@ -191,7 +191,7 @@ async def test_a_real_sglang_simulator_prefilling_a_long_prompt_stays_healthy() 
     """The simulator's `/health` is SGLang's `health_generate` (docs/simulators.md): a one-token
     generation that waits behind a long prefill. Pure prefill for ~1.5 s (nothing decoding, so
     nothing answered) times a 0.3 s probe out; the backend, with this request in flight, stays
-    routable (it took warm backends out at the bench's cold start: bench/ANALYSIS.md, stop 26)."""
+    routable (taking it out would send its warm prefixes to cold engines)."""
     flags = [
         "--prefill-us-per-token",
         "1000",
