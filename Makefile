@@ -35,10 +35,13 @@ services:
 engines:
 	python3 scripts/ensure_engines.py
 
+# ruff, mypy (strict), and scripts/lint_docs.py: no development-process words in the tree, no page of
+# the manual over its budget (CONTRIBUTING.md)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(PY) scripts/lint_docs.py
 
 bench: native services
 	$(PY) -m bench $(BENCH_ARGS)
