@@ -18,6 +18,10 @@ hash tag so create/revoke are one MULTI:
 Without Redis, the same in memory (this process only). `resolve` caches answers (also "no such key")
 for `cache_ttl_s`, so a revocation reaches the other replicas within that time (at once on the
 replica that revoked).
+
+During a store outage, a key this process verified in the last `outage_grace_s` keeps working from
+its cache (the store's answer, as last confirmed); a key it never verified, or one it knows was
+revoked or changed, gets the store's error (503). Past the grace, every key gets it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Any, Protocol
 
 import orjson
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from gateway.core.context import Principal
 from policies.access import ModelAccess
@@ -221,14 +226,17 @@ class ApiKeys:
         pepper: str | None = None,
         cache_ttl_s: float = 10.0,
         cache_size: int = 10000,
+        outage_grace_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._backend = backend
         self._pepper = pepper.encode() if pepper else None
         self._ttl = cache_ttl_s
         self._size = cache_size
+        self._grace = outage_grace_s
         self._clock = clock
-        self._cache: OrderedDict[str, tuple[Principal | None, float]] = OrderedDict()
+        #: digest -> (principal or None, fresh until, confirmed by the store at)
+        self._cache: OrderedDict[str, tuple[Principal | None, float, float]] = OrderedDict()
 
     def bind(self, backend: KeyBackend) -> None:
         """Switch to another store (the gateway binds Redis at start-up, before serving)."""
@@ -271,7 +279,7 @@ class ApiKeys:
         """Delete a key; False when no key has this id. Effective here at once, elsewhere within
         `cache_ttl_s`."""
         found = await self._backend.delete(key_id)
-        self._cache.clear()
+        self._forget(key_id)
         return found
 
     async def update(self, key_id: str, **changes: Any) -> tuple[ApiKeyRecord, ApiKeyRecord] | None:
@@ -286,8 +294,18 @@ class ApiKeys:
         after = replace(before, **changes, rev=before.rev + 1)
         if not await self._backend.replace(after):
             return None
-        self._cache.clear()
+        self._forget(key_id)
         return before, after
+
+    def known_ids(self) -> list[str]:
+        """The ids of the keys this process has verified and still remembers."""
+        return sorted({p.key_id for p, _, _ in self._cache.values() if p is not None and p.key_id})
+
+    def _forget(self, key_id: str) -> None:
+        """Drop what the cache holds of a key that was revoked or changed here."""
+        stale = [d for d, (p, _, _) in self._cache.items() if p is not None and p.key_id == key_id]
+        for digest in stale:
+            del self._cache[digest]
 
     async def get(self, key_id: str) -> ApiKeyRecord | None:
         return await self._backend.by_id(key_id)
@@ -303,10 +321,15 @@ class ApiKeys:
         hit = self._cache.get(digest)
         if hit is not None and hit[1] > now:
             return hit[0]
-        record = await self._backend.get(digest)
+        try:
+            record = await self._backend.get(digest)
+        except (RedisError, OSError):
+            if hit is not None and now - hit[2] <= self._grace:
+                return hit[0]  # the store's last answer: a key it knew, or one it knew was gone
+            raise
         principal = record.principal() if record is not None else None
-        if self._ttl > 0 and self._size > 0:
-            self._cache[digest] = (principal, now + self._ttl)
+        if self._size > 0 and (self._ttl > 0 or self._grace > 0):
+            self._cache[digest] = (principal, now + self._ttl, now)
             self._cache.move_to_end(digest)
             if len(self._cache) > self._size:
                 self._cache.popitem(last=False)

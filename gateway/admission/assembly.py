@@ -108,7 +108,11 @@ class Admission:
         jwt = JwtVerifier(auth.jwt, self.jwks) if auth.jwt.has_keys else None
         k = auth.api_keys
         self.api_keys = ApiKeys(
-            MemoryBackend(), pepper=k.pepper, cache_ttl_s=k.cache_ttl_s, cache_size=k.cache_size
+            MemoryBackend(),
+            pepper=k.pepper,
+            cache_ttl_s=k.cache_ttl_s,
+            cache_size=k.cache_size,
+            outage_grace_s=k.outage_grace_s,
         )
         #: None when authentication is off (every request is `anonymous`)
         self.authenticator: Authenticator | None = None

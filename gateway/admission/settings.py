@@ -125,6 +125,8 @@ class ApiKeySettings(_Model):
     #: seconds a resolved key is cached per replica (a revocation reaches other replicas within this)
     cache_ttl_s: float = Field(10.0, ge=0)
     cache_size: int = Field(10000, ge=0)
+    #: during a Redis outage, keys this replica verified in the last this-many seconds keep working
+    outage_grace_s: float = Field(600.0, ge=0)
 
 
 class AuthSettings(_Model):

@@ -9,7 +9,7 @@ import pytest
 from redis.asyncio import Redis
 
 from engines.errors import ApiError
-from gateway.admission.api_keys import ApiKeys, ApiKeySpec, MemoryBackend, RedisBackend
+from gateway.admission.api_keys import ApiKeyRecord, ApiKeys, ApiKeySpec, MemoryBackend, RedisBackend
 from gateway.admission.auth import Authenticator
 from gateway.core.redis_client import open_redis
 from tests.support import RedisServer
@@ -84,3 +84,54 @@ async def test_redis_down_is_503_not_401(redis_server: RedisServer) -> None:
         await auth.authenticate({b"authorization": b"Bearer sk-gw-" + b"x" * 43})
     assert info.value.status == 503
     await dead.aclose()
+
+
+class FlakyBackend(MemoryBackend):
+    """A store that can go down: every lookup raises ConnectionError while `down`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+
+    async def get(self, digest: str) -> ApiKeyRecord | None:
+        if self.down:
+            raise ConnectionError("store down")
+        return await super().get(digest)
+
+
+async def test_keys_verified_before_an_outage_keep_working_for_the_grace() -> None:
+    now = [0.0]
+    backend = FlakyBackend()
+    keys = ApiKeys(backend, cache_ttl_s=10, outage_grace_s=600, clock=lambda: now[0])
+    _, known = await keys.create(ApiKeySpec(user="svc"))
+    _, never_seen = await keys.create(ApiKeySpec(user="other"))
+    assert await keys.resolve(known.encode()) is not None  # verified at t=0
+    assert await keys.resolve(b"sk-gw-" + b"n" * 43) is None  # the store said: no such key
+    backend.down = True
+    now[0] = 599.0
+    p = await keys.resolve(known.encode())
+    assert p is not None and p.user == "svc"
+    assert await keys.resolve(b"sk-gw-" + b"n" * 43) is None  # still known to be no key
+    with pytest.raises(ConnectionError):
+        await keys.resolve(never_seen.encode())  # never verified here: the outage shows
+    now[0] = 601.0
+    with pytest.raises(ConnectionError):
+        await keys.resolve(known.encode())  # past the grace
+
+
+async def test_a_key_revoked_or_changed_here_is_never_served_from_the_cache() -> None:
+    backend = FlakyBackend()
+    keys = ApiKeys(backend, cache_ttl_s=10, outage_grace_s=600, clock=lambda: 0.0)
+    revoked, revoked_text = await keys.create(ApiKeySpec(user="gone"))
+    changed, changed_text = await keys.create(ApiKeySpec(user="narrowed"))
+    _, kept_text = await keys.create(ApiKeySpec(user="kept"))
+    for text in (revoked_text, changed_text, kept_text):
+        assert await keys.resolve(text.encode()) is not None
+    assert await keys.revoke(revoked.id)
+    assert await keys.update(changed.id, deny_models=("m",)) is not None
+    backend.down = True
+    with pytest.raises(ConnectionError):
+        await keys.resolve(revoked_text.encode())
+    with pytest.raises(ConnectionError):
+        await keys.resolve(changed_text.encode())
+    assert await keys.resolve(kept_text.encode()) is not None  # the others' entries stay
