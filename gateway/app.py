@@ -129,7 +129,13 @@ class Gateway:
         #: API keys (create / revoke / list) for the admin API
         self.api_keys = self.admission.api_keys
         #: the operator's verbs (admin API): fleet changes, audit, reload; the store is bound at start-up
-        self.control = FleetControl(self.fleet, self, MemoryStore())
+        self.control = FleetControl(
+            self.fleet,
+            self,
+            MemoryStore(),
+            on_lost=self.metrics.shared_state_lost,
+            known_keys=self.api_keys.known_ids,
+        )
         self._admin_app = build_admin_app(
             self.control,
             self.admission.authorize_admin,

@@ -14,6 +14,12 @@ own `Fleet`; the config file stays the base, so a reload of the file keeps the o
 Field names in the hash: `weight:<pool>` → float, `drain:<backend>` → true,
 `add:<backend>` → {"pool", "url"}, `remove:<backend>` → true, `reload:` → when a reload of the
 config file on every replica was last asked for.
+
+Redis coming back empty (restarted without persistence, flushed, failed over to an empty replica) is
+told from an outage by a generation marker, `gw:{fleet}:generation`: a random value set once, which
+every replica remembers. When a poll finds it gone or changed, the store hands what this replica last
+knew (`StateLost`: the override fields, the audit log's length) to the `on_reset` callback; the
+replica that sets the new marker first is the one asked to restore.
 """
 
 from __future__ import annotations
@@ -21,9 +27,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -39,6 +46,7 @@ log = logging.getLogger("gateway.state")
 OVERRIDES_KEY = "gw:{fleet}:overrides"
 VERSION_KEY = "gw:{fleet}:version"
 AUDIT_KEY = "gw:{fleet}:audit"
+GENERATION_KEY = "gw:{fleet}:generation"
 CHANNEL = "gw:fleet:changed"
 AUDIT_MAX = 1000
 
@@ -63,12 +71,28 @@ class AuditEntry:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class StateLost:
+    """What a replica last knew of a shared state that came back empty: the override fields and how
+    many audit entries there were. `restore`: this replica is the one to write the fields back."""
+
+    fields: dict[str, Any]
+    audit_entries: int
+    restore: bool
+
+
+#: called (in the event loop) when the shared state came back empty
+OnReset = Callable[[StateLost], Awaitable[None]]
+
+
 class Store(Protocol):
     """Where overrides live. `on_change` is called (in the event loop) whenever they may have changed."""
 
     shared: bool
 
-    async def start(self, on_change: Callable[[Overrides], None]) -> Overrides: ...
+    async def start(
+        self, on_change: Callable[[Overrides], None], on_reset: OnReset | None = None
+    ) -> Overrides: ...
 
     async def stop(self) -> None: ...
 
@@ -87,7 +111,9 @@ class MemoryStore:
         self._audit: deque[AuditEntry] = deque(maxlen=AUDIT_MAX)
         self._on_change: Callable[[Overrides], None] | None = None
 
-    async def start(self, on_change: Callable[[Overrides], None]) -> Overrides:
+    async def start(
+        self, on_change: Callable[[Overrides], None], on_reset: OnReset | None = None
+    ) -> Overrides:
         self._on_change = on_change
         return Overrides.from_fields(self._fields)
 
@@ -114,10 +140,21 @@ class RedisStore:
         self._poll_s = poll_s
         self._version = -1
         self._on_change: Callable[[Overrides], None] | None = None
+        self._on_reset: OnReset | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        #: what this replica last read: the generation marker, the fields, the audit log's length
+        self._generation: bytes | str | None = None
+        self._fields: dict[str, Any] = {}
+        self._audit_len = 0
+        #: when the poll first failed in the current outage (None: reachable)
+        self._down_since: float | None = None
 
-    async def start(self, on_change: Callable[[Overrides], None]) -> Overrides:
+    async def start(
+        self, on_change: Callable[[Overrides], None], on_reset: OnReset | None = None
+    ) -> Overrides:
         self._on_change = on_change
+        self._on_reset = on_reset
+        await self._redis.set(GENERATION_KEY, secrets.token_hex(8), nx=True)
         overrides = await self._load()
         self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._poll())]
         return overrides
@@ -131,9 +168,12 @@ class RedisStore:
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.get(VERSION_KEY)
             pipe.hgetall(OVERRIDES_KEY)
-            version, raw = await pipe.execute()
+            pipe.get(GENERATION_KEY)
+            pipe.llen(AUDIT_KEY)
+            version, raw, self._generation, self._audit_len = await pipe.execute()
         self._version = int(version or 0)
-        return Overrides.from_fields({k.decode(): orjson.loads(v) for k, v in raw.items()})
+        self._fields = {k.decode(): orjson.loads(v) for k, v in raw.items()}
+        return Overrides.from_fields(self._fields)
 
     async def _refresh(self) -> None:
         overrides = await self._load()
@@ -164,15 +204,39 @@ class RedisStore:
         while not stop_requested():
             await asyncio.sleep(self._poll_s)
             try:
-                version = int(await self._redis.get(VERSION_KEY) or 0)
-                if version != self._version:
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    pipe.get(VERSION_KEY)
+                    pipe.get(GENERATION_KEY)
+                    pipe.llen(AUDIT_KEY)
+                    version, generation, audit_len = await pipe.execute()
+                if generation != self._generation:
+                    await self._reset(generation)
+                    continue
+                self._audit_len = audit_len
+                if int(version or 0) != self._version or self._down_since is not None:
                     await self._refresh()
+                if self._down_since is not None:
+                    log.warning(
+                        "shared state reachable again after %.0f s", time.monotonic() - self._down_since
+                    )
+                    self._down_since = None
             except (RedisError, OSError) as exc:
                 if stop_requested():
                     return
-                log.warning(
-                    "shared state unreachable (%s); keeping the last known overrides", type(exc).__name__
-                )
+                if self._down_since is None:  # once an outage, not once a poll
+                    self._down_since = time.monotonic()
+                    log.warning(
+                        "shared state unreachable (%s); keeping the last known overrides", type(exc).__name__
+                    )
+
+    async def _reset(self, seen: bytes | str | None) -> None:
+        """The marker is gone (Redis came back empty) or another replica has already set a new one."""
+        restore = seen is None and bool(await self._redis.set(GENERATION_KEY, secrets.token_hex(8), nx=True))
+        lost = StateLost(dict(self._fields), self._audit_len, restore)
+        self._generation = await self._redis.get(GENERATION_KEY)
+        if self._on_reset is not None:
+            await self._on_reset(lost)
+        await self._refresh()
 
     async def change(self, updates: dict[str, Any], deletes: list[str], audit: AuditEntry) -> None:
         async with self._redis.pipeline(transaction=True) as pipe:

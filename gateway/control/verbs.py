@@ -4,21 +4,28 @@ Fleet changes go through `change_fleet`: persisted in the shared store (Redis wh
 in the audit log, applied by every replica (`apply_overrides`, called by the store) within a second.
 `describe_fleet` is this replica's view of pools and backends.
 
+During a store outage, the changes an operator needs most (a pool's weight, draining a backend) are
+applied on this replica alone and kept as pending: `describe_fleet` and the answers mark them as not
+persisted, and they are written to the store, in order and with their audit entries, as soon as it
+answers again. When the store comes back empty (`StateLost`), the replica says what is gone (a log
+line, `on_lost`), and the replica asked to restore writes its last known overrides back.
+
 What the verbs need of the gateway is handed in, never imported: the `Fleet`, the `Store` (at
 `start`), and a `ConfigSource` for the config file the overrides go on top of.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
-from engines.errors import ApiError
-from gateway.control.store import Store, audit_entry
+from gateway.control.store import AuditEntry, StateLost, Store, audit_entry
 from gateway.core.context import Principal
 from gateway.core.fleet import Fleet
 from gateway.core.overrides import Overrides
@@ -39,20 +46,51 @@ class ConfigSource(Protocol):
         ...
 
 
+#: (kind, count) → report what a shared state that came back empty lost (`gateway_shared_state_lost`)
+OnLost = Callable[[str, int], None]
+#: the ids of the API keys this replica has verified (what it can name when the store lost them)
+KnownKeys = Callable[[], list[str]]
+#: the actions an operator may take on one replica while the store is unreachable
+LOCAL_ACTIONS = frozenset({"set_weight", "drain", "undrain"})
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A change made during a store outage, applied here only, to be written when the store is back."""
+
+    updates: dict[str, Any]
+    deletes: list[str]
+    entry: AuditEntry
+
+
 class FleetControl:
-    def __init__(self, fleet: Fleet, config: ConfigSource, store: Store) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        config: ConfigSource,
+        store: Store,
+        *,
+        on_lost: OnLost | None = None,
+        known_keys: KnownKeys | None = None,
+    ) -> None:
         self.fleet = fleet
         self._config = config
         #: where overrides live; `start` binds the process's real one (Redis when configured)
         self.store = store
+        self._on_lost = on_lost
+        self._known_keys = known_keys
         self._reload_seen = 0.0
         self._started_at = time.time()
         self.overrides = Overrides()
+        #: the store's overrides as last read, and the changes made here during an outage
+        self._stored = Overrides()
+        self.pending: list[Pending] = []
+        self._reconciling: asyncio.Task[None] | None = None
 
     async def start(self, store: Store) -> None:
         """Use `store` from now on and apply the overrides it holds (and every later change)."""
         self.store = store
-        self.apply_overrides(await store.start(self.apply_overrides))
+        self.apply_overrides(await store.start(self.apply_overrides, self._state_lost))
 
     async def change_fleet(
         self,
@@ -64,27 +102,101 @@ class FleetControl:
         *,
         updates: dict[str, Any] | None = None,
         deletes: list[str] | None = None,
-    ) -> None:
+    ) -> bool:
+        """Make a change everywhere; True when the store has it. During a store outage, the actions in
+        `LOCAL_ACTIONS` apply on this replica only (False) and the others are a 503."""
         entry = audit_entry(who.user, action, target, before, after)
         try:
             await self.store.change(updates or {}, deletes or [], entry)
-        except RedisError:
-            raise ApiError(
-                503, "Shared state (Redis) is unreachable; the change was not made.", type="server_error"
-            ) from None
+        except (RedisError, OSError):
+            if action not in LOCAL_ACTIONS:
+                raise
+            self.pending.append(Pending(dict(updates or {}), list(deletes or []), entry))
+            self._apply(self._stored)
+            log.warning(
+                "admin %s: %s %s %r -> %r on this replica only (shared state unreachable)",
+                who.user,
+                action,
+                target,
+                before,
+                after,
+            )
+            return False
         log.info("admin %s: %s %s %r -> %r", who.user, action, target, before, after)
+        return True
 
     async def audit_only(self, who: Principal, action: str, target: str, before: Any, after: Any) -> None:
         """Record an admin action that changed no fleet override (e.g. an API key) in the audit log."""
         await self.change_fleet(who, action, target, before, after)
 
     def apply_overrides(self, overrides: Overrides) -> None:
-        if overrides.reload_at > self._reload_seen:
-            if self._reload_seen or overrides.reload_at > self._started_at:
+        """The store's overrides (read just now: it answers), with this replica's pending changes on
+        top until they are written."""
+        self._stored = overrides
+        self._apply(overrides)
+        if self.pending and self._reconciling is None:
+            self._reconciling = asyncio.get_running_loop().create_task(self._reconcile())
+
+    def _apply(self, stored: Overrides) -> None:
+        merged = stored
+        if self.pending:
+            fields = dict(stored.fields)
+            for p in self.pending:
+                for key in p.deletes:
+                    fields.pop(key, None)
+                fields.update(p.updates)
+            merged = Overrides.from_fields(fields)
+        if stored.reload_at > self._reload_seen:
+            if self._reload_seen or stored.reload_at > self._started_at:
                 self._config.reread_config()
-            self._reload_seen = overrides.reload_at
-        self.fleet.apply(self._config.base_pools(), overrides)
-        self.overrides = overrides
+            self._reload_seen = stored.reload_at
+        self.fleet.apply(self._config.base_pools(), merged)
+        self.overrides = merged
+
+    async def _reconcile(self) -> None:
+        """Write the changes made during the outage, oldest first; stop at the first failure."""
+        written = 0
+        try:
+            while self.pending:
+                p = self.pending[0]
+                await self.store.change(p.updates, p.deletes, p.entry)
+                self.pending.pop(0)
+                written += 1
+        except (RedisError, OSError):
+            pass
+        finally:
+            self._reconciling = None
+        if written:
+            log.warning(
+                "shared state reachable: %d change(s) made on this replica during the outage written", written
+            )
+        self._apply(self._stored)
+
+    async def _state_lost(self, lost: StateLost) -> None:
+        """The store came back empty: say what is gone; the replica asked to restore writes back the
+        overrides it knew (the fleet keeps its weights and drained backends)."""
+        keys = self._known_keys() if self._known_keys is not None else []
+        overrides = sorted(k for k in lost.fields if not k.startswith("reload"))
+        log.error(
+            "shared state (Redis) came back empty: %d override(s) %s, the audit log (%d entries) and "
+            "the API keys (%d verified here: %s) are gone%s",
+            len(overrides),
+            overrides,
+            lost.audit_entries,
+            len(keys),
+            ", ".join(keys) or "none",
+            "; restoring the overrides" if lost.restore and overrides else "",
+        )
+        if self._on_lost is not None:
+            for kind, count in (
+                ("overrides", len(overrides)),
+                ("audit_entries", lost.audit_entries),
+                ("api_keys", len(keys)),
+            ):
+                self._on_lost(kind, count)
+        if lost.restore and lost.fields:
+            entry = audit_entry("gateway", "restore_overrides", "fleet", None, lost.fields)
+            await self.store.change(lost.fields, [], entry)
 
     async def reload_config(self, who: Principal) -> None:
         await self.change_fleet(who, "reload", "config", None, None, updates={"reload": time.time()})

@@ -17,10 +17,12 @@ class Overrides:
     removed: set[str] = field(default_factory=set)
     #: when an operator last asked every replica to re-read its config file (0: never)
     reload_at: float = 0.0
+    #: the stored fields these were read from (gateway/control/store.py names them)
+    fields: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_fields(cls, fields: dict[str, Any]) -> Overrides:
-        o = cls()
+        o = cls(fields=dict(fields))
         for key, value in fields.items():
             kind, _, name = key.partition(":")
             if kind == "weight":

@@ -302,6 +302,13 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.state_lost = Counter(
+            "gateway_shared_state_lost",
+            "Overrides, audit entries and API keys (those this replica had verified) found gone when "
+            "Redis came back empty.",
+            ["kind"],
+            registry=r,
+        )
         # The engines' KV-cache event streams (routing.kv_events; docs/routing.md), per backend.
         # Every routing process subscribes to every stream, so counters add up over a host's workers.
         self.kv_stream_connected = Gauge(
@@ -481,6 +488,10 @@ class Metrics:
         child.inc()
         if kind == "misconfigured" and backend is not None:
             self.misconfigured.labels(pool, backend).inc()
+
+    def shared_state_lost(self, kind: str, count: int) -> None:
+        """What the shared state lost when Redis came back empty (gateway/control/verbs.py)."""
+        self.state_lost.labels(kind).inc(count)
 
     def warmup(self, pool: str, backend: str, outcome: str) -> None:
         """A warm-up's outcome (`gateway.routing.warmup`): rare, so no cached children."""

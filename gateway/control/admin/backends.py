@@ -6,7 +6,7 @@ from fastapi import APIRouter, Body
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from gateway.control.admin.common import Admin, Ctx, json_response, not_found
+from gateway.control.admin.common import Admin, Ctx, json_response, not_found, written
 from gateway.control.admin.pools import OkResponse
 
 router = APIRouter()
@@ -27,7 +27,7 @@ async def remove_backend(name: str, who: Admin, ctx: Ctx) -> Response:
     if backend is None:
         raise not_found("backend", name, "backend_not_found")
     before = {"pool": backend.pool, "url": backend.url}
-    await control.change_fleet(
+    persisted = await control.change_fleet(
         who,
         "remove_backend",
         name,
@@ -36,7 +36,7 @@ async def remove_backend(name: str, who: Admin, ctx: Ctx) -> Response:
         updates={f"remove:{name}": True},
         deletes=[f"add:{name}", f"drain:{name}"],
     )
-    return json_response(200, {"ok": True, "shared": control.store.shared})
+    return json_response(200, written(ctx, persisted))
 
 
 @router.put(
@@ -53,12 +53,14 @@ async def drain(
     if backend is None:
         raise not_found("backend", name, "backend_not_found")
     if draining:
-        await control.change_fleet(
+        persisted = await control.change_fleet(
             who, "drain", name, backend.draining, True, updates={f"drain:{name}": True}
         )
     else:
-        await control.change_fleet(who, "undrain", name, backend.draining, False, deletes=[f"drain:{name}"])
-    return json_response(200, {"ok": True, "shared": control.store.shared})
+        persisted = await control.change_fleet(
+            who, "undrain", name, backend.draining, False, deletes=[f"drain:{name}"]
+        )
+    return json_response(200, written(ctx, persisted))
 
 
 @router.post("/admin/backends/{name}/drain", response_model=OkResponse, summary="Drain a backend")

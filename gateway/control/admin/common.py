@@ -65,3 +65,15 @@ def json_response(status: int, payload: Any) -> Response:
 
 def not_found(what: str, name: str, code: str) -> ApiError:
     return ApiError(404, f"No {what} named {name!r}.", code=code)
+
+
+def written(ctx: AdminContext, persisted: bool = True) -> dict[str, Any]:
+    """The answer to a fleet change: whether it is in the shared store (and so on every replica)."""
+    shared = ctx.control.store.shared
+    out: dict[str, Any] = {"ok": True, "shared": shared and persisted, "persisted": persisted}
+    if not persisted:
+        out["note"] = (
+            "Shared state (Redis) is unreachable: the change applies on this replica only, and is "
+            "written to Redis, for every replica, when it answers again."
+        )
+    return out

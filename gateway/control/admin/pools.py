@@ -5,7 +5,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from engines.errors import ApiError
-from gateway.control.admin.common import Admin, Ctx, json_response, not_found
+from gateway.control.admin.common import Admin, Ctx, json_response, not_found, written
 
 router = APIRouter()
 
@@ -24,12 +24,22 @@ class BackendBody(BaseModel):
 class OkResponse(BaseModel):
     ok: bool = True
     shared: bool = Field(description="true when the change is persisted in Redis and shared by every replica")
+    persisted: bool = Field(
+        description="false when Redis was unreachable: applied on this replica only, written when Redis is back"
+    )
 
 
 @router.get("/admin/pools", summary="Pools with weights, backends, health, in-flight and recent load")
 async def pools(who: Admin, ctx: Ctx) -> Response:
     control = ctx.control
-    return json_response(200, {"pools": control.describe_fleet(), "shared_state": control.store.shared})
+    pending = [
+        {"action": p.entry.action, "target": p.entry.target, "after": p.entry.after, "ts": p.entry.ts}
+        for p in control.pending
+    ]
+    return json_response(
+        200,
+        {"pools": control.describe_fleet(), "shared_state": control.store.shared, "not_persisted": pending},
+    )
 
 
 @router.put("/admin/pools/{pool}/weight", response_model=OkResponse, summary="Set a pool's routing weight")
@@ -38,10 +48,10 @@ async def set_weight(pool: str, body: WeightBody, who: Admin, ctx: Ctx) -> Respo
     current = control.fleet.pools.get(pool)
     if current is None:
         raise not_found("pool", pool, "pool_not_found")
-    await control.change_fleet(
+    persisted = await control.change_fleet(
         who, "set_weight", pool, current.weight, body.weight, updates={f"weight:{pool}": body.weight}
     )
-    return json_response(200, {"ok": True, "shared": control.store.shared})
+    return json_response(200, written(ctx, persisted))
 
 
 @router.post(
@@ -57,7 +67,7 @@ async def add_backend(pool: str, body: BackendBody, who: Admin, ctx: Ctx) -> Res
     if body.name in control.fleet.backends:
         raise ApiError(409, f"A backend named {body.name!r} exists.", code="backend_exists")
     url = body.url.rstrip("/")
-    await control.change_fleet(
+    persisted = await control.change_fleet(
         who,
         "add_backend",
         body.name,
@@ -66,4 +76,4 @@ async def add_backend(pool: str, body: BackendBody, who: Admin, ctx: Ctx) -> Res
         updates={f"add:{body.name}": {"pool": pool, "url": url}},
         deletes=[f"remove:{body.name}"],
     )
-    return json_response(201, {"ok": True, "shared": control.store.shared})
+    return json_response(201, written(ctx, persisted))

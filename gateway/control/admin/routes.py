@@ -5,7 +5,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from engines.errors import invalid_request
-from gateway.control.admin.common import Admin, Ctx, json_response
+from gateway.control.admin.common import Admin, Ctx, json_response, written
 from gateway.control.admin.pools import OkResponse
 
 router = APIRouter()
@@ -37,4 +37,4 @@ async def explain(request: Request, who: Admin, ctx: Ctx) -> Response:
 )
 async def reload(who: Admin, ctx: Ctx) -> Response:
     await ctx.control.reload_config(who)
-    return json_response(200, {"ok": True, "shared": ctx.control.store.shared})
+    return json_response(200, written(ctx))
