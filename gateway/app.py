@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib.metadata
 import logging
 import os
+import platform
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
@@ -62,6 +62,7 @@ from gateway.upstream.h1 import H1Transport
 from gateway.upstream.health import HealthChecker
 from gateway.upstream.proxy import ProxyStage
 from gateway.upstream.transport import JSON_HEADERS, Transport
+from gateway.version import version
 
 if TYPE_CHECKING:
     from gateway.observability.tracing import Tracing
@@ -97,6 +98,7 @@ class Gateway:
         #: called once start-up has completed (the demo prints its banner then)
         self._on_ready = on_ready
         self.metrics = Metrics()
+        self.metrics.build(version(), platform.python_version())
         self.metrics_export = MetricsExporter(self.metrics.registry, settings.metrics)
         self._sampler: MetricsSampler | None = None
         self.fleet = Fleet(settings.pools, settings.upstream.health, settings.routing.scrape_stale_s)
@@ -112,7 +114,7 @@ class Gateway:
             # imported only when on: the OpenTelemetry SDK and exporter add ~0.1-0.3 s to a start
             from gateway.observability.tracing import Tracing
 
-            self.tracing = Tracing(settings.tracing, _version())
+            self.tracing = Tracing(settings.tracing, version())
         self.pipeline: Pipeline | None = None
         #: one pipeline per client API beyond chat/completions (gateway/apis/)
         self.pipelines: dict[Api, Pipeline] = {}
@@ -543,13 +545,6 @@ def _with_request_id(send: Send, headers: dict[bytes, bytes]) -> Send:
         await send(message)
 
     return wrapped
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("llm-gateway")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def _not_found(method: str, path: str) -> ApiError:

@@ -1,4 +1,4 @@
-"""The `gateway` command: serve, demo, sim, token."""
+"""The `gateway` command: serve, config check, demo, sim, token, --version."""
 
 from __future__ import annotations
 
@@ -6,23 +6,53 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.settings import ConfigError, Settings
 
 
 def _serve(args: argparse.Namespace) -> None:
-    from gateway.routing.tokens import tokenizer_problem
     from gateway.server import serve
-    from gateway.settings import ConfigError, load_settings
 
     os.environ["GATEWAY_CONFIG"] = os.path.abspath(args.config)
+    settings = _checked("gateway serve", args.config)
+    serve(settings, config_path=os.environ["GATEWAY_CONFIG"])
+
+
+def _config_check(args: argparse.Namespace) -> None:
+    settings = _checked("gateway config check", args.file)
+    backends = sum(len(p.backends) for p in settings.pools)
+    auth = "on" if settings.auth.active else "OFF (every request anonymous)"
+    redis = "Redis" if settings.redis.configured else "this process only (no Redis)"
+    print(
+        f"{args.file}: ok: {len(settings.models)} model(s), {len(settings.pools)} pool(s), "
+        f"{backends} backend(s); authentication {auth}; shared state: {redis}"
+    )
+
+
+def _checked(command: str, path: str) -> Settings:
+    """The settings `path` describes, checked as `gateway serve` checks them before starting (the
+    process exits with one line per problem otherwise)."""
+    from gateway.routing.tokens import tokenizer_problem
+    from gateway.settings import ConfigError, load_settings
+
     try:
-        settings = load_settings(args.config)
+        settings = load_settings(path)
     except ConfigError as exc:
-        sys.exit(f"gateway serve: {exc}")
-    # before any worker starts: a tokenizer that is not there is a deployment error, said once
+        sys.exit(_config_errors(command, exc))
+    # a tokenizer that is not there is a deployment error, said before any worker starts
     problems = [p for m in settings.models if m.tokenizer and (p := tokenizer_problem(m.name, m.tokenizer))]
     if problems:
-        sys.exit("gateway serve: " + "; ".join(problems))
-    serve(settings, config_path=os.environ["GATEWAY_CONFIG"])
+        sys.exit(f"{command}: " + "; ".join(problems))
+    return settings
+
+
+def _config_errors(command: str, exc: ConfigError) -> str:
+    lines = [str(p) for p in exc.problems]
+    if len(lines) == 1:
+        return f"{command}: {lines[0]}"
+    return f"{command}: the config has {len(lines)} errors:\n  " + "\n  ".join(lines)
 
 
 def _demo(args: argparse.Namespace) -> None:
@@ -53,11 +83,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gateway", description="OpenAI-compatible gateway for vLLM and SGLang fleets"
     )
+    from gateway.version import version
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="run the gateway from a YAML config (env vars override)")
     p.add_argument("--config", required=True, help="YAML config file (docs/configuration.md)")
     p.set_defaults(func=_serve)
+
+    p = sub.add_parser("config", help="check a config file as `serve` would, without starting")
+    config = p.add_subparsers(dest="config_command", required=True)
+    c = config.add_parser("check", help="one line per problem (file, line, key); exit 1 on any")
+    c.add_argument("file", help="YAML config file (docs/configuration.md)")
+    c.set_defaults(func=_config_check)
 
     p = sub.add_parser("demo", help="two vLLM-dialect and two SGLang-dialect simulators behind a gateway")
     p.add_argument("--port", type=int, default=8080)

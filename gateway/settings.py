@@ -21,6 +21,7 @@ from pydantic import ValidationError, model_validator
 
 from gateway.admission.settings import AuthSettings, LimitsSettings, SanitiseSettings
 from gateway.apis.settings import ApisSettings, ResponsesSettings
+from gateway.config_errors import Problem, problems, yaml_problem
 from gateway.core.settings import (
     BackendSettings,
     HealthSettings,
@@ -173,30 +174,28 @@ def parse_settings(data: dict[str, Any], environ: dict[str, str] | None = None) 
 
 
 class ConfigError(ValueError):
-    """A config file that cannot be used: `str()` names the file and, one line each, what is wrong."""
+    """A config that cannot be used: `problems` one per error (file, line, key, message); `str()`
+    is one line each."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__("\n".join(str(p) for p in problems))
+        self.problems = problems
 
 
 def load_settings(path: str | Path, environ: dict[str, str] | None = None) -> Settings:
     """Settings from a YAML file, with environment overrides applied; `ConfigError` when the file
-    cannot be read, is not YAML, or does not describe valid settings."""
+    cannot be read, is not YAML, or does not describe valid settings (gateway/config_errors.py)."""
+    file = str(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        text = Path(path).read_text(encoding="utf-8")
+        data = yaml.safe_load(text) or {}
+    except OSError as exc:
+        raise ConfigError([Problem(file, None, "", exc.strerror or str(exc))]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([yaml_problem(file, exc)]) from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping")
+        raise ConfigError([Problem(file, 1, "", "the top level must be a mapping of sections")])
     try:
         return parse_settings(data, environ)
     except ValidationError as exc:
-        lines = [_where(e["loc"]) + e["msg"].removeprefix("Value error, ") for e in exc.errors()]
-        raise ConfigError(f"{path}:\n  " + "\n  ".join(lines)) from None
-
-
-def _where(loc: tuple[int | str, ...]) -> str:
-    """A pydantic error location as a dotted key and a colon (`pools[0].backends: `); nothing for a
-    check across sections, whose message names its keys."""
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return f"{out}: " if out else ""
+        raise ConfigError(problems(file, text, exc, Settings)) from None

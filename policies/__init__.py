@@ -8,6 +8,11 @@ when it does not (a source edited since the build, no build at all), they take t
 edit is never shadowed by a stale build. `GATEWAY_POLICIES` decides otherwise: `python` always takes
 the sources, `native` requires the compiled modules and fails the import when they are missing or
 stale (`make test` sets it, so the suite runs what the gateway runs). docs/architecture.md.
+
+Write for the compiler: call a dict's or list's methods on the typed value (`d.get(k)`, never a
+bound method kept in a local), loop over indexes rather than `zip`/`map`, and build the routing
+path's named tuples with their builders (`policies.types.backend_choice`, `decision`,
+`policies.pools.pool_choice`): a named tuple's `__new__` stays interpreted.
 """
 
 from __future__ import annotations

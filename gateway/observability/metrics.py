@@ -302,6 +302,13 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.build_info = Gauge(
+            "gateway_build_info",
+            "1, labelled with the gateway's version and the Python it runs on.",
+            ["version", "python"],
+            registry=r,
+            multiprocess_mode="max",
+        )
         self.state_lost = Counter(
             "gateway_shared_state_lost",
             "Overrides, audit entries and API keys (those this replica had verified) found gone when "
@@ -488,6 +495,9 @@ class Metrics:
         child.inc()
         if kind == "misconfigured" and backend is not None:
             self.misconfigured.labels(pool, backend).inc()
+
+    def build(self, version: str, python: str) -> None:
+        self.build_info.labels(version, python).set(1)
 
     def shared_state_lost(self, kind: str, count: int) -> None:
         """What the shared state lost when Redis came back empty (gateway/control/verbs.py)."""

@@ -74,7 +74,7 @@ def test_serve_refuses_to_start_and_says_why(tmp_path: Path) -> None:
         timeout=60,
     )
     assert done.returncode == 1
-    assert done.stderr.startswith(f"gateway serve: {config}:\n  auth: authentication has no key source")
+    assert done.stderr.startswith(f"gateway serve: {config}: auth: authentication has no key source")
     assert "Traceback" not in done.stderr
     with pytest.raises(ConfigError, match="auth section"):
         load_settings(config, environ={})
