@@ -31,7 +31,7 @@ from gateway.admission.intake import ParseStage, ValidateStage
 from gateway.apis import ApiRoute, Apis
 from gateway.control.admin import build_admin_app
 from gateway.control.store import MemoryStore, RedisStore, Store
-from gateway.control.verbs import FleetControl
+from gateway.control.verbs import ConfigRefused, FleetControl, ReloadResult
 from gateway.core.context import Api, RequestContext
 from gateway.core.fleet import Fleet
 from gateway.core.redis_client import connect_redis, describe
@@ -55,9 +55,9 @@ from gateway.routing.factory import build_router
 from gateway.routing.kv_events import KvEventSync, build_kv_sync
 from gateway.routing.shared_load import SharedLoad
 from gateway.routing.stage import RouteStage
-from gateway.routing.tokens import build_prompt_tokens
+from gateway.routing.tokens import build_prompt_tokens, tokenizer_problem
 from gateway.routing.warmup import Warmups
-from gateway.settings import PoolSettings, Settings, load_settings
+from gateway.settings import ConfigError, PoolSettings, Settings, diff_settings, load_settings
 from gateway.upstream.h1 import H1Transport
 from gateway.upstream.health import HealthChecker
 from gateway.upstream.proxy import ProxyStage
@@ -72,6 +72,17 @@ log = logging.getLogger("gateway")
 Scope = dict[str, Any]
 
 _HOT: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+
+#: the settings a reload applies at once (dotted-key prefixes); any other change takes a restart
+LIVE_SETTINGS = (
+    "pools",
+    "models",
+    "limits.tiers",
+    "limits.tenants",
+    "limits.default_tier",
+    "limits.tenant_default",
+    "limits.track_spend",
+)
 
 
 def _aiohttp_transport(**options: Any) -> Transport:
@@ -462,19 +473,41 @@ class Gateway:
     def base_pools(self) -> list[PoolSettings]:
         return self.settings.pools
 
-    def reread_config(self) -> None:
+    async def reread_config(self) -> ReloadResult:
+        """The config file read again (off the event loop) and validated; what can change live is
+        applied (`LIVE_SETTINGS`: pools, models, tiers, tenants, budgets), the rest is reported as
+        needing a restart. `ConfigRefused`, with nothing changed, for a file that cannot be used."""
         path = os.environ.get("GATEWAY_CONFIG")
         if not path:
-            log.warning("reload asked, but this replica has no config file (GATEWAY_CONFIG unset)")
-            return
+            no_file = "this gateway was started without a config file (gateway demo): nothing to reload"
+            raise ConfigRefused([{"file": None, "line": None, "key": "", "message": no_file}])
         try:
-            fresh = load_settings(path)
-        except Exception as exc:
-            log.error("reload failed, keeping the current config: %s", exc)
-            return
-        self.settings = self.settings.model_copy(update={"pools": fresh.pools, "models": fresh.models})
-        self.models = {m.name: m for m in fresh.models if any(m.name in p.models for p in fresh.pools)}
-        log.info("config reloaded from %s", path)
+            fresh = await asyncio.to_thread(load_settings, path)
+        except ConfigError as exc:
+            raise ConfigRefused([p.as_dict() for p in exc.problems]) from None
+        missing = [p for m in fresh.models if m.tokenizer and (p := tokenizer_problem(m.name, m.tokenizer))]
+        if missing:
+            raise ConfigRefused(
+                [{"file": path, "line": None, "key": "models", "message": p} for p in missing]
+            )
+        changed = diff_settings(self.settings, fresh)
+        live = [k for k in changed if k.startswith(LIVE_SETTINGS) and ".tokenizer" not in k]
+        restart = [k for k in changed if k not in live]
+        limits_live = [k for k in live if k.startswith("limits.")]
+        if limits_live and not self.admission.reconfigure(fresh.limits):
+            restart += limits_live
+            live = [k for k in live if k not in limits_live]
+        update: dict[str, Any] = {"pools": fresh.pools, "models": fresh.models}
+        if not any(k.startswith("limits.") for k in restart):
+            update["limits"] = fresh.limits
+        self.settings = self.settings.model_copy(update=update)
+        served = {m.name: m for m in fresh.models if any(m.name in p.models for p in fresh.pools)}
+        self.models.clear()  # in place: the parse stage holds this mapping
+        self.models.update(served)
+        log.info(
+            "config reloaded from %s: applied %s; needs a restart: %s", path, live or "-", restart or "-"
+        )
+        return ReloadResult(changed, live, restart)
 
     def explain(self, body: dict[str, Any], pin: str | None) -> dict[str, Any]:
         """Where `body` would be routed now, and why (the admin API's dry run)."""

@@ -60,6 +60,7 @@ __all__ = [
     "TimeoutSettings",
     "TracingSettings",
     "UpstreamSettings",
+    "diff_settings",
     "load_settings",
     "parse_settings",
 ]
@@ -171,6 +172,25 @@ def parse_settings(data: dict[str, Any], environ: dict[str, str] | None = None) 
     """Settings from an already-loaded mapping, with environment overrides applied."""
     env = dict(os.environ) if environ is None else environ
     return Settings.model_validate(_merge(data, _env_overrides(env)))
+
+
+def diff_settings(old: Settings, new: Settings, limit: int = 100) -> list[str]:
+    """The dotted keys whose values differ between two settings (never the values: some are
+    secrets), at most `limit` of them."""
+    out: list[str] = []
+    _diff(old.model_dump(mode="json"), new.model_dump(mode="json"), "", out)
+    return out[:limit]
+
+
+def _diff(a: Any, b: Any, key: str, out: list[str]) -> None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b), key=str):
+            _diff(a.get(k), b.get(k), f"{key}.{k}" if key else str(k), out)
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _diff(x, y, f"{key}[{i}]", out)
+    elif a != b:
+        out.append(key)
 
 
 class ConfigError(ValueError):

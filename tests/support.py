@@ -129,8 +129,13 @@ class GatewayProcess:
         self.log_path = Path(self._dir) / "gateway.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
+    @property
+    def config_path(self) -> Path:
+        """The config file the gateway was started with (a test may rewrite it and reload)."""
+        return Path(self._dir) / "gateway.yaml"
+
     def _launch(self) -> subprocess.Popen[bytes]:
-        cfg = Path(self._dir) / "gateway.yaml"
+        cfg = self.config_path
         cfg.write_text(yaml.safe_dump(self.config))
         env = {**os.environ, "PYTHONFAULTHANDLER": "1", **self._env}
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()

@@ -24,10 +24,15 @@ _CACHE_MAX = 65536
 
 class ModelAccessRules:
     def __init__(self, limits: LimitsSettings) -> None:
+        self._cache: dict[tuple[str, str | None, str | None, int], ModelAccess] = {}
+        self.reconfigure(limits)
+
+    def reconfigure(self, limits: LimitsSettings) -> None:
+        """Use `limits` (a reloaded config's) from the next request on."""
         self._limits = limits
         #: no tier and no tenant restricts anything: only API keys can narrow access
         self._open = all(scope.access is None for _, scope in limits.scopes())
-        self._cache: dict[tuple[str, str | None, str | None, int], ModelAccess] = {}
+        self._cache.clear()
 
     def grant(self, principal: Principal) -> ModelAccess:
         """What `principal` may use: its tier's, its tenant's and its key's grants together."""

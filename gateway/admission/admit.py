@@ -98,6 +98,12 @@ class AdmitStage:
         self._clock = clock or PeriodClock()
         self._prices: dict[str, Price] = {}
 
+    def reconfigure(self, settings: LimitsSettings) -> None:
+        """Use `settings` (a reloaded config's tiers and tenants) from the next request on; the
+        windows, leases and spend already counted stay."""
+        self._settings = settings
+        self._scopes.clear()
+
     def scopes(self, principal: Principal) -> tuple[ScopeLimits, ...]:
         """The limits that apply to `principal` (cached; only scopes with some limit)."""
         key = (principal.user, principal.tenant, principal.tier)

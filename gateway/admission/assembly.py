@@ -96,6 +96,8 @@ class Admission:
         )
         self.jwks: JwksCache | None = None
         self._media_fetcher: MediaFetcher | None = None
+        #: the admit stage, once built (a reload reconfigures it)
+        self._admit: AdmitStage | None = None
         if auth.jwt.jwks_url:
             j = auth.jwt
             self.jwks = JwksCache(
@@ -156,6 +158,26 @@ class Admission:
             )
         return MediaStage(m, self._media_fetcher, self.count_rejection)
 
+    #: the limits settings a reload applies at once (the others shape the limiter: a restart)
+    LIVE_LIMITS = frozenset({"tiers", "tenants", "default_tier", "tenant_default", "track_spend"})
+
+    def reconfigure(self, limits: LimitsSettings) -> bool:
+        """Apply a reloaded config's tiers, tenants and budgets from the next request on; False (and
+        nothing changed) when that needs a restart: another limits setting changed, or the running
+        pipeline has no admit stage and the new limits need one."""
+        old = self._limits
+        others = {k for k in type(old).model_fields if k not in self.LIVE_LIMITS}
+        if any(getattr(old, k) != getattr(limits, k) for k in others):
+            return False
+        if self._admit is None and not limits.unlimited:
+            return False
+        self._limits = limits
+        self.model_access.reconfigure(limits)
+        self.spend_book.reconfigure(limits)
+        if self._admit is not None:
+            self._admit.reconfigure(limits)
+        return True
+
     def admit_stages(self, share: LoadShare | None = None) -> list[AdmitStage]:
         """After SanitiseStage; none when no limit or budget is configured and no API key can carry a
         budget of its own (API keys off), unless routing state is shared (`share`: it rides in the
@@ -171,7 +193,7 @@ class Admission:
             and not (self.authenticator is not None and self._auth.api_keys.enabled)
         ):
             return []
-        stage = AdmitStage(
+        stage = self._admit = AdmitStage(
             self.limiter,
             limits,
             self.count_rejection,

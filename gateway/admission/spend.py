@@ -129,9 +129,14 @@ class SpendBook:
     """Each principal's `SpendPlan`, from the config's budgets and the principal's API key."""
 
     def __init__(self, limits: LimitsSettings) -> None:
+        self._plans: dict[tuple[str, str | None, str, str | None, int, bool], SpendPlan | None] = {}
+        self.reconfigure(limits)
+
+    def reconfigure(self, limits: LimitsSettings) -> None:
+        """Use `limits` (a reloaded config's budgets) from the next request on."""
         self._limits = limits
         self._track = limits.track_spend
-        self._plans: dict[tuple[str, str | None, str, str | None, int, bool], SpendPlan | None] = {}
+        self._plans.clear()
 
     def tier_budgets(self, tier: str) -> tuple[Budget, ...]:
         limits = self._limits

@@ -47,6 +47,8 @@ OVERRIDES_KEY = "gw:{fleet}:overrides"
 VERSION_KEY = "gw:{fleet}:version"
 AUDIT_KEY = "gw:{fleet}:audit"
 GENERATION_KEY = "gw:{fleet}:generation"
+#: each replica's answer to a reload (`gw:{fleet}:reload:<when>`, replica → JSON), kept this long
+RELOAD_REPORT_TTL_S = 3600
 CHANNEL = "gw:fleet:changed"
 AUDIT_MAX = 1000
 
@@ -102,6 +104,14 @@ class Store(Protocol):
 
     async def audit(self, limit: int) -> list[dict[str, Any]]: ...
 
+    async def report_reload(self, at: float, replica: str, result: dict[str, Any]) -> None:
+        """Record what `replica` did for the reload asked at `at`."""
+        ...
+
+    async def reload_reports(self, at: float) -> dict[str, dict[str, Any]]:
+        """Every replica's report for the reload asked at `at`."""
+        ...
+
 
 class MemoryStore:
     shared = False
@@ -110,6 +120,8 @@ class MemoryStore:
         self._fields: dict[str, Any] = {}
         self._audit: deque[AuditEntry] = deque(maxlen=AUDIT_MAX)
         self._on_change: Callable[[Overrides], None] | None = None
+        self._reload_at = 0.0
+        self._reloads: dict[str, dict[str, Any]] = {}
 
     async def start(
         self, on_change: Callable[[Overrides], None], on_reset: OnReset | None = None
@@ -130,6 +142,13 @@ class MemoryStore:
 
     async def audit(self, limit: int) -> list[dict[str, Any]]:
         return [e.as_dict() for e in list(self._audit)[:limit]]
+
+    async def report_reload(self, at: float, replica: str, result: dict[str, Any]) -> None:
+        self._reloads = {replica: result} if self._reload_at != at else {**self._reloads, replica: result}
+        self._reload_at = at
+
+    async def reload_reports(self, at: float) -> dict[str, dict[str, Any]]:
+        return dict(self._reloads) if self._reload_at == at else {}
 
 
 class RedisStore:
@@ -254,6 +273,17 @@ class RedisStore:
     async def audit(self, limit: int) -> list[dict[str, Any]]:
         raw = await self._redis.lrange(AUDIT_KEY, 0, max(0, limit - 1))
         return [orjson.loads(r) for r in raw]
+
+    async def report_reload(self, at: float, replica: str, result: dict[str, Any]) -> None:
+        key = f"gw:{{fleet}}:reload:{at!r}"
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(key, replica, orjson.dumps(result))
+            pipe.expire(key, RELOAD_REPORT_TTL_S)
+            await pipe.execute()
+
+    async def reload_reports(self, at: float) -> dict[str, dict[str, Any]]:
+        raw = await self._redis.hgetall(f"gw:{{fleet}}:reload:{at!r}")
+        return {k.decode() if isinstance(k, bytes) else k: orjson.loads(v) for k, v in raw.items()}
 
 
 def audit_entry(actor: str, action: str, target: str, before: Any, after: Any) -> AuditEntry:

@@ -17,7 +17,10 @@ What the verbs need of the gateway is handed in, never imported: the `Fleet`, th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,6 +37,27 @@ from gateway.core.settings import PoolSettings
 log = logging.getLogger("gateway.control")
 
 
+@dataclass(frozen=True, slots=True)
+class ReloadResult:
+    """What reading the config file again did on one replica: the settings that differ (dotted keys,
+    never values), those applied at once, and those that take a restart."""
+
+    changed: list[str]
+    applied: list[str]
+    restart_required: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"changed": self.changed, "applied": self.applied, "restart_required": self.restart_required}
+
+
+class ConfigRefused(Exception):
+    """The config file cannot be used; `problems` one per error (file, line, key, message)."""
+
+    def __init__(self, problems: list[dict[str, Any]]) -> None:
+        super().__init__(f"{len(problems)} problem(s) in the config")
+        self.problems = problems
+
+
 class ConfigSource(Protocol):
     """The config file behind the fleet, as the root holds it (`gateway.app.Gateway` is one)."""
 
@@ -41,9 +65,16 @@ class ConfigSource(Protocol):
         """The config's pools: the base the operator's overrides go on."""
         ...
 
-    def reread_config(self) -> None:
-        """Re-read the config file (pools and models); keep the current config when that fails."""
+    async def reread_config(self) -> ReloadResult:
+        """Read and validate the config file, then apply what can be applied live; `ConfigRefused`,
+        with nothing changed, when the file cannot be used."""
         ...
+
+
+#: this process, as reload reports name it (a host runs several workers)
+REPLICA = f"{socket.gethostname()}:{os.getpid()}"
+#: how long a reload's answer waits for the other replicas' reports (they poll every 0.5 s)
+RELOAD_WAIT_S = 1.5
 
 
 #: (kind, count) → report what a shared state that came back empty lost (`gateway_shared_state_lost`)
@@ -51,7 +82,7 @@ OnLost = Callable[[str, int], None]
 #: the ids of the API keys this replica has verified (what it can name when the store lost them)
 KnownKeys = Callable[[], list[str]]
 #: the actions an operator may take on one replica while the store is unreachable
-LOCAL_ACTIONS = frozenset({"set_weight", "drain", "undrain"})
+LOCAL_ACTIONS = frozenset({"set_weight", "drain", "undrain", "reload"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +117,7 @@ class FleetControl:
         self._stored = Overrides()
         self.pending: list[Pending] = []
         self._reconciling: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self, store: Store) -> None:
         """Use `store` from now on and apply the overrides it holds (and every later change)."""
@@ -148,7 +180,7 @@ class FleetControl:
             merged = Overrides.from_fields(fields)
         if stored.reload_at > self._reload_seen:
             if self._reload_seen or stored.reload_at > self._started_at:
-                self._config.reread_config()
+                self._follow(asyncio.get_running_loop().create_task(self._reload_here(stored.reload_at)))
             self._reload_seen = stored.reload_at
         self.fleet.apply(self._config.base_pools(), merged)
         self.overrides = merged
@@ -198,8 +230,49 @@ class FleetControl:
             entry = audit_entry("gateway", "restore_overrides", "fleet", None, lost.fields)
             await self.store.change(lost.fields, [], entry)
 
-    async def reload_config(self, who: Principal) -> None:
-        await self.change_fleet(who, "reload", "config", None, None, updates={"reload": time.time()})
+    async def reload_config(self, who: Principal) -> dict[str, Any]:
+        """Read the config file here first: a file that cannot be used changes nothing anywhere
+        (`ConfigRefused`, audited as `reload_refused`). Else apply it here, ask every replica to do
+        the same, and answer with each replica's report that arrived within `RELOAD_WAIT_S`."""
+        try:
+            here = await self._config.reread_config()
+        except ConfigRefused as refused:
+            lines = [
+                f"{p.get('line') or '?'}: {p.get('key') or '-'}: {p.get('message')}" for p in refused.problems
+            ]
+            with contextlib.suppress(RedisError, OSError):  # the refusal stands even if unaudited
+                await self.audit_only(who, "reload_refused", "config", None, lines)
+            raise
+        at = time.time()
+        self._reload_seen = at  # this replica has applied it: its own announcement must not re-read
+        persisted = await self.change_fleet(
+            who, "reload", "config", None, here.as_dict(), updates={"reload": at}
+        )
+        answer = {"ok": True, "persisted": persisted, "replica": REPLICA, **here.as_dict()}
+        if not persisted:  # the other replicas re-read when the store is back
+            return {**answer, "replicas": {REPLICA: here.as_dict()}}
+        await self.store.report_reload(at, REPLICA, here.as_dict())
+        waited = 0.0
+        while self.store.shared and waited < RELOAD_WAIT_S:
+            await asyncio.sleep(0.25)
+            waited += 0.25
+        return {**answer, "replicas": await self.store.reload_reports(at)}
+
+    async def _reload_here(self, at: float) -> None:
+        """Another replica asked for a reload: read the file, apply it, report what happened."""
+        try:
+            report = (await self._config.reread_config()).as_dict()
+            self._apply(self._stored)  # the fleet on the new file's pools
+        except ConfigRefused as refused:
+            report = {"refused": refused.problems}
+            log.error("reload asked by another replica refused here: %s", refused.problems)
+        with contextlib.suppress(RedisError, OSError):
+            await self.store.report_reload(at, REPLICA, report)
+
+    def _follow(self, task: asyncio.Task[None]) -> None:
+        """Keep a background task referenced until it ends."""
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def describe_fleet(self) -> list[dict[str, Any]]:
         now = time.monotonic()

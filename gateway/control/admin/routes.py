@@ -1,12 +1,14 @@
 """`/admin/routes/explain` (a dry run of routing) and `/admin/reload` (the config file, everywhere)."""
 
+from typing import Any
+
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from engines.errors import invalid_request
-from gateway.control.admin.common import Admin, Ctx, json_response, written
-from gateway.control.admin.pools import OkResponse
+from gateway.control.admin.common import Admin, Ctx, json_response
+from gateway.control.verbs import ConfigRefused
 
 router = APIRouter()
 
@@ -32,9 +34,27 @@ async def explain(request: Request, who: Admin, ctx: Ctx) -> Response:
 
 @router.post(
     "/admin/reload",
-    response_model=OkResponse,
-    summary="Re-read the config file (pools and backends) on every replica",
+    summary="Re-read the config file on every replica: what changed, what applied, what needs a restart",
 )
 async def reload(who: Admin, ctx: Ctx) -> Response:
-    await ctx.control.reload_config(who)
-    return json_response(200, written(ctx))
+    try:
+        return json_response(200, await ctx.control.reload_config(who))
+    except ConfigRefused as refused:
+        problems = refused.problems
+        lines = "; ".join(_line(p) for p in problems[:5])
+        error = {
+            "message": f"The config file has {len(problems)} problem(s); nothing was changed: {lines}",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_config",
+            "problems": problems,
+        }
+        return json_response(400, {"error": error})
+
+
+def _line(problem: dict[str, Any]) -> str:
+    where = (
+        f"{problem.get('file')}:{problem['line']}" if problem.get("line") else str(problem.get("file") or "")
+    )
+    key = problem.get("key")
+    return ": ".join(x for x in (where, key, problem.get("message")) if x)
