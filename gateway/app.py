@@ -416,10 +416,11 @@ class Gateway:
         elif path == "/healthz" or path == "/health":  # /health: what vLLM/SGLang and their benchmarks probe
             response = BytesResponse(200, b'{"status":"ok"}', headers)
         elif path == "/readyz":
-            ready = self.pipeline is not None and any(b.healthy for b in self.fleet.backends.values())
-            ready = ready and await self._redis_reachable()
-            body = b'{"status":"ready"}' if ready else b'{"status":"not ready"}'
-            response = BytesResponse(200 if ready else 503, body, headers)
+            reasons = await self._not_ready()
+            body = orjson.dumps(
+                {"status": "not ready", "reasons": reasons} if reasons else {"status": "ready"}
+            )
+            response = BytesResponse(503 if reasons else 200, body, headers)
         elif path == "/metrics" and self.metrics_export.enabled:
             if self.metrics_export.authorized(dict(scope["headers"])):
                 self._refresh_gauges()
@@ -450,6 +451,21 @@ class Gateway:
         if name in self.models and self.admission.permits(principal, name):
             return BytesResponse(200, orjson.dumps(self._model_object(name)), headers)
         return error_response(model_not_found(name), headers)
+
+    async def _not_ready(self) -> list[str]:
+        """Why this replica should get no traffic now (none: ready): not started, a configured model
+        that no backend can serve, Redis unreachable where that refuses requests."""
+        if self.pipeline is None:
+            return ["starting"]
+        now = time.monotonic()
+        reasons = []
+        for name in self.models:
+            found = self.fleet.unavailable(name, now, probed=True)
+            if found is not None:
+                reasons.append(f"model {name}: no routable backend ({found[0]})")
+        if not await self._redis_reachable():
+            reasons.append("Redis is unreachable and limits.on_redis_error is fail_closed")
+        return reasons
 
     async def _redis_reachable(self) -> bool:
         """Readiness' view of Redis. With `limits.on_redis_error: fail_open` a replica serves through

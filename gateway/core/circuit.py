@@ -49,6 +49,10 @@ class CircuitBreaker:
             return now - self._opened_at < self.open_s
         return self.state == "half_open" and self._trial_out
 
+    def reopens_in(self, now: float) -> float:
+        """Seconds until an open circuit lets a trial through (0 when it is not open)."""
+        return max(0.0, self._opened_at + self.open_s - now) if self.state == "open" else 0.0
+
     def success(self) -> None:
         self.successes += 1
         self.state = "closed"

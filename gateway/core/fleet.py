@@ -250,3 +250,33 @@ class Fleet:
 
     def any_routable(self, now: float) -> bool:
         return any(b.routable(now) for b in self.backends.values())
+
+    def unavailable(self, model: str, now: float, *, probed: bool = False) -> tuple[str, float] | None:
+        """Why no backend can take a request for `model` now, and in how many seconds one may
+        (a circuit's re-trial, else the next health probe); None when one can. `probed`: a backend
+        counts only once a health probe has found it healthy (readiness)."""
+        why: dict[str, int] = {}
+        retry = float(self._health.interval_s)
+        for pool in self.pools.values():
+            if model not in pool.models:
+                continue
+            for b in pool.backends.values():
+                if b.routable(now) and pool.weight > 0 and (b.healthy or not probed):
+                    return None
+                cause = (
+                    "in a pool of weight 0"
+                    if pool.weight <= 0
+                    else "draining"
+                    if b.draining
+                    else "unhealthy"
+                    if b.healthy is False
+                    else "not probed yet"
+                    if b.healthy is None and not b.circuit.is_open(now)
+                    else "with an open circuit"
+                )
+                why[cause] = why.get(cause, 0) + 1
+                if cause == "with an open circuit":
+                    retry = min(retry, b.circuit.reopens_in(now))
+        if not why:
+            return "no backend serves it", retry
+        return ", ".join(f"{n} {cause}" for cause, n in why.items()), retry

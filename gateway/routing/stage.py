@@ -9,12 +9,13 @@ response headers (`x-gateway-pool`, `x-gateway-route` — never a backend addres
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import time
 from collections.abc import Callable, Collection
 from typing import Any
 
-from engines.errors import ApiError, model_not_found, overloaded
+from engines.errors import ApiError, model_not_found
 from gateway.core.context import RequestContext
 from gateway.core.fleet import Fleet, Pool
 from gateway.core.responses import Response, safe_header_value
@@ -133,7 +134,7 @@ class RouteStage:
                 prefer=prefer,
             )
         except RoutingError as exc:
-            raise _routing_error(exc, ctx) from None
+            raise _routing_error(exc, ctx, self._fleet) from None
 
     def explain(self, body: dict[str, Any], pin: str | None) -> dict[str, Any]:
         """Where `body` would be routed now, and why (a dry run: no routing state changes)."""
@@ -243,13 +244,30 @@ class RouteStage:
             self.router.policy.warm_skipped(features)
 
 
-def _routing_error(exc: RoutingError, ctx: RequestContext) -> ApiError:
+def _routing_error(exc: RoutingError, ctx: RequestContext, fleet: Fleet) -> ApiError:
+    model = str(ctx.body.get("model", ""))
     if exc.kind == "unknown_model":
-        return model_not_found(str(ctx.body.get("model", "")))
+        return model_not_found(model)
     if exc.kind == "unknown_pool":
         return ApiError(400, "The pool named in x-gateway-pool does not serve this model.", param=None)
     ctx.error_kind = "no_backend"
-    return overloaded()
+    if exc.reason.endswith("no-capable-pool"):
+        return ApiError(
+            503,
+            f"No pool serving the model `{model}` can take this request (tool calls or structured output "
+            "are not enabled on any).",
+            type="server_error",
+            code="no_capable_pool",
+        )
+    found = fleet.unavailable(model, time.monotonic())
+    cause, retry_s = found if found is not None else ("the routing rule's pools have none routable", 1.0)
+    return ApiError(
+        503,
+        f"No backend can serve the model `{model}` now ({cause}). You can retry your request.",
+        type="server_error",
+        code="no_backend",
+        headers={"retry-after": str(max(1, math.ceil(retry_s)))},
+    )
 
 
 def _features_dict(f: RequestFeatures) -> dict[str, Any]:
