@@ -12,8 +12,8 @@
     python -m bench --gateway-ref HEAD   benchmark a committed gateway (a `git archive` snapshot)
 
 Suites: `overhead` (proxy cost against the peers, bench/overhead.py), `routing` (cache-hit quality and
-TTFT on a simulated fleet, bench/routing.py), `micro` (bench/transports.py — h1 vs aiohttp vs
-httpx —, bench/adapters.py, bench/apis.py — gateway CPU of /v1/responses and /v1/messages beside
+TTFT on a simulated fleet, bench/routing.py), `micro` (bench/transports.py — the upstream transport
+against httpx —, bench/adapters.py, bench/apis.py — gateway CPU of /v1/responses and /v1/messages beside
 chat —, bench/tracing.py — gateway CPU per request with tracing off, unsampled and sampled —,
 bench/fleet_cpu.py — the full pipeline's CPU per request in front of 1, 8 and 32 backends —, and
 bench/share_cost.py — Redis's own CPU per admission and finish call with shared routing state), `kv`

@@ -1,10 +1,11 @@
-"""Which upstream transport: H1Transport, AiohttpTransport or httpx? CPU per request, side by side.
+"""The upstream transport against httpx's client: CPU per request, side by side.
 
 Runs one zero-latency vLLM-dialect simulator (`--fast`, another process), then alternates the clients
 (same process, uvloop) sending the same non-streamed and streamed chat requests at a fixed
 concurrency, and reports this process's CPU time (user+sys, `resource.getrusage`) per request and the
-request rate, median over rounds. The two gateway transports are driven through the `Transport`
-interface the gateway uses (`request` → `read`/`chunks` → `close`); httpx through its own API.
+request rate, median over rounds. The gateway's `H1Transport` is driven through the `Transport`
+interface the gateway uses (`request` → `read`/`chunks` → `close`); httpx, the general-purpose client
+it is measured against, through its own API.
 
     python -m bench.transports [--requests N] [--concurrency C] [--rounds R]
 """
@@ -22,7 +23,6 @@ import orjson
 import uvloop
 
 from engines.sim.launcher import SimProcess, free_port
-from gateway.upstream.aiohttp_transport import AiohttpTransport
 from gateway.upstream.h1 import H1Transport
 from gateway.upstream.transport import Transport
 
@@ -88,10 +88,8 @@ async def main(n: int, conc: int, rounds: int) -> None:
     with SimProcess("vllm", free_port(), ["--model", "m", "--fast"]) as sim:
         url = sim.base_url + "/v1/chat/completions"
         h1 = H1Transport(connect_timeout_s=2.0)
-        ah = AiohttpTransport(connect_timeout_s=2.0)
         hx = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=1000))
-        clients = {"h1": transport_cases(h1, url), "aiohttp": transport_cases(ah, url)}
-        clients["httpx"] = httpx_cases(hx, url)
+        clients = {"h1": transport_cases(h1, url), "httpx": httpx_cases(hx, url)}
         cases = {
             f"{name} {kind}": fns[i]
             for i, kind in enumerate(("plain", "stream"))
@@ -104,7 +102,6 @@ async def main(n: int, conc: int, rounds: int) -> None:
             for name, fn in cases.items():
                 results[name].append(await run(n, conc, fn))
         await h1.aclose()
-        await ah.aclose()
         await hx.aclose()
     print(f"{n} requests × {rounds} rounds, concurrency {conc}, uvloop; medians\n")
     print("| client / case | CPU µs per request | req/s |")

@@ -85,17 +85,6 @@ LIVE_SETTINGS = (
 )
 
 
-def _aiohttp_transport(**options: Any) -> Transport:
-    """`AiohttpTransport`, imported when chosen (aiohttp is ~0.1 s of a process's start-up)."""
-    from gateway.upstream.aiohttp_transport import AiohttpTransport
-
-    return AiohttpTransport(**options)
-
-
-#: `upstream.client` -> the transport class; each takes connect_timeout_s, max_per_host, keepalive_s
-TRANSPORTS: dict[str, Callable[..., Transport]] = {"h1": H1Transport, "aiohttp": _aiohttp_transport}
-
-
 class Gateway:
     """The ASGI application. Create it anywhere; connections are opened at ASGI lifespan start-up."""
 
@@ -268,7 +257,7 @@ class Gateway:
     async def startup(self) -> None:
         up = self.settings.upstream
         if self._transport is None:
-            self._transport = TRANSPORTS[up.client](
+            self._transport = H1Transport(
                 connect_timeout_s=up.timeouts.connect_s,
                 max_per_host=up.max_connections_per_backend,
                 keepalive_s=up.keepalive_s,

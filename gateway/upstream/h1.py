@@ -1,4 +1,4 @@
-"""HTTP/1.1 to the engines on raw asyncio: the gateway's default `Transport`.
+"""HTTP/1.1 to the engines on raw asyncio: the gateway's `Transport`.
 
     H1Transport ── one _Origin per scheme://host:port ── LIFO stack of idle _Connection
                                                           (asyncio.Protocol + httptools parser)

@@ -1,8 +1,8 @@
-"""Settings of the upstream wing: timeouts, retries, health checks and the HTTP client for the engines."""
+"""Settings of the upstream wing: timeouts, retries, health checks and the connection pool to the engines."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar
 
 from pydantic import Field
 
@@ -32,8 +32,11 @@ class UpstreamSettings(SettingsModel):
     timeouts: TimeoutSettings = TimeoutSettings()
     retries: RetrySettings = RetrySettings()
     health: HealthSettings = HealthSettings()
-    #: the HTTP client for the engines (`TRANSPORTS` in gateway/app.py)
-    client: Literal["h1", "aiohttp"] = "h1"
-    #: h1: idle keep-alive connections kept per backend; aiohttp: concurrent connections per backend
+    #: idle keep-alive connections kept per backend (concurrent ones are not capped)
     max_connections_per_backend: int = Field(1024, ge=1)
     keepalive_s: float = Field(30.0, gt=0)
+
+    removed_keys: ClassVar[dict[str, str]] = {
+        "client": "upstream.client is gone and ignored: the gateway has one HTTP client for the engines "
+        "(gateway/upstream/h1.py); remove the key",
+    }

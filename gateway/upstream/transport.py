@@ -9,17 +9,11 @@ the body whole (`read`) or as it arrives (`chunks`), and must `close()` the resp
 a response whose body was not fully read drops the connection, which is how an engine learns that
 the client went away and stops generating.
 
-Two implementations, chosen by `upstream.client` (the table `TRANSPORTS` in gateway/app.py):
-`H1Transport` (gateway/upstream/h1.py, the default: raw asyncio + httptools, one pool of keep-alive connections
-per backend, TCP_NODELAY) and `AiohttpTransport` (gateway/upstream/aiohttp_transport.py: aiohttp's client, the
-previous default; imported only when chosen, aiohttp costs a process ~0.1 s to import). By
-measurement (`python -m bench.transports`: zero-latency simulator, uvloop, concurrency 16, this
-process's CPU per request, median of 5 alternating rounds of 2000):
-
-    client     non-streamed: CPU µs/req  req/s     streamed (32 tokens): CPU µs/req  req/s
-    h1                   48              2015                          206            490
-    aiohttp             140               993                          313            426
-    httpx              1544               160                         1999            111
+The implementation is `H1Transport` (gateway/upstream/h1.py: raw asyncio + httptools, one pool of
+keep-alive connections per backend, TCP_NODELAY), chosen over aiohttp's and httpx's clients by CPU per
+request (`python -m bench.transports`: zero-latency simulator, uvloop, concurrency 16): 48 µs per
+non-streamed request against aiohttp's 140 and httpx's 1,544. Tests drive the proxy through fakes of
+the same interface.
 
 Timeouts other than connect are applied by the caller, where the request's phase is known.
 """
