@@ -99,7 +99,7 @@ def micro(quick: bool, log: Progress, only: list[str] | None, date: str) -> dict
         ],
         "bench/share_cost.py": ["-m", "bench.share_cost", "--calls", "1000" if quick else "4000"],
     }
-    #: seconds a micro-benchmark may take (tracing: 8 points x rounds x (warm-up + load + export))
+    #: seconds a micro-benchmark may take (tracing: 6 points x rounds x (warm-up + load + export))
     timeouts = {"bench/tracing.py": 900, "bench/fleet_cpu.py": 900}
     for name, args in runs.items():
         if not (ROOT / name).exists() or (only and Path(name).stem not in only):

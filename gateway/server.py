@@ -31,6 +31,8 @@ def configure_logging(level: str) -> None:
         level=level.upper(),
         format="%(message)s" if level != "debug" else "%(levelname)s %(name)s %(message)s",
     )
+    if level != "debug":  # httpx logs every request it makes (trace exports, JWKS fetches) at info
+        logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def tune_gc() -> None:

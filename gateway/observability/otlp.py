@@ -3,22 +3,18 @@
 `request_fields(...)` writes a request's span and its children (plain tuples, `ChildSpan`) straight
 to protobuf wire bytes, and `envelope` wraps the fields of many requests into one
 `ExportTraceServiceRequest` (opentelemetry-proto's
-`opentelemetry/proto/collector/trace/v1/trace_service.proto`). `encode_spans(spans)` does the same
-for the SDK's `ReadableSpan`s. The SDK's own encoder builds a tree of protobuf message objects first
-and costs about 14 µs per span on this project's machine; this one costs 1-3 µs, which matters
-because a traced request makes five or six spans and all of it runs in the gateway's process
-(`python -m bench.tracing`). It encodes what the gateway's spans hold — names, kinds, ids, times,
-attributes of str, bool, int, float, bytes and sequences of them, status, flags — and hands a batch
-holding events or links (the gateway makes none) to the SDK's encoder instead. The tests decode its
-output with the official `opentelemetry-proto` messages and compare it with the SDK encoder's, field
-for field.
+`opentelemetry/proto/collector/trace/v1/trace_service.proto`). The OpenTelemetry SDK's encoder builds
+a tree of protobuf message objects first and costs about 14 µs per span on this project's machine;
+this one costs 1-3 µs, which matters because a traced request makes five or six spans and all of it
+runs in the gateway's process (`python -m bench.tracing`). It encodes what the gateway's spans hold —
+names, kinds, ids, times, attributes of str, bool, int, float, bytes and sequences of them, status,
+flags — and nothing else (no events, no links: the gateway makes none). The tests decode its output
+with the official `opentelemetry-proto` messages and compare it with the SDK encoder's, field for
+field.
 
-By default (`tracing.exporter: compact`) a sampled request's spans are encoded at its end, on the
-event loop, and `OtlpBatcher` POSTs them in batches from a task on the same loop: no thread, no SDK
-span objects, nothing but bytes kept between a request's end and its export. With
-`tracing.exporter: sdk` the request span is an SDK `ReadableSpan` (`RequestSpans`, its children
-riding along as tuples) queued to the SDK's `BatchSpanProcessor`, whose worker thread hands it,
-expanded (`expand()`), to the SDK's own `OTLPSpanExporter` (`SdkExporter`).
+A sampled request's spans are encoded at its end, on the event loop, and `OtlpBatcher` POSTs them in
+batches with httpx from a task on the same loop: no thread, no span objects, nothing but bytes kept
+between a request's end and its export.
 """
 
 from __future__ import annotations
@@ -28,17 +24,11 @@ import logging
 import struct
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
-import aiohttp
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode_spans
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, TraceState
-from opentelemetry.trace.status import Status, StatusCode
+import httpx
+from opentelemetry.trace import SpanContext, SpanKind, TraceState
 
 log = logging.getLogger("gateway.tracing")
 
@@ -61,8 +51,6 @@ _LOG_EVERY_S = 60.0
 _STATUS_UNSET = b"\x7a\x00"
 _STATUS_ERROR = b"\x7a\x02\x18\x02"
 _LOCAL_PARENT_FLAGS = b"\x85\x01" + _FIXED32.pack(_HAS_IS_REMOTE)
-_UNSET = Status(StatusCode.UNSET)
-_ERROR = Status(StatusCode.ERROR)
 _NAMES: dict[str, bytes] = {}
 #: attribute keys' encoded `KeyValue.key` fields (the gateway uses a few dozen keys; bounded anyway)
 _KEYS: dict[str, bytes] = {}
@@ -77,76 +65,11 @@ _UNCACHED = frozenset({"gateway.request_id", "gen_ai.input.messages"})
 ChildSpan = tuple[str, int, SpanKind, int, int, dict[str, Any] | None, bool]
 
 
-class RequestSpans(ReadableSpan):
-    """A request's span, with its children (`ChildSpan`s) riding along to the exporter."""
+class Scope(NamedTuple):
+    """The instrumentation scope the spans are reported under (OTLP's `InstrumentationScope`)."""
 
-    def __init__(
-        self,
-        name: str,
-        context: SpanContext,
-        parent: SpanContext | None,
-        resource: Resource,
-        attributes: dict[str, Any],
-        *,
-        status: Status,
-        start_time: int,
-        end_time: int,
-        scope: InstrumentationScope,
-        children: list[ChildSpan],
-    ) -> None:
-        super().__init__(
-            name,
-            context,
-            parent,
-            resource,
-            attributes,
-            kind=SpanKind.SERVER,
-            status=status,
-            start_time=start_time,
-            end_time=end_time,
-            instrumentation_scope=scope,
-        )
-        self.children = children
-
-    def fields(self) -> bytes:
-        """This span and its children as `request_fields` encodes them."""
-        ctx = self.context
-        assert ctx is not None and self.start_time is not None and self.end_time is not None
-        return request_fields(
-            self.name,
-            ctx.trace_id,
-            ctx.span_id,
-            self.parent,
-            ctx.trace_state,
-            self.start_time,
-            self.end_time,
-            self.attributes,
-            self.status.status_code is StatusCode.ERROR,
-            self.children,
-        )
-
-    def expand(self) -> list[ReadableSpan]:
-        """This span and its children as SDK spans."""
-        ctx = self.context
-        assert ctx is not None
-        flags = TraceFlags(TraceFlags.SAMPLED)
-        out: list[ReadableSpan] = [self]
-        for name, sid, kind, start, end, attributes, failed in self.children:
-            out.append(
-                ReadableSpan(
-                    name,
-                    SpanContext(ctx.trace_id, sid, False, flags, ctx.trace_state),
-                    ctx,
-                    self.resource,
-                    attributes,
-                    kind=kind,
-                    status=_ERROR if failed else _UNSET,
-                    start_time=start,
-                    end_time=end,
-                    instrumentation_scope=self.instrumentation_scope,
-                )
-            )
-        return out
+    name: str
+    version: str = ""
 
 
 def _long_varint(n: int) -> bytes:
@@ -315,95 +238,23 @@ def request_fields(
     return b"".join(out)
 
 
-def _span(span: ReadableSpan) -> bytes:
-    ctx = span.context
-    assert ctx is not None and span.start_time is not None and span.end_time is not None
-    parent = span.parent
-    parts = [b"\x0a\x10", ctx.trace_id.to_bytes(16, "big"), b"\x12\x08", ctx.span_id.to_bytes(8, "big")]
-    parts.append(_trace_state(ctx.trace_state))
-    if parent is not None:
-        parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
-    parts += (
-        _field(b"\x2a", span.name.encode()),
-        b"\x30",
-        _SMALL[_KIND[span.kind]],
-        b"\x39",
-        _FIXED64.pack(span.start_time),
-        b"\x41",
-        _FIXED64.pack(span.end_time),
-        _attributes(b"\x4a", span.attributes),
-    )
-    for tag, count in ((b"\x50", span.dropped_attributes), (b"\x60", span.dropped_events)):
-        if count:
-            parts += (tag, _varint(count))
-    if span.dropped_links:
-        parts += (b"\x70", _varint(span.dropped_links))
-    status = span.status
-    body = b""
-    if status.description:
-        body += _field(b"\x12", status.description.encode())
-    if status.status_code.value:
-        body += b"\x18" + _SMALL[status.status_code.value]
-    parts.append(_field(b"\x7a", body))
-    flags = _HAS_IS_REMOTE | (_IS_REMOTE if parent is not None and parent.is_remote else 0)
-    parts += (b"\x85\x01", _FIXED32.pack(flags))
-    return b"".join(parts)
-
-
-def expand(spans: Sequence[ReadableSpan]) -> list[ReadableSpan]:
-    """`spans` with every `RequestSpans`' children as SDK spans beside it."""
-    return [s for span in spans for s in (span.expand() if isinstance(span, RequestSpans) else (span,))]
-
-
-def encode_spans(spans: Sequence[ReadableSpan]) -> bytes:
-    """The `ExportTraceServiceRequest` for `spans` (and the children of each `RequestSpans`), grouped
-    by resource, then instrumentation scope (by identity: the gateway has one of each)."""
-    if any(s.events or s.links for s in spans):
-        return bytes(sdk_encode_spans(expand(spans)).SerializePartialToString())
-    groups: dict[int, tuple[Any, dict[int, tuple[Any, list[bytes]]]]] = {}
-    for span in spans:
-        resource, scope = span.resource, span.instrumentation_scope
-        scopes = groups.setdefault(id(resource), (resource, {}))[1]
-        encoded = scopes.setdefault(id(scope), (scope, []))[1]
-        if isinstance(span, RequestSpans) and not span.status.description:
-            encoded.append(span.fields())
-        else:  # (a request span with a status description: the gateway makes none)
-            parts = span.expand() if isinstance(span, RequestSpans) else (span,)
-            encoded.extend(_field(b"\x12", _span(part)) for part in parts)
-    return b"".join(_resource_spans(resource, scopes.values()) for resource, scopes in groups.values())
-
-
-def envelope(resource: Resource, scope: InstrumentationScope, fields: Sequence[bytes]) -> bytes:
-    """The `ExportTraceServiceRequest` holding `fields` (`request_fields` of many requests), all of
-    one resource and instrumentation scope."""
-    return _resource_spans(resource, ((scope, fields),))
-
-
-def _resource_spans(resource: Resource, scopes: Iterable[tuple[Any, Sequence[bytes]]]) -> bytes:
-    """A `ResourceSpans` field of the export request: `resource`, then a `ScopeSpans` per scope."""
-    body = _field(b"\x0a", _attributes(b"\x0a", resource.attributes))
-    for scope, encoded in scopes:
-        head = b""
-        if scope is not None:
-            head = _field(b"\x0a", scope.name.encode())
-            if scope.version:
-                head += _field(b"\x12", scope.version.encode())
-            head += _attributes(b"\x1a", scope.attributes)
-        scope_spans = _field(b"\x0a", head) + b"".join(encoded)
-        if scope is not None and scope.schema_url:
-            scope_spans += _field(b"\x1a", scope.schema_url.encode())
-        body += _field(b"\x12", scope_spans)
-    if resource.schema_url:
-        body += _field(b"\x1a", resource.schema_url.encode())
+def envelope(resource: Mapping[str, Any], scope: Scope, fields: Sequence[bytes]) -> bytes:
+    """The `ExportTraceServiceRequest` holding `fields` (`request_fields` of many requests): one
+    `ResourceSpans` of `resource` (its attributes) with one `ScopeSpans` of `scope`."""
+    head = _field(b"\x0a", scope.name.encode())
+    if scope.version:
+        head += _field(b"\x12", scope.version.encode())
+    scope_spans = _field(b"\x0a", head) + b"".join(fields)
+    body = _field(b"\x0a", _attributes(b"\x0a", resource)) + _field(b"\x12", scope_spans)
     return _field(b"\x0a", body)
 
 
 class OtlpBatcher:
-    """The default export: requests' encoded spans batched and POSTed from the event loop.
+    """The export: requests' encoded spans batched and POSTed from the event loop.
 
     `add` (at the end of each sampled request) appends the request's `request_fields` to a bounded
     queue; a task of its own POSTs them as one `ExportTraceServiceRequest` every `interval_s`, or
-    sooner once `batch` requests wait, one export at a time, through a pooled aiohttp session. No
+    sooner once `batch` requests wait, one export at a time, through a pooled httpx client. No
     thread: an export thread contends for the GIL with the event loop, and that contention costs
     the loop more CPU than the encoding itself (bench/tracing.py). Past `max_queued` waiting
     requests the oldest are dropped. A failed export (collector
@@ -417,15 +268,15 @@ class OtlpBatcher:
         headers: Mapping[str, str],
         timeout_s: float,
         *,
-        resource: Resource,
-        scope: InstrumentationScope,
+        resource: Mapping[str, Any],
+        scope: Scope,
         interval_s: float,
         max_queued: int,
         batch: int = 512,
     ) -> None:
         self._endpoint = endpoint
         self._headers = {"Content-Type": "application/x-protobuf", **headers}
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._timeout_s = timeout_s
         self._resource, self._scope = resource, scope
         self._interval = interval_s
         self._batch = batch
@@ -433,7 +284,7 @@ class OtlpBatcher:
         self._queue: deque[tuple[bytes, int]] = deque(maxlen=max_queued)
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
-        self._session: aiohttp.ClientSession | None = None
+        self._client: httpx.AsyncClient | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._last_log = -_LOG_EVERY_S
@@ -444,7 +295,8 @@ class OtlpBatcher:
         self.exported_spans = 0
 
     def start(self) -> None:
-        self._session = aiohttp.ClientSession(trust_env=False)  # a collector is reached directly
+        # a collector is reached directly (no proxy from the environment)
+        self._client = httpx.AsyncClient(trust_env=False, timeout=self._timeout_s)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="otlp-export")
 
     def add(self, fields: bytes, spans: int) -> None:
@@ -470,9 +322,9 @@ class OtlpBatcher:
             self._wake.set()
             await task
         await self.flush()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -495,23 +347,17 @@ class OtlpBatcher:
         async with self._lock:
             queue = self._queue
             n = min(len(queue), self._batch)
-            if not n or self._session is None:
+            if not n or self._client is None:
                 return
             items = [queue.popleft() for _ in range(n)]
             count = sum(spans for _, spans in items)
             data = envelope(self._resource, self._scope, [fields for fields, _ in items])
             try:
-                async with self._session.post(
-                    self._endpoint, data=data, headers=self._headers, timeout=self._timeout
-                ) as response:
-                    await response.read()
-                    status = response.status
-            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                kind = (
-                    "connection failed"
-                    if isinstance(exc, aiohttp.ClientConnectionError | OSError)
-                    else "failed"
-                )
+                async with asyncio.timeout(self._timeout_s):  # the whole export, not each phase
+                    response = await self._client.post(self._endpoint, content=data, headers=self._headers)
+                status = response.status_code
+            except (httpx.HTTPError, OSError, TimeoutError) as exc:
+                kind = "connection failed" if isinstance(exc, httpx.ConnectError | OSError) else "failed"
                 self._failed(count, f"{kind}: {type(exc).__name__}: {exc}")
                 return
             if status // 100 != 2:
@@ -540,20 +386,3 @@ class OtlpBatcher:
                 "spans are dropped, %d so far; requests are not affected",
                 self.dropped_spans,
             )
-
-
-class SdkExporter(SpanExporter):
-    """The OpenTelemetry SDK's `OTLPSpanExporter`, handed every span (children expanded)."""
-
-    def __init__(self, exporter: SpanExporter) -> None:
-        self._exporter = exporter
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        result: SpanExportResult = self._exporter.export(expand(spans))
-        return result
-
-    def shutdown(self) -> None:
-        self._exporter.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return bool(self._exporter.force_flush(timeout_millis))

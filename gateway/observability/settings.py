@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar
 
 from pydantic import Field
 
@@ -44,15 +44,15 @@ class TracingSettings(SettingsModel):
     #: extra headers on every export request (a collector's API key, e.g. via
     #: GATEWAY_TRACING__HEADERS='{x-api-key: …}')
     headers: dict[str, str] = Field(default_factory=dict)
-    #: `compact`: the gateway's own OTLP protobuf encoder, spans encoded at a request's end and
-    #: POSTed in batches from the event loop (gateway/observability/otlp.py `OtlpBatcher`); `sdk`:
-    #: the OpenTelemetry SDK's `BatchSpanProcessor` thread and `OTLPSpanExporter` (several times the
-    #: CPU: docs/tracing.md, "Cost")
-    exporter: Literal["compact", "sdk"] = "compact"
-    #: seconds between exports (sooner once 512 requests wait; `sdk`: the processor's schedule delay)
+    #: seconds between exports (sooner once 512 requests wait)
     export_interval_s: float = Field(1.0, gt=0, le=60)
     #: sampled requests whose spans wait for export at most (4-6 spans each); past it the oldest
     #: waiting are dropped, never blocking a request
     max_queued_requests: int = Field(4096, ge=16, le=1_000_000)
     #: an export request's timeout
     timeout_s: float = Field(5.0, gt=0, le=60)
+
+    removed_keys: ClassVar[dict[str, str]] = {
+        "exporter": "tracing.exporter is gone and ignored: spans are always exported by the gateway's "
+        "own OTLP encoder (gateway/observability/otlp.py); remove the key",
+    }

@@ -9,15 +9,14 @@
     └── gateway.relay                  INTERNAL streams: from the engine's first event to the end
 
 `Tracing` is built only when `tracing.enabled` is true; with it off nothing here runs and the request
-path is exactly the untraced one. On, each request gets a trace at arrival (`begin`): the SDK's
-`TraceIdRatioBased` rule decides for a new trace, and a client's W3C `traceparent` makes its trace
-the parent and its sampled flag the decision (the SDK's `ParentBased` default, applied inline: the
-sampler objects cost more than the rule). While the request runs, spans are plain tuples appended to
-a list: no SDK span objects, no context variables, no locks. At the end (`end`) the request's spans
-are encoded to OTLP protobuf on the spot and queued as bytes for `OtlpBatcher`, which POSTs batches
-from a task on the same event loop (gateway/observability/otlp.py: why not a thread). With
-`tracing.exporter: sdk` they go to the SDK's `BatchSpanProcessor` as one `RequestSpans` instead.
-An unsampled request records nothing but
+path is exactly the untraced one. On, each request gets a trace at arrival (`begin`): the
+OpenTelemetry SDK's `TraceIdRatioBased` rule decides for a new trace, and a client's W3C
+`traceparent` makes its trace the parent and its sampled flag the decision (the SDK's `ParentBased`
+default), both applied inline so that every OpenTelemetry service samples the same traces. While the
+request runs, spans are plain tuples appended to a list: no span objects, no context variables, no
+locks. At the end (`end`) the request's spans are encoded to OTLP protobuf on the spot and queued as
+bytes for `OtlpBatcher`, which POSTs batches from a task on the same event loop
+(gateway/observability/otlp.py: why not a thread). An unsampled request records nothing but
 still sends the engine a `traceparent` with the sampled flag off, so the engine does not start a
 sampled trace of its own for it.
 
@@ -31,7 +30,6 @@ never recorded.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import random
@@ -40,19 +38,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import orjson
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, TraceState, get_current_span
+from opentelemetry.trace import SpanContext, SpanKind, TraceState, get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-from opentelemetry.trace.status import Status, StatusCode
 
 from engines.errors import ApiError
 from gateway.core.context import RequestContext
 from gateway.core.responses import Response
-from gateway.observability.otlp import ChildSpan, OtlpBatcher, RequestSpans, SdkExporter, request_fields
+from gateway.observability.otlp import ChildSpan, OtlpBatcher, Scope, request_fields
 from gateway.observability.settings import TracingSettings
 
 log = logging.getLogger("gateway.tracing")
@@ -66,10 +58,9 @@ _REQUEST_PARAMS = (
     ("top_p", "gen_ai.request.top_p"),
 )
 _MAX_PROMPT_CHARS = 32_768
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NO_STATE = TraceState()
-_OK = Status(StatusCode.UNSET)
-_ERROR = Status(StatusCode.ERROR)
+#: the low 64 bits of a trace id, which `TraceIdRatioBased` compares with its bound
+_TRACE_ID_LOW = (1 << 64) - 1
 #: the stages that get a span, and the span's name
 _STAGE_SPANS = {"authenticate": "gateway.auth", "admit": "gateway.admit", "route": "gateway.route"}
 #: the engine's HTTP status for the error kinds the proxy reports that do not name it (the others:
@@ -230,53 +221,39 @@ def _route_attributes(ctx: RequestContext) -> dict[str, Any]:
 
 
 class Tracing:
-    """The tracer of one gateway process: sampling at arrival, spans at the end, export in a thread."""
+    """The tracer of one gateway process: sampling at arrival, spans at the end, export in batches."""
 
     def __init__(self, settings: TracingSettings, version: str) -> None:
         self.settings = settings
         #: a new trace is sampled when the low 64 bits of its id are below this (TraceIdRatioBased)
-        self._bound = TraceIdRatioBased.get_bound_for_rate(settings.sample_ratio)
+        self._bound = round(settings.sample_ratio * (_TRACE_ID_LOW + 1))
         self._propagator = TraceContextTextMapPropagator()
-        self._resource = Resource(
-            {
-                "service.name": settings.service_name,
-                "service.version": version,
-                "telemetry.sdk.language": "python",
-                "telemetry.sdk.name": "opentelemetry",
-            }
-        )
-        self._scope = InstrumentationScope("llm-gateway", version)
+        self._resource = {
+            "service.name": settings.service_name,
+            "service.version": version,
+            "telemetry.sdk.language": "python",
+            "telemetry.sdk.name": "opentelemetry",
+        }
+        self._scope = Scope("llm-gateway", version)
         self._include_prompts = settings.include_prompts
-        #: the default export (`exporter: compact`), or None before `start`
+        #: the export, or None before `start`
         self._batcher: OtlpBatcher | None = None
-        #: `exporter: sdk`: the SDK's processor and exporter
-        self._processor: BatchSpanProcessor | None = None
 
     # -- lifecycle (the gateway's start-up and shutdown, in the worker process's event loop) --------
     def start(self) -> None:
         """Start exporting; call inside the running event loop."""
         s = self.settings
-        batch = min(512, s.max_queued_requests)
-        if s.exporter == "sdk":
-            official = OTLPSpanExporter(endpoint=s.endpoint, headers=dict(s.headers), timeout=s.timeout_s)
-            self._processor = BatchSpanProcessor(
-                SdkExporter(official),
-                max_queue_size=s.max_queued_requests,
-                schedule_delay_millis=s.export_interval_s * 1000,
-                max_export_batch_size=batch,
-            )
-        else:
-            self._batcher = OtlpBatcher(
-                s.endpoint,
-                s.headers,
-                s.timeout_s,
-                resource=self._resource,
-                scope=self._scope,
-                interval_s=s.export_interval_s,
-                max_queued=s.max_queued_requests,
-                batch=batch,
-            )
-            self._batcher.start()
+        self._batcher = OtlpBatcher(
+            s.endpoint,
+            s.headers,
+            s.timeout_s,
+            resource=self._resource,
+            scope=self._scope,
+            interval_s=s.export_interval_s,
+            max_queued=s.max_queued_requests,
+            batch=min(512, s.max_queued_requests),
+        )
+        self._batcher.start()
         log.info(
             "tracing on: OTLP/HTTP to %s, sampling %g of requests without a sampled parent (pid %d)",
             s.endpoint,
@@ -289,21 +266,15 @@ class Tracing:
         batcher, self._batcher = self._batcher, None
         if batcher is not None:
             await batcher.aclose()
-        processor, self._processor = self._processor, None
-        if processor is not None:
-            stop: Callable[[], object] = processor.shutdown  # untyped in the SDK; joins its thread
-            await asyncio.to_thread(stop)
 
     async def flush(self) -> None:
         """Export everything queued now."""
         if self._batcher is not None:
             await self._batcher.flush()
-        if self._processor is not None:
-            await asyncio.to_thread(self._processor.force_flush)
 
     @property
     def batcher(self) -> OtlpBatcher | None:
-        """The default exporter (its counters), once started."""
+        """The exporter (its counters), once started."""
         return self._batcher
 
     # -- the request path -------------------------------------------------------------------------
@@ -338,7 +309,7 @@ class Tracing:
             sampled = parent.trace_flags.sampled
         else:
             trace_id = random.getrandbits(128) or 1
-            sampled = trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < self._bound
+            sampled = trace_id & _TRACE_ID_LOW < self._bound
         span_id = random.getrandbits(64) or 1
         if sampled:
             return Trace(trace_id, span_id, parent, state)
@@ -356,38 +327,22 @@ class Tracing:
         state = TraceState.from_header([trace.state]) if trace.state else _NO_STATE
         attributes = self._request_attributes(ctx, trace, method, path)
         batcher = self._batcher
-        if batcher is not None:
-            spans = trace.spans
-            fields = request_fields(
-                f"{method} {path}",
-                trace.trace_id,
-                trace.span_id,
-                trace.parent,
-                state,
-                trace.start_ns,
-                time.time_ns(),
-                attributes,
-                ctx.status >= 500,
-                spans,
-            )
-            batcher.add(fields, 1 + len(spans))
+        if batcher is None:
             return
-        if self._processor is None:
-            return
-        self._processor.on_end(
-            RequestSpans(
-                f"{method} {path}",
-                SpanContext(trace.trace_id, trace.span_id, False, _SAMPLED, state),
-                trace.parent,
-                self._resource,
-                attributes,
-                status=_ERROR if ctx.status >= 500 else _OK,
-                start_time=trace.start_ns,
-                end_time=time.time_ns(),
-                scope=self._scope,
-                children=trace.spans,
-            )
+        spans = trace.spans
+        fields = request_fields(
+            f"{method} {path}",
+            trace.trace_id,
+            trace.span_id,
+            trace.parent,
+            state,
+            trace.start_ns,
+            time.time_ns(),
+            attributes,
+            ctx.status >= 500,
+            spans,
         )
+        batcher.add(fields, 1 + len(spans))
 
     def _request_attributes(
         self, ctx: RequestContext, trace: Trace, method: str, path: str

@@ -3,8 +3,8 @@ OTLP/HTTP receiver on loopback (tests/otlp_receiver.py, decoding with the offici
 
 The span tree and its attributes, prompts kept out unless asked, a client's `traceparent` continued
 and its sampled flag followed, the engine's `traceparent` naming the attempt's span, failover as two
-attempts, refusals, sampling 0, the SDK's exporter, an exporter that is down or failing (requests
-unaffected), and tracing off (no `traceparent` reaches the engine).
+attempts, refusals, sampling 0, prompts recorded when asked, an exporter that is down or failing
+(requests unaffected), and tracing off (no `traceparent` reaches the engine).
 """
 
 from __future__ import annotations
@@ -325,11 +325,11 @@ def variants(sims: list[SimProcess]) -> Iterator[dict[str, Variant]]:
     second or more of CPU; one after the other they took most of this module's time)."""
     url = [sims[1].base_url]
     with contextlib.ExitStack() as stack:
-        rx = {name: stack.enter_context(OtlpReceiver()) for name in ("sdk", "zero", "503")}
+        rx = {name: stack.enter_context(OtlpReceiver()) for name in ("prompts", "zero", "503")}
         rx["503"].fail_with = 503
         down = f"http://127.0.0.1:{free_port()}/v1/traces"
         configs = {
-            "sdk": traced_config(url, rx["sdk"].url, exporter="sdk", include_prompts=True),
+            "prompts": traced_config(url, rx["prompts"].url, include_prompts=True),
             "zero": traced_config(url, rx["zero"].url, sample_ratio=0.0),
             "down": traced_config(url, down, timeout_s=0.5),
             "503": traced_config(url, rx["503"].url, timeout_s=0.5),
@@ -342,18 +342,16 @@ def variants(sims: list[SimProcess]) -> Iterator[dict[str, Variant]]:
         yield {name: Variant(gw, rx.get(name)) for name, gw in gateways.items()}
 
 
-def test_the_sdk_exporter_sends_the_same_tree_and_include_prompts_the_messages(
-    variants: dict[str, Variant],
-) -> None:
-    v = variants["sdk"]  # tracing.exporter sdk, tracing.include_prompts true
+def test_include_prompts_puts_the_messages_on_the_request_span_only(variants: dict[str, Variant]) -> None:
+    v = variants["prompts"]  # tracing.include_prompts true
     assert v.rx is not None
-    r = post(v.gw, chat(PROMPT + " sdk", stream=True))
+    r = post(v.gw, chat(PROMPT + " prompts", stream=True))
     spans = by_name(trace_of(v.rx, r.headers["x-request-id"], 6))
     assert set(spans) == {*CHILDREN, "gateway.relay", "POST /v1/chat/completions"}
     assert spans["gateway.upstream"].attributes["gateway.backend"] == "vllm-0"  # the one backend
     root = spans["POST /v1/chat/completions"].attributes
     assert root["gen_ai.response.finish_reasons"] == ("length",)
-    assert PROMPT + " sdk" in root["gen_ai.input.messages"]
+    assert PROMPT + " prompts" in root["gen_ai.input.messages"]
     assert all(
         "gen_ai.input.messages" not in s.attributes for n, s in spans.items() if n.startswith("gateway.")
     )

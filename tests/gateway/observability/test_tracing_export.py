@@ -1,6 +1,6 @@
 """The tracer's own parts, in one process: its sampling decision against the SDK's sampler, and the
-default exporter (`OtlpBatcher`) against the loopback OTLP receiver — batches, a full queue, a
-receiver that is down."""
+exporter (`OtlpBatcher`) against the loopback OTLP receiver — batches, a full queue, a receiver that
+is down."""
 
 from __future__ import annotations
 
@@ -8,18 +8,16 @@ import asyncio
 import random
 
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.sampling import Decision, ParentBased, TraceIdRatioBased
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context
 
-from gateway.observability.otlp import OtlpBatcher, request_fields
+from gateway.observability.otlp import OtlpBatcher, Scope, request_fields
 from gateway.observability.settings import TracingSettings
 from gateway.observability.tracing import Trace, Tracing
 from tests.otlp_receiver import OtlpReceiver
 
-RESOURCE = Resource({"service.name": "test"})
-SCOPE = InstrumentationScope("llm-gateway", "0")
+RESOURCE = {"service.name": "test"}
+SCOPE = Scope("llm-gateway", "0")
 
 
 def _sampled(result: object) -> tuple[bool, int]:
