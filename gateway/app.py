@@ -33,7 +33,7 @@ from gateway.control.admin import build_admin_app
 from gateway.control.store import MemoryStore, RedisStore, Store
 from gateway.control.verbs import ConfigRefused, FleetControl, ReloadResult
 from gateway.core.context import Api, RequestContext
-from gateway.core.fleet import Fleet
+from gateway.core.fleet import Backend, Fleet
 from gateway.core.redis_client import connect_redis, describe
 from gateway.core.responses import (
     DISCONNECT,
@@ -250,7 +250,7 @@ class Gateway:
     def _on_decision(self, decision: Any) -> None:
         self.metrics.observe_decision(decision)
 
-    def _on_upstream_error(self, ctx: RequestContext, backend: Any, kind: str) -> None:
+    def _on_upstream_error(self, backend: Backend, kind: str) -> None:
         self.metrics.upstream_error(backend.pool, kind, backend.name)
 
     # -- lifecycle --------------------------------------------------------------------------------

@@ -88,10 +88,9 @@ class RequestContext:
     backend: Backend | None = None
     route_reason: str = ""
     affinity: str = "none"
-    #: the prompt tokens the routing expects the backend to prefill (`Decision.prefill`), and the
-    #: backend whose `prefill` counts them until the first token comes back (the proxy keeps it)
+    #: the prompt tokens the routing expects the backend to prefill (`Decision.prefill`); each
+    #: upstream attempt's lease counts them in its backend's `prefill` until the first token comes back
     prefill: int = 0
-    prefill_on: Backend | None = None
     attempts: int = 0
     status: int = 0
     usage: Usage | None = None

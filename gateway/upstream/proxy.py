@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 
 from engines.base import StreamDecoder, StreamWriter
 from engines.errors import ApiError, overloaded, upstream_timeout
@@ -34,6 +34,7 @@ from gateway.core.context import RequestContext
 from gateway.core.disconnect import ClientWatch
 from gateway.core.fleet import Backend
 from gateway.core.responses import BytesResponse, Response, error_response
+from gateway.upstream.lease import Lease, OnFailure
 from gateway.upstream.relay import SSESplitter, StreamRelay
 from gateway.upstream.retry import RetryBudget
 from gateway.upstream.settings import UpstreamSettings
@@ -52,8 +53,6 @@ UpstreamHeaders = dict[str, str]
 
 #: picks another backend for a retry, never one in `exclude`; raises ApiError when none is left
 Reroute = Callable[[RequestContext, set[str]], None]
-#: called once when a request to the engine has ended (accounting, in-flight release)
-OnEnd = Callable[[RequestContext, bool], Awaitable[None]]
 
 
 class _Retry(Exception):
@@ -72,7 +71,7 @@ class ProxyStage:
         transport: Transport,
         settings: UpstreamSettings,
         reroute: Reroute,
-        on_upstream_error: Callable[[RequestContext, Backend, str], None],
+        on_upstream_error: OnFailure,
     ) -> None:
         self._transport = transport
         self._timeouts = settings.timeouts
@@ -126,11 +125,7 @@ class ProxyStage:
                     raise last_error from None
                 continue
             ctx.attempts += 1
-            backend.in_flight += 1
-            backend.requests_total += 1
-            if ctx.prefill:  # its prompt's prefill is queued there until the first token
-                backend.prefill += ctx.prefill
-                ctx.prefill_on = backend
+            lease = Lease(backend, ctx.prefill, self._on_upstream_error)
             headers = None
             if ctx.trace is not None:  # tracing on: this attempt's span, its traceparent to the engine
                 headers = {
@@ -139,21 +134,18 @@ class ProxyStage:
                 }
             try:
                 if ctx.stream:
-                    return await self._stream(ctx, backend, backend.url + path, upstream_body, headers)
-                return await self._complete(ctx, backend, backend.url + path, upstream_body, headers)
+                    return await self._stream(ctx, lease, backend.url + path, upstream_body, headers)
+                return await self._complete(ctx, lease, backend.url + path, upstream_body, headers)
             except _Retry as retry:
                 if ctx.trace is not None:
                     ctx.trace.attempt_end(retry.kind)
-                backend.in_flight -= 1
-                _prefilled(ctx)
-                backend.circuit.failure(time.monotonic())
-                self._on_upstream_error(ctx, backend, retry.kind)
+                lease.failed(retry.kind)
+                lease.release()
                 if retry.kind in _GONE:
                     _mark_gone(backend, retry.kind)
                 last_error = retry.error
             except BaseException:
-                backend.in_flight -= 1
-                _prefilled(ctx)
+                lease.release()
                 raise
             if ctx.attempts >= self._max_attempts or not self._budget.try_spend(time.monotonic()):
                 ctx.error_kind = "upstream_exhausted"
@@ -166,7 +158,7 @@ class ProxyStage:
 
     # -- non-streamed -----------------------------------------------------------------------------
     async def _complete(
-        self, ctx: RequestContext, backend: Backend, url: str, body: bytes, headers: UpstreamHeaders | None
+        self, ctx: RequestContext, lease: Lease, url: str, body: bytes, headers: UpstreamHeaders | None
     ) -> Response:
         assert ctx.pool is not None and ctx.model is not None
         try:
@@ -178,17 +170,16 @@ class ProxyStage:
                     resp.close()
         except TimeoutError:
             # The engine may have generated for a long time: not retried.
-            backend.circuit.failure(time.monotonic())
-            self._on_upstream_error(ctx, backend, "timeout")
+            lease.failed("timeout")
             ctx.error_kind = "upstream_timeout"
-            await self._end(ctx, False)
+            await self._end(ctx, lease, False)
             return error_response(upstream_timeout(), ctx.response_headers, ctx.render_error)
         except UpstreamError as exc:
             raise _Retry(exc.kind, overloaded()) from None
         if resp.status != 200:
-            return await self._engine_error(ctx, backend, resp.status, data)
+            return await self._engine_error(ctx, lease, resp.status, data)
         dialect = ctx.pool.dialect
-        backend.circuit.success()
+        lease.succeeded()
         answer = ctx.answer
         try:
             if answer is not None:
@@ -210,16 +201,16 @@ class ProxyStage:
                 )
         except ApiError as err:
             ctx.error_kind = "engine_bad_response"
-            await self._end(ctx, False)
+            await self._end(ctx, lease, False)
             return error_response(err, ctx.response_headers, ctx.render_error)
         if answer is not None:
             await answer.complete()
-        await self._end(ctx, True)
+        await self._end(ctx, lease, True)
         return BytesResponse(200, out, ctx.response_headers)
 
     # -- streamed ---------------------------------------------------------------------------------
     async def _stream(
-        self, ctx: RequestContext, backend: Backend, url: str, body: bytes, headers: UpstreamHeaders | None
+        self, ctx: RequestContext, lease: Lease, url: str, body: bytes, headers: UpstreamHeaders | None
     ) -> Response:
         assert ctx.pool is not None and ctx.model is not None
         dialect = ctx.pool.dialect
@@ -246,7 +237,7 @@ class ProxyStage:
                 if resp.status != 200:
                     data = await resp.read()
                     resp.close()
-                    return await self._engine_error(ctx, backend, resp.status, data)
+                    return await self._engine_error(ctx, lease, resp.status, data)
                 chunks = resp.chunks()
                 first = await self._first_events(chunks, splitter, decoder, encoder)
         except TimeoutError:
@@ -261,15 +252,16 @@ class ProxyStage:
             # The engine's first event was an error: nothing went out yet, so answer it plainly.
             assert resp is not None
             resp.close()
-            backend.circuit.success()
+            lease.succeeded()
             ctx.error_kind = "engine_error"
-            await self._end(ctx, False)
+            await self._end(ctx, lease, False)
             return error_response(err, ctx.response_headers, ctx.render_error)
         # The backend's verdict comes when the stream ends (`_end`): a stream cut midway is a failure.
         ctx.first_token_at = time.perf_counter()
-        _prefilled(ctx)
+        lease.prefilled()
         return StreamRelay(
             ctx,
+            lease=lease,
             upstream=resp,
             chunks=chunks,
             splitter=splitter,
@@ -303,24 +295,21 @@ class ProxyStage:
                 return out
         raise UpstreamError("upstream closed before its first event")
 
-    async def _engine_error(
-        self, ctx: RequestContext, backend: Backend, status: int, data: bytes
-    ) -> Response:
+    async def _engine_error(self, ctx: RequestContext, lease: Lease, status: int, data: bytes) -> Response:
         """The engine answered an error before any byte went out: fail over, or answer it re-shaped."""
         assert ctx.pool is not None and ctx.model is not None
         if status == 404:
-            self._log_misconfigured(backend, ctx.pool.models[ctx.model.name])
+            self._log_misconfigured(lease.backend, ctx.pool.models[ctx.model.name])
             raise _Retry("misconfigured", misconfigured())
         err = ctx.pool.dialect.decode_error(status, data, ctx.endpoint)
         if status in RETRYABLE_STATUS:
             raise _Retry(f"status_{status}", err)
         if status >= 500:
-            backend.circuit.failure(time.monotonic())
-            self._on_upstream_error(ctx, backend, f"status_{status}")
+            lease.failed(f"status_{status}")
         else:
-            backend.circuit.success()  # a 4xx is the request's fault, not the backend's
+            lease.succeeded()  # a 4xx is the request's fault, not the backend's
         ctx.error_kind = f"engine_{status}"
-        await self._end(ctx, False)
+        await self._end(ctx, lease, False)
         return error_response(err, ctx.response_headers, ctx.render_error)
 
     def _log_misconfigured(self, backend: Backend, served: str) -> None:
@@ -337,20 +326,18 @@ class ProxyStage:
             served,
         )
 
-    async def _end(self, ctx: RequestContext, ok: bool) -> None:
+    async def _end(self, ctx: RequestContext, lease: Lease, ok: bool) -> None:
+        """The engine's part of the request is over, answered in full (`ok`) or not: the attempt's
+        span ends and its lease is released, with the circuit's verdict if it has none yet."""
         if ctx.trace is not None:
             ctx.trace.attempt_end(ctx.error_kind)
-        backend = ctx.backend
-        _prefilled(ctx)
-        if backend is not None:
-            backend.in_flight -= 1
-            if ok and ctx.stream:
-                backend.circuit.success()
-            elif not ok and ctx.error_kind in _BACKEND_FAULTS_MID_STREAM:
-                # A stream the engine broke or abandoned after its first byte counts against it too,
-                # or a backend that cuts every stream would keep drawing its share of traffic.
-                backend.circuit.failure(time.monotonic())
-                self._on_upstream_error(ctx, backend, ctx.error_kind or "upstream_broken")
+        if ok:
+            lease.succeeded()
+        elif ctx.error_kind in _BACKEND_FAULTS_MID_STREAM:
+            # A stream the engine broke or abandoned after its first byte counts against it too, or
+            # a backend that cuts every stream would keep drawing its share of traffic.
+            lease.failed(ctx.error_kind or "upstream_broken")
+        lease.release()
 
 
 class _DisconnectWatch(ClientWatch):
@@ -408,12 +395,3 @@ def _continuous_usage(ctx: RequestContext) -> bool:
 
 def _named_tool_choice(ctx: RequestContext) -> bool:
     return isinstance(ctx.body.get("tool_choice"), dict)
-
-
-def _prefilled(ctx: RequestContext) -> None:
-    """The request's prefill is done (its first token came) or will not happen there: its tokens
-    leave the backend's queued prefill."""
-    backend = ctx.prefill_on
-    if backend is not None:
-        backend.prefill -= ctx.prefill
-        ctx.prefill_on = None

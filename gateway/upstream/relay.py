@@ -25,6 +25,7 @@ from engines.errors import ApiError
 from gateway.core.context import RequestContext
 from gateway.core.disconnect import ClientWatch
 from gateway.core.responses import COALESCE, SSE, Headers, Receive, Send
+from gateway.upstream.lease import Lease
 from gateway.upstream.transport import UpstreamError, UpstreamResponse
 
 _DONE = b"[DONE]"
@@ -70,7 +71,9 @@ def mid_stream_error(
 
 
 class StreamRelay:
-    """The streamed answer: sends `first` at once, then relays the rest of the engine's stream."""
+    """The streamed answer: sends `first` at once, then relays the rest of the engine's stream. When
+    it ends, however it ends, `on_end` gets the context, the attempt's `lease` and whether the
+    answer went out whole."""
 
     __slots__ = (
         "_chunks",
@@ -81,6 +84,7 @@ class StreamRelay:
         "_first",
         "_idle_s",
         "_last",
+        "_lease",
         "_on_complete",
         "_on_end",
         "_splitter",
@@ -96,6 +100,7 @@ class StreamRelay:
         self,
         ctx: RequestContext,
         *,
+        lease: Lease,
         upstream: UpstreamResponse,
         chunks: AsyncIterator[bytes],
         splitter: SSESplitter,
@@ -104,7 +109,7 @@ class StreamRelay:
         first: bytes,
         idle_s: float,
         headers: Headers,
-        on_end: Callable[[RequestContext, bool], Awaitable[None]],
+        on_end: Callable[[RequestContext, Lease, bool], Awaitable[None]],
         on_complete: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.ctx = ctx
@@ -119,6 +124,7 @@ class StreamRelay:
         self._encoder = encoder
         self._first = first
         self._idle_s = idle_s
+        self._lease = lease
         self._on_end = on_end
         self._on_complete = on_complete
         self._last = 0.0
@@ -155,7 +161,7 @@ class StreamRelay:
             self._upstream.close()
             if self.ctx.trace is not None:
                 self._traced(started_ns)
-            await self._on_end(self.ctx, ok)
+            await self._on_end(self.ctx, self._lease, ok)
 
     async def _relay(self, send: Send, loop: asyncio.AbstractEventLoop) -> bool:
         splitter, decoder, encoder = self._splitter, self._decoder, self._encoder
