@@ -2,14 +2,27 @@
 
 Each stage is `async (ctx) -> Response | None`: `None` continues with the next stage, a `Response`
 ends the pipeline (an error, or the proxied answer). A stage may raise `ApiError`, which becomes the
-response in the shape of the request's API (`ctx.render_error`: OpenAI's, or Anthropic's). The list
-is assembled once at start-up (`gateway.app.build_pipeline`, one list per API), so the order of
-the request path is visible in one place:
+response in the shape of the request's API (`ctx.render_error`: OpenAI's, or Anthropic's). The lists
+are assembled once at start-up (`Gateway.build_pipelines` in gateway/app.py, one per API), so the
+order of each request path is visible in one place. Chat and completions run
 
-    parse → authenticate → validate → admit → route → proxy (adapt request, upstream, adapt response)
+    authenticate → parse → validate → sanitise → admit → route → proxy
+                                                          (adapt request, upstream, adapt response)
 
-After the response has been sent (or abandoned by the client), the context's finalizers run: that is
-where accounting (usage reconciliation, metrics, the access log, releasing slots) happens.
+`authenticate` is left out when auth is off and `admit` when no limit or budget can apply. The
+Responses and Messages APIs add their intake stage (gateway/apis/) after `parse`; Messages'
+`count_tokens` answers in place of route and proxy; embeddings run authenticate → parse → embeddings
+intake → admit → route → proxy; a stored response's lookups run authenticate → lookup.
+
+The backend's share of a request (in flight, queued prefill, the circuit's verdict) is settled when
+the engine's part ends, by the attempt's lease (gateway/upstream/lease.py). Once the response has been
+sent, or abandoned by the client, the gateway ends the request in this order (`Gateway._proxy`):
+
+1. the context's finalizers, newest first (`run_finalizers`): admission reconciles the tokens and
+   spend it reserved with the usage and releases the caller's concurrency slot;
+2. the request's metrics;
+3. the access log line;
+4. the request's trace, when tracing is on.
 """
 
 from __future__ import annotations
