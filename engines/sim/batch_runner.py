@@ -3,10 +3,9 @@
 `BatchRunner` runs one step at a time: it asks the model for the next batch, waits the batch's
 duration, applies it, wakes the requests that got a token, and starts the next step at once (steps
 keep to a grid: the next one is due when the previous one ends, not after the loop has handled it).
-It sleeps while the engine is idle. A request's life is a `BatchRun`, the same protocol as the serial
-scheduler's (`engine.Run`): `prefill()` waits for the first token, `step()` for the next one,
-`decode(n)` until `n` tokens are out. The engine does not wait for a slow client: tokens it has
-produced are handed out at once.
+It sleeps while the engine is idle. Each sequence it runs has a `Ticket`: how many tokens it has
+produced, and an awaitable for the next ones (the engine's `BatchRun` waits on it). The engine does
+not wait for a slow client: tokens it has produced are handed out at once.
 """
 
 from __future__ import annotations
@@ -14,12 +13,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Generator
-from typing import TYPE_CHECKING
 
 from engines.sim.step_model import Batch, BlockEvent, Seq, StepEngine
-
-if TYPE_CHECKING:
-    from engines.sim.engine import Engine
 
 
 class _Done:
@@ -139,114 +134,3 @@ class BatchRunner:
         events = self.model.take_events()
         if events and self._on_events is not None:
             self._on_events(events)
-
-
-class BatchRun:
-    """One request's life on the batching engine (the protocol of `engine.Run`)."""
-
-    __slots__ = (
-        "_account",
-        "_engine",
-        "_finish",
-        "_first",
-        "_gen",
-        "_kw",
-        "_out_len",
-        "_prompt",
-        "_seen",
-        "_t0",
-        "_ticket",
-        "cached_tokens",
-    )
-
-    def __init__(
-        self, engine: Engine, prompt_ids: list[int], budget_tokens: int, account: bool, kw: dict[str, object]
-    ) -> None:
-        self._engine = engine
-        self._account = account
-        self._prompt = prompt_ids
-        self._out_len = max(1, budget_tokens)
-        self._kw = kw
-        self._ticket: Ticket | None = None
-        self._t0 = time.perf_counter()
-        self._first = self._t0
-        self._seen = 0
-        self._gen = 0
-        self._finish = "abort"
-        self.cached_tokens = 0
-
-    async def __aenter__(self) -> BatchRun:
-        eng = self._engine
-        delay = eng.cfg.ttft_s
-        if delay > 0:  # the front end's fixed latency, before the request reaches the scheduler
-            try:
-                await asyncio.sleep(delay)
-            except asyncio.CancelledError:
-                if self._account:
-                    eng.stats.cancelled_total += 1
-                raise
-        runner = eng.runner
-        assert runner is not None
-        self._ticket = runner.submit(self._prompt, self._out_len, account=self._account, **self._kw)
-        eng.open.add(self._ticket)
-        return self
-
-    def _wait(self, tokens: int) -> Awaitable[None]:
-        assert self._ticket is not None
-        return self._ticket.wait(tokens)
-
-    async def prefill(self) -> None:
-        """Wait in the queue and through the prefill, until the first token."""
-        await self._wait(1)
-        self._seen = 1
-        assert self._ticket is not None
-        self.cached_tokens = self._ticket.seq.cached_tokens
-        self._first = time.perf_counter()
-
-    def step(self) -> Awaitable[None]:
-        """Until the next token (at once if the engine has produced it), plus any drip delay."""
-        self._seen += 1
-        tick = self._wait(self._seen)
-        drip = self._engine.faults.drip_s
-        if drip > 0:
-            return self._drip(tick, drip)
-        return tick
-
-    @staticmethod
-    async def _drip(tick: Awaitable[None], drip: float) -> None:
-        await tick
-        await asyncio.sleep(drip)
-
-    async def decode(self, tokens: int) -> None:
-        """Until `tokens` tokens in all are out (non-streaming)."""
-        await self._wait(tokens)
-
-    def finish(self, generation_tokens: int, finished_reason: str) -> None:
-        """Record what was produced (call before leaving the block normally)."""
-        self._gen = generation_tokens
-        self._finish = finished_reason
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
-    ) -> None:
-        eng = self._engine
-        ticket = self._ticket
-        if ticket is None:
-            return
-        runner = eng.runner
-        assert runner is not None
-        runner.abort(ticket)  # a no-op once the sequence has finished
-        eng.open.discard(ticket)
-        if not self._account:
-            return
-        queued_until = ticket.admitted_at or self._t0
-        eng.account(
-            exc_type,
-            prompt_tokens=len(self._prompt),
-            cached_tokens=self.cached_tokens,
-            generation_tokens=self._gen,
-            t0=self._t0,
-            first=self._first,
-            admitted=queued_until,
-            finished_reason=self._finish,
-        )

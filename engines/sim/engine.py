@@ -9,8 +9,8 @@ A request's life is one `Run` (an async context manager), whichever the schedule
         await run.decode(n)          # ... or until n tokens are out (non-streaming)
         run.finish(tokens, "stop")   # what was produced; feeds metrics on a clean exit
 
-`--scheduler batching` (the default): `batch_runner.BatchRun` on the step model
-(`step_model.StepEngine`, continuous batching). `--scheduler serial`: `SerialRun` below on
+`--scheduler batching` (the default): `BatchRun` below, on the step model (`step_model.StepEngine`,
+continuous batching) driven in real time by `batch_runner.BatchRunner`. `--scheduler serial`: `SerialRun` below on
 `scheduler.Scheduler` (a running slot per request, a FIFO queue, a fixed cost per request).
 
 Leaving the block by cancellation (client gone) counts the request as cancelled; leaving it by another
@@ -25,7 +25,7 @@ from collections.abc import Awaitable
 from types import TracebackType
 from typing import Protocol
 
-from engines.sim.batch_runner import DONE, BatchRun, BatchRunner, Ticket
+from engines.sim.batch_runner import DONE, BatchRunner, Ticket
 from engines.sim.config import SimConfig
 from engines.sim.faults import FaultState
 from engines.sim.kv_events import EventEncoder, KvEventPublisher
@@ -259,6 +259,117 @@ class Engine:
         if self.publisher is not None:
             out["kv_events"] = {"endpoint": self.publisher.endpoint, "batches_sent": self.publisher.sent}
         return out
+
+
+class BatchRun:
+    """One request's life on the batching engine (a `Run`)."""
+
+    __slots__ = (
+        "_account",
+        "_engine",
+        "_finish",
+        "_first",
+        "_gen",
+        "_kw",
+        "_out_len",
+        "_prompt",
+        "_seen",
+        "_t0",
+        "_ticket",
+        "cached_tokens",
+    )
+
+    def __init__(
+        self, engine: Engine, prompt_ids: list[int], budget_tokens: int, account: bool, kw: dict[str, object]
+    ) -> None:
+        self._engine = engine
+        self._account = account
+        self._prompt = prompt_ids
+        self._out_len = max(1, budget_tokens)
+        self._kw = kw
+        self._ticket: Ticket | None = None
+        self._t0 = time.perf_counter()
+        self._first = self._t0
+        self._seen = 0
+        self._gen = 0
+        self._finish = "abort"
+        self.cached_tokens = 0
+
+    async def __aenter__(self) -> BatchRun:
+        eng = self._engine
+        delay = eng.cfg.ttft_s
+        if delay > 0:  # the front end's fixed latency, before the request reaches the scheduler
+            try:
+                await asyncio.sleep(delay)
+            except asyncio.CancelledError:
+                if self._account:
+                    eng.stats.cancelled_total += 1
+                raise
+        runner = eng.runner
+        assert runner is not None
+        self._ticket = runner.submit(self._prompt, self._out_len, account=self._account, **self._kw)
+        eng.open.add(self._ticket)
+        return self
+
+    def _wait(self, tokens: int) -> Awaitable[None]:
+        assert self._ticket is not None
+        return self._ticket.wait(tokens)
+
+    async def prefill(self) -> None:
+        """Wait in the queue and through the prefill, until the first token."""
+        await self._wait(1)
+        self._seen = 1
+        assert self._ticket is not None
+        self.cached_tokens = self._ticket.seq.cached_tokens
+        self._first = time.perf_counter()
+
+    def step(self) -> Awaitable[None]:
+        """Until the next token (at once if the engine has produced it), plus any drip delay."""
+        self._seen += 1
+        tick = self._wait(self._seen)
+        drip = self._engine.faults.drip_s
+        if drip > 0:
+            return self._drip(tick, drip)
+        return tick
+
+    @staticmethod
+    async def _drip(tick: Awaitable[None], drip: float) -> None:
+        await tick
+        await asyncio.sleep(drip)
+
+    async def decode(self, tokens: int) -> None:
+        """Until `tokens` tokens in all are out (non-streaming)."""
+        await self._wait(tokens)
+
+    def finish(self, generation_tokens: int, finished_reason: str) -> None:
+        """Record what was produced (call before leaving the block normally)."""
+        self._gen = generation_tokens
+        self._finish = finished_reason
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        eng = self._engine
+        ticket = self._ticket
+        if ticket is None:
+            return
+        runner = eng.runner
+        assert runner is not None
+        runner.abort(ticket)  # a no-op once the sequence has finished
+        eng.open.discard(ticket)
+        if not self._account:
+            return
+        queued_until = ticket.admitted_at or self._t0
+        eng.account(
+            exc_type,
+            prompt_tokens=len(self._prompt),
+            cached_tokens=self.cached_tokens,
+            generation_tokens=self._gen,
+            t0=self._t0,
+            first=self._first,
+            admitted=queued_until,
+            finished_reason=self._finish,
+        )
 
 
 def _int_hashes() -> bool:
