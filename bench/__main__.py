@@ -185,8 +185,7 @@ def kv(quick: bool, log: Progress) -> dict[str, str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -210,7 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gateway-ref", default=None, help="benchmark a git ref instead of the working tree")
     ap.add_argument("--out", default=str(BENCH / "BENCHMARKS.md"))
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from bench/results/*.json")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = _parser().parse_args(argv)
     quick = not a.full
     # quick mode leaves the micro-benchmarks out (the report keeps their last figures, dated)
     suites = a.suite or (["micro"] if a.micro else ["overhead", "routing"] if quick else list(SUITES))

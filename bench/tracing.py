@@ -47,6 +47,7 @@ import statistics
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -205,14 +206,34 @@ def measure(
     return (after - before) * per, (after_main - before_main) * per, max(0, expected - received(receiver))
 
 
-def main(argv: list[str] | None = None) -> int:
+#: a measured point: (configuration, streamed)
+Point = tuple[str, bool]
+
+
+@dataclass
+class Figures:
+    """Every round's figures, per point."""
+
+    #: end to end: gateway CPU µs per request, of it the event loop's thread, spans lost
+    cpu: dict[Point, list[float]] = field(default_factory=dict)
+    loop_cpu: dict[Point, list[float]] = field(default_factory=dict)
+    missing: dict[Point, int] = field(default_factory=dict)
+    #: in process: CPU µs per request of the tracing work (`off`: the loop without it)
+    inproc_us: dict[Point, list[float]] = field(default_factory=dict)
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench.tracing", description=__doc__)
     ap.add_argument("--seconds", type=float, default=3.0, help="wrk's duration per point")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--baseline", default=None, help="also a gateway of this git ref, without tracing")
     ap.add_argument("--inproc", type=int, default=20_000, help="requests per in-process point (0: none)")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
     configs = dict(CONFIGS)
     if a.baseline:
         configs = {f"{a.baseline} (no tracing code)": {}, **configs}
@@ -224,53 +245,22 @@ def main(argv: list[str] | None = None) -> int:
     ]  # fmt: skip
     rx_argv = [sys.executable, "-m", "tests.otlp_receiver", "--port", str(rx_port)]
     points = [(name, stream) for stream in (False, True) for name in configs]
-    cpu: dict[tuple[str, bool], list[float]] = {p: [] for p in points}
-    loop_cpu: dict[tuple[str, bool], list[float]] = {p: [] for p in points}
-    missing: dict[tuple[str, bool], int] = dict.fromkeys(points, 0)
-    headers = {"authorization": f"Bearer {bench_token()}"}
-    scripts = {}
-    for stream in (False, True):
-        body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": MAX_TOKENS}
-        scripts[stream] = write_wrk_script(
-            f"tracing-{stream}", orjson.dumps({**body, "stream": stream}), headers
-        )
+    figures = Figures(
+        cpu={p: [] for p in points},
+        loop_cpu={p: [] for p in points},
+        missing=dict.fromkeys(points, 0),
+        inproc_us={(n, s): [] for n in CONFIGS for s in (False, True)},
+    )
     sim = Service("tracing-sim", sim_argv, sim_port)
     receiver = Service("tracing-otlp-receiver", rx_argv, rx_port, probe="/count", cwd=ROOT)
-    inproc_us: dict[tuple[str, bool], list[float]] = {(n, s): [] for n in CONFIGS for s in (False, True)}
     with sim, receiver:
         if a.inproc:
-            keys = list(inproc_us)
+            keys = list(figures.inproc_us)
             for r in range(a.rounds):
                 shift = r % len(keys)
                 for key in keys[shift:] + keys[:shift]:
-                    inproc_us[key].append(inproc(*key, a.inproc, receiver.base_url + "/v1/traces"))
-        for r in range(a.rounds):  # fresh gateway processes every round, in a rotated order
-            names = list(configs)
-            shift = r % len(names)
-            for name in names[shift:] + names[:shift]:
-                tracing = configs[name]
-                sections: dict[str, Any] = {
-                    "auth": {"jwt": {"secret": JWT_SECRET}},
-                    "limits": {"tiers": {"default": GENEROUS}},
-                }
-                if name in CONFIGS:
-                    endpoint = receiver.base_url + "/v1/traces"
-                    sections["tracing"] = {**tracing, "endpoint": endpoint, "export_interval_s": 0.2}
-                cfg = gateway_config("vllm", [sim.base_url], **sections)
-                source = gateway_source(a.baseline) if name not in CONFIGS else None
-                label = "baseline" if name not in CONFIGS else name.replace(" ", "-")
-                gw = gateway_service(f"tracing-{label}", cfg, source).start()
-                try:
-                    for stream in (False, True) if r % 2 == 0 else (True, False):
-                        point = (name, stream)
-                        us, main_us, lost = measure(
-                            gw, receiver, scripts[stream], name, stream, a.seconds, a.concurrency
-                        )
-                        cpu[point].append(us)
-                        loop_cpu[point].append(main_us)
-                        missing[point] += lost
-                finally:
-                    gw.stop()
+                    figures.inproc_us[key].append(inproc(*key, a.inproc, receiver.base_url + "/v1/traces"))
+        _end_to_end(a, configs, sim, receiver, figures)
     print(machine.run_line(m))
     print(
         f"wrk {a.seconds:g} s per point at concurrency {a.concurrency}, {a.rounds} rounds (median, "
@@ -279,32 +269,85 @@ def main(argv: list[str] | None = None) -> int:
         "gateway process per configuration and round\n"
     )
     if a.inproc:
-        print(
-            f"**In process** — the tracing code of one request, {a.inproc} requests a point, {a.rounds} "
-            "rounds (median, lowest–highest); CPU µs per request, minus the same loop without tracing:\n"
-        )
-        print("| tracing | non-streamed µs | streamed µs | target |")
-        print("|---|---:|---:|---:|")
-        base = {s: statistics.median(inproc_us[("off", s)]) for s in (False, True)}
-        for name in CONFIGS:
-            if name == "off":
-                continue
-            row = [name]
-            for stream in (False, True):
-                runs = [v - base[stream] for v in inproc_us[(name, stream)]]
-                row.append(f"{statistics.median(runs):.1f} ({min(runs):.1f}–{max(runs):.1f})")
-            row.append(f"≤ {TARGET_US[name]:.0f}")
-            print("| " + " | ".join(row) + " |")
-        off = "/".join(f"{base[s]:.2f}" for s in (False, True))
-        print(f"\n(the loop without tracing itself: {off} µs a request, non-streamed/streamed)\n")
-        print("**End to end** — whole gateway processes under wrk:\n")
+        _print_inproc(a.inproc, a.rounds, figures)
+    _print_end_to_end(configs, figures)
+    return 0
+
+
+def _end_to_end(
+    a: argparse.Namespace,
+    configs: dict[str, dict[str, Any]],
+    sim: Service,
+    receiver: Service,
+    figures: Figures,
+) -> None:
+    """Every configuration's gateway under wrk, a fresh process each round, in a rotated order."""
+    headers = {"authorization": f"Bearer {bench_token()}"}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": MAX_TOKENS}
+    scripts = {
+        stream: write_wrk_script(f"tracing-{stream}", orjson.dumps({**body, "stream": stream}), headers)
+        for stream in (False, True)
+    }
+    for r in range(a.rounds):
+        names = list(configs)
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            sections: dict[str, Any] = {
+                "auth": {"jwt": {"secret": JWT_SECRET}},
+                "limits": {"tiers": {"default": GENEROUS}},
+            }
+            if name in CONFIGS:
+                endpoint = receiver.base_url + "/v1/traces"
+                sections["tracing"] = {**configs[name], "endpoint": endpoint, "export_interval_s": 0.2}
+            cfg = gateway_config("vllm", [sim.base_url], **sections)
+            source = gateway_source(a.baseline) if name not in CONFIGS else None
+            label = "baseline" if name not in CONFIGS else name.replace(" ", "-")
+            gw = gateway_service(f"tracing-{label}", cfg, source).start()
+            try:
+                for stream in (False, True) if r % 2 == 0 else (True, False):
+                    point = (name, stream)
+                    us, main_us, lost = measure(
+                        gw, receiver, scripts[stream], name, stream, a.seconds, a.concurrency
+                    )
+                    figures.cpu[point].append(us)
+                    figures.loop_cpu[point].append(main_us)
+                    figures.missing[point] += lost
+            finally:
+                gw.stop()
+
+
+def _print_inproc(requests: int, rounds: int, figures: Figures) -> None:
+    print(
+        f"**In process** — the tracing code of one request, {requests} requests a point, {rounds} "
+        "rounds (median, lowest–highest); CPU µs per request, minus the same loop without tracing:\n"
+    )
+    print("| tracing | non-streamed µs | streamed µs | target |")
+    print("|---|---:|---:|---:|")
+    inproc_us = figures.inproc_us
+    base = {s: statistics.median(inproc_us[("off", s)]) for s in (False, True)}
+    for name in CONFIGS:
+        if name == "off":
+            continue
+        row = [name]
+        for stream in (False, True):
+            runs = [v - base[stream] for v in inproc_us[(name, stream)]]
+            row.append(f"{statistics.median(runs):.1f} ({min(runs):.1f}–{max(runs):.1f})")
+        row.append(f"≤ {TARGET_US[name]:.0f}")
+        print("| " + " | ".join(row) + " |")
+    off = "/".join(f"{base[s]:.2f}" for s in (False, True))
+    print(f"\n(the loop without tracing itself: {off} µs a request, non-streamed/streamed)\n")
+    print("**End to end** — whole gateway processes under wrk:\n")
+
+
+def _print_end_to_end(configs: dict[str, dict[str, Any]], figures: Figures) -> None:
     print(
         "| tracing | non-streamed µs | Δ to off | Δ event loop | streamed µs | Δ to off | Δ event loop "
         "| target Δ | spans lost |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    cpu = figures.cpu
     med = {p: statistics.median(v) for p, v in cpu.items()}
-    loop_med = {p: statistics.median(v) for p, v in loop_cpu.items()}
+    loop_med = {p: statistics.median(v) for p, v in figures.loop_cpu.items()}
     for name in configs:
         row = [name]
         for stream in (False, True):
@@ -319,13 +362,12 @@ def main(argv: list[str] | None = None) -> int:
                 delta, loop_delta = f"off {off - value:+.0f}", f"off {off_loop - loop:+.0f}"
             row += [f"{value:.0f} ({min(runs):.0f}–{max(runs):.0f})", delta, loop_delta]
         target = f"≤ {TARGET_US.get(name, 15.0):.0f}" if name != "off" else "—"
-        row += [target, str(missing[(name, False)] + missing[(name, True)])]
+        row += [target, str(figures.missing[(name, False)] + figures.missing[(name, True)])]
         print("| " + " | ".join(row) + " |")
     print(
         "\n(Δ event loop: the same difference for the gateway's main thread alone, which runs the event "
         "loop; for `off` its own CPU in brackets. The rest of a Δ is other threads'.)"
     )
-    return 0
 
 
 if __name__ == "__main__":
