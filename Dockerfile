@@ -2,10 +2,11 @@
 # The gateway image: `docker build -t llm-gateway .`
 #
 #   builder  python:3.11 (compilers present in case a dependency has no wheel): a venv at /opt/venv with
-#            the project installed by the same pip commands as `make venv` (Makefile), minus `-e` and
-#            the `[dev]` extra — the same pyproject.toml, so the same dependency set as `make test`.
+#            the project installed by the same pip commands as `make demo` (Makefile), minus `-e` —
+#            the same pyproject.toml, so the same runtime dependency set as `make demo` and `make test`.
 #            Then `policies/` compiled with mypyc into the installed package, as `make native` does
-#            for the checkout (scripts/build_policies.py --installed; mypy uninstalled after it).
+#            for the checkout, with the same tools (scripts/build_policies.py --installed; mypy
+#            uninstalled after it).
 #   runtime  python:3.11-slim, no compilers, no pip cache, the venv copied over, a non-root user.
 #
 # Configuration: the YAML at /etc/gateway/gateway.yaml (mount yours over it) plus environment

@@ -1,31 +1,51 @@
 # make demo · make test · make lint · make bench
-# Everything runs from .venv, created on first use.
-VENV   ?= .venv
-PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
+# Everything runs from .venv, created on first use. `make demo` installs what the gateway needs to run
+# (the package, and mypy to compile policies/); `make test`, `make lint`, `make bench` and `make soak`
+# also install the `dev` extra (test, lint, benchmark and client libraries). pip's output goes to
+# .venv/install.log, shown only when an install fails (scripts/quiet.sh).
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+LOG     := $(VENV)/install.log
+QUIET   := scripts/quiet.sh $(LOG)
+RUNTIME := $(VENV)/.installed-runtime
+NATIVE  := $(VENV)/.installed-native-tools
+DEV     := $(VENV)/.installed-dev
 
 .PHONY: demo test lint bench soak services engines venv native clean
 
-venv: $(STAMP)
+venv: $(DEV)
 
-$(STAMP): pyproject.toml
-	python3 -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[dev]'
-	touch $(STAMP)
+$(PY):
+	@python3 -m venv $(VENV)
+
+$(RUNTIME): pyproject.toml | $(PY)
+	@echo "make: installing the gateway and its runtime dependencies into $(VENV) (log: $(LOG))"
+	@$(QUIET) $(VENV)/bin/pip install -q --upgrade pip
+	@$(QUIET) $(VENV)/bin/pip install -q -e .
+	@touch $@
+
+# what scripts/build_policies.py compiles with (the Dockerfile's builder installs the same)
+$(NATIVE): $(RUNTIME)
+	@$(QUIET) $(VENV)/bin/pip install -q 'mypy>=1.10' 'setuptools>=68'
+	@touch $@
+
+$(DEV): $(RUNTIME)
+	@echo "make: installing the development tools into $(VENV) (log: $(LOG))"
+	@$(QUIET) $(VENV)/bin/pip install -q -e '.[dev]'
+	@touch $@
 
 # policies/ compiled with mypyc (scripts/build_policies.py; docs/architecture.md): a no-op when up to
 # date; the sources are used wherever the build is missing or older than them.
-native: $(STAMP)
-	$(PY) scripts/build_policies.py
+native: $(NATIVE)
+	@$(PY) scripts/build_policies.py
 
 demo: native
-	$(VENV)/bin/gateway demo
+	@$(VENV)/bin/gateway demo
 
 # Installs the servers the tests need (redis-server, prometheus) when missing, and the real engines
 # (vLLM, SGLang: one cached environment each in .engines/), then runs the suite: tests/real_engines/
 # and the rest side by side (scripts/test.sh; PYTEST_ARGS go to both).
-test: native services engines
+test: $(DEV) native services engines
 	VENV=$(VENV) GATEWAY_POLICIES=native scripts/test.sh $(PYTEST_ARGS)
 
 services:
@@ -37,18 +57,18 @@ engines:
 
 # ruff, mypy (strict), and scripts/lint_docs.py: no development-process words in the tree, no page of
 # the manual over its budget (CONTRIBUTING.md)
-lint: $(STAMP)
+lint: $(DEV)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(PY) scripts/lint_docs.py
 
-bench: native services
+bench: $(DEV) native services
 	$(PY) -m bench $(BENCH_ARGS)
 
 # Bounded soak (not in CI): 10 minutes, 500 concurrent streams, churn and faults; figures in bench/soak/.
 # Shorter: make soak SOAK_ARGS="--minutes 3"
-soak: native
+soak: $(DEV) native
 	$(PY) scripts/soak.py $(SOAK_ARGS)
 
 clean:

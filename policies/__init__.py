@@ -1,6 +1,6 @@
 """Pure policies: routing, admission, budgets (no I/O, no clocks; the gateway calls them).
 
-Compiled or not. `scripts/build_policies.py` (run by `make venv`, `make test`, `make demo`, `make bench`)
+Compiled or not. `scripts/build_policies.py` (run by `make native`, `make test`, `make demo`, `make bench`)
 compiles every module here with mypyc into `policies/_native/` and records the digest of the sources
 it compiled. When that digest matches the sources beside this file, imports of `policies.*` take the
 compiled modules (the same code, about twice as fast: bench/BENCHMARKS.md, *the decision's CPU*);

@@ -8,18 +8,21 @@ KV-event index, admission and budget rules: they are typed for `mypy --strict`, 
 needs). The build is written beside the sources with the digest of what it compiled
 (`policies.source_digest`); `policies/__init__.py` uses it only while the digest still matches, so
 a warm re-run is a no-op and an edited source is never shadowed by an old build. Needs gcc and the
-Python headers (the machine has both; `apt-get install gcc python3-dev` elsewhere); a failed build
-exits non-zero and leaves no stamp.
+Python headers (the machine has both; `apt-get install gcc python3-dev` elsewhere). It prints one
+line; mypyc's, setuptools' and the C compiler's output is kept out of sight unless the build fails,
+which shows it, exits non-zero and leaves no stamp.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     sources = sorted(
         str(p.relative_to(base)) for p in (base / "policies").glob("*.py") if p.name != "__init__.py"
     )
+    print(
+        f"policies/_native: compiling {len(sources)} modules with mypyc (about a minute) ...",
+        end="",
+        flush=True,
+    )
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="build-policies-") as tmp:
         work = Path(tmp)
@@ -63,10 +71,12 @@ def main(argv: list[str] | None = None) -> int:
                 ignore=shutil.ignore_patterns("_native*", "__pycache__"),
             )
             root = work / "src"
+        log = work / "build.log"
         try:
-            _compile(sources, work, root)
+            with _output_to(log):
+                _compile(sources, work, root)
         except (SystemExit, Exception) as exc:  # setuptools exits on a compiler error
-            print(f"build_policies: mypyc failed ({exc}); the sources stay in use", file=sys.stderr)
+            _failed(log, f"mypyc failed ({exc})")
             return 1
         built = work / "lib"
         staged = policies.NATIVE_DIR.with_name("_native.new")
@@ -76,18 +86,44 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copy2(so, staged / so.name)
         modules = list((built / "policies").glob("*.so"))
         if len(modules) != len(sources):
-            print(f"build_policies: {len(modules)} modules built of {len(sources)}", file=sys.stderr)
+            _failed(log, f"{len(modules)} modules built of {len(sources)}")
             return 1
         for so in modules:
             shutil.copy2(so, staged / "policies" / so.name)
         (staged / "SOURCES").write_text(digest + "\n")
         shutil.rmtree(policies.NATIVE_DIR, ignore_errors=True)
         staged.rename(policies.NATIVE_DIR)
-    print(
-        f"{policies.NATIVE_DIR}: {len(sources)} modules compiled in {time.monotonic() - started:.0f} s"
-        f" ({digest[:12]})"
-    )
+    print(f" done in {time.monotonic() - started:.0f} s ({digest[:12]})")
     return 0
+
+
+@contextlib.contextmanager
+def _output_to(path: Path) -> Iterator[None]:
+    """Everything written to this process's stdout and stderr meanwhile goes to `path` (the C
+    compiler's too: it inherits the descriptors)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "ab") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+def _failed(log: Path, why: str) -> None:
+    """The build's own output, then why it failed."""
+    print(" failed", flush=True)
+    if log.exists():
+        sys.stderr.write(log.read_text(errors="replace"))
+    print(f"build_policies: {why}; the sources stay in use", file=sys.stderr)
 
 
 def _compile(sources: list[str], work: Path, base: Path) -> None:

@@ -71,12 +71,16 @@ def test_environment_names_real_settings() -> None:
     assert "/opt/venv/bin" in env["PATH"]
 
 
-def test_pip_install_matches_the_makefile() -> None:
-    """The image installs the project exactly as `make venv` does (the recipe `make test` runs), but
-    not editable and without the [dev] extra: same pyproject, same dependency resolution."""
+def _recipe(target: str) -> str:
+    """The Makefile's recipe for `target` (its rule's line up to the next blank line)."""
     makefile = (ROOT / "Makefile").read_text()
-    recipe = makefile.split("$(STAMP): pyproject.toml", 1)[1].split("\n\n", 1)[0]
-    make_cmds = pip_commands(recipe)
+    return makefile.split(f"\n{target}:", 1)[1].split("\n\n", 1)[0]
+
+
+def test_pip_install_matches_the_makefile() -> None:
+    """The image installs the project exactly as `make demo` does (the runtime install `make test`
+    also runs), but not editable: same pyproject, same dependency resolution."""
+    make_cmds = pip_commands(_recipe("$(RUNTIME)"))
     # (the builder's one other pip command installs mypy for the compiled policies: the test below)
     docker_cmds = [
         c for run in BUILDER.all("RUN") if "build_policies.py" not in run for c in pip_commands(run)
@@ -93,7 +97,7 @@ def test_pip_install_matches_the_makefile() -> None:
 
 def test_the_image_compiles_the_policies_as_make_native_does() -> None:
     """The builder compiles the installed `policies` with scripts/build_policies.py and the mypy the
-    [dev] extra pins (what `make native` uses), uninstalls mypy and what it brought in the same
+    [dev] extra pins (the tools `make native` installs), uninstalls mypy and what it brought in the same
     layer, and checks the compiled router imports from the venv (not from /src's sources); the
     runtime requires the compiled modules (GATEWAY_POLICIES=native fails the import without them)."""
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -104,6 +108,7 @@ def test_the_image_compiles_the_policies_as_make_native_does() -> None:
     run = runs[0]
     (install,) = pip_commands(run)
     assert mypy_pin in install and any(a.startswith("setuptools") for a in install), install
+    assert pip_commands(_recipe("$(NATIVE)")) == [install], "make native compiles with other tools"
     steps = [step.strip() for step in run.split("&&")]
     build = steps.index("/opt/venv/bin/python scripts/build_policies.py --installed")
     uninstall = next(i for i, step in enumerate(steps) if "pip uninstall" in step)
