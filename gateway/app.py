@@ -146,6 +146,8 @@ class Gateway:
             list(self.models),
             known_models=lambda: self.models,
             spend=self.admission.spend_report,
+            tiers=self._tiers,
+            api_docs=settings.server.api_docs,
         )
         for pool in self.fleet.pools.values():
             self.metrics.pool_weight.labels(pool.name).set(pool.weight)
@@ -236,6 +238,11 @@ class Gateway:
             and s.redis.mode != "cluster"
             and s.routing.policy != "round_robin"
         )
+
+    def _tiers(self) -> tuple[list[str], str]:
+        """The configured limits tiers and the default one (a reload changes them)."""
+        limits = self.settings.limits
+        return list(limits.tiers), limits.default_tier
 
     def _engine_hosts(self) -> list[str]:
         """The backends' hosts (media must never come from an engine's address)."""
@@ -338,7 +345,9 @@ class Gateway:
                 await self._proxy(scope, receive, send, endpoint)
             elif (api := self.apis.match(scope["method"], path)) is not None:
                 await self._api(scope, receive, send, api)
-            elif path.startswith("/admin/") or path in ("/docs", "/openapi.json"):
+            elif path.startswith("/admin/") or (
+                path in ("/docs", "/openapi.json") and self.settings.server.api_docs
+            ):
                 await self._admin_app(scope, receive, _with_request_id(send, dict(scope["headers"])))
             else:
                 await self._small(scope, receive, send, path)

@@ -82,7 +82,7 @@ OnLost = Callable[[str, int], None]
 #: the ids of the API keys this replica has verified (what it can name when the store lost them)
 KnownKeys = Callable[[], list[str]]
 #: the actions an operator may take on one replica while the store is unreachable
-LOCAL_ACTIONS = frozenset({"set_weight", "drain", "undrain", "reload"})
+LOCAL_ACTIONS = frozenset({"set_weight", "reset_weight", "drain", "undrain", "reload"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,37 +275,51 @@ class FleetControl:
         task.add_done_callback(self._tasks.discard)
 
     def describe_fleet(self) -> list[dict[str, Any]]:
+        """Every pool as `describe_pool` shows it."""
+        return [self.describe_pool(name) for name in self.fleet.pools]
+
+    def removed_backends(self) -> list[str]:
+        """The config file's backends an operator removed (an override until added again)."""
+        config = {b.name for p in self._config.base_pools() for b in p.backends}
+        return sorted(config & self.overrides.removed)
+
+    def describe_pool(self, name: str) -> dict[str, Any]:
+        """A pool and its backends as this replica sees them; where a value is the operator's
+        override rather than the config file's, `*_source` says so."""
+        p = self.fleet.pools[name]
+        o = self.overrides
+        return {
+            "name": p.name,
+            "dialect": p.dialect.name,
+            "weight": p.weight,
+            "weight_source": "override" if p.name in o.weights else "file",
+            "models": p.models,
+            "tool_calling": p.tool_calling,
+            "structured_output": p.structured_output,
+            "backends": [self.describe_backend(b) for b in p.backends],
+        }
+
+    def describe_backend(self, name: str) -> dict[str, Any]:
         now = time.monotonic()
-        return [
-            {
-                "name": p.name,
-                "dialect": p.dialect.name,
-                "weight": p.weight,
-                "models": p.models,
-                "tool_calling": p.tool_calling,
-                "structured_output": p.structured_output,
-                "backends": [
-                    {
-                        "name": b.name,
-                        "url": b.url,
-                        "healthy": b.healthy,
-                        "draining": b.draining,
-                        "circuit": b.circuit.state if not b.circuit.is_open(now) else "open",
-                        "in_flight": b.in_flight,
-                        "prefill_tokens": b.prefill,
-                        "requests_total": b.requests_total,
-                        "load": None
-                        if b.load is None
-                        else {
-                            "running": b.load.running,
-                            "waiting": b.load.waiting,
-                            "kv_usage": b.load.kv_usage,
-                            "prefix_cache_hit_rate": b.load.prefix_cache_hit_rate,
-                            "age_s": round(now - b.load_at, 3),
-                        },
-                    }
-                    for b in p.backends.values()
-                ],
-            }
-            for p in self.fleet.pools.values()
-        ]
+        b = self.fleet.backends[name]
+        return {
+            "name": b.name,
+            "url": b.url,
+            "source": "override" if name in self.overrides.added else "file",
+            "healthy": b.healthy,
+            "draining": b.draining,
+            "draining_source": "override" if name in self.overrides.drained else "file",
+            "circuit": b.circuit.state if not b.circuit.is_open(now) else "open",
+            "in_flight": b.in_flight,
+            "prefill_tokens": b.prefill,
+            "requests_total": b.requests_total,
+            "load": None
+            if b.load is None
+            else {
+                "running": b.load.running,
+                "waiting": b.load.waiting,
+                "kv_usage": b.load.kv_usage,
+                "prefix_cache_hit_rate": b.load.prefix_cache_hit_rate,
+                "age_s": round(now - b.load_at, 3),
+            },
+        }

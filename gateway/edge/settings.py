@@ -26,5 +26,8 @@ class ServerSettings(SettingsModel):
     #: a request head must be complete this many seconds after the connection opened, or after its
     #: first byte on a kept-alive connection (408 and close otherwise: slow-header attacks)
     header_timeout_s: float = Field(10.0, gt=0)
+    #: serve the OpenAPI document and its interactive page (`/openapi.json`, `/docs`) to anyone;
+    #: off, both are 404 (the document names every admin endpoint)
+    api_docs: bool = False
     #: log level of the gateway's own logger
     log_level: Literal["debug", "info", "warning", "error"] = "info"

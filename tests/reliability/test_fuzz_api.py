@@ -45,7 +45,7 @@ def target() -> Iterator[Target]:
     embed = fast_sim("sglang", "--fast", "--model", "emb", "--embedding-dim", "8")
     with vllm, sglang, embed:
         config: dict[str, Any] = {
-            "server": {"graceful_shutdown_s": 1},
+            "server": {"graceful_shutdown_s": 1, "api_docs": True},  # the document the fuzzer reads
             "models": [{"name": MODEL, "context_length": 8192}, {"name": EMBED_MODEL, "task": "embed"}],
             "pools": [
                 *(
@@ -85,6 +85,7 @@ def _operations() -> list[tuple[str, str, GenerationMode]]:
         {
             "models": [{"name": MODEL}],
             "pools": [{"name": "p", "dialect": "vllm", "models": {MODEL: "x"}, "backends": []}],
+            "server": {"api_docs": True},
         },
         {},
     )

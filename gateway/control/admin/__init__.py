@@ -32,11 +32,14 @@ def build_admin_app(
     models: Sequence[str],
     known_models: Callable[[], Collection[str]] | None = None,
     spend: SpendQuery | None = None,
+    tiers: Callable[[], tuple[list[str], str]] = lambda: (["default"], "default"),
+    api_docs: bool = False,
 ) -> FastAPI:
     """The admin app over the operator's verbs; `keys` is None when API keys are off, `models` the
     public model names the OpenAPI document lists, `known_models` the names served now (API keys'
     model lists are checked against them; `models` when not given), `spend` the spend report
-    (`GET /admin/spend`; admission's `spend_report`)."""
+    (`GET /admin/spend`; admission's `spend_report`), `tiers` the configured limits tiers and the
+    default one; `api_docs` serves the OpenAPI document and its page (`/openapi.json`, `/docs`)."""
     app = FastAPI(
         title="LLM gateway admin API",
         version="1",
@@ -44,18 +47,19 @@ def build_admin_app(
             "Pools, weights, backends, drain, route explain, audit. Every endpoint needs the admin "
             "role. The browser console at /admin/ui uses these endpoints with the operator's token."
         ),
-        openapi_url="/openapi.json",
-        docs_url="/docs",
+        openapi_url="/openapi.json" if api_docs else None,
+        docs_url="/docs" if api_docs else None,
         redoc_url=None,
         # No slash redirects: their Location would be built from the client's Host header.
         redirect_slashes=False,
     )
     served = known_models or (lambda: models)
-    app.state.admin = AdminContext(control, authorize, keys, explain_route, served, spend)
+    app.state.admin = AdminContext(control, authorize, keys, explain_route, served, spend, tiers)
     errors.install(app)
     for module in (pools, backends, routes, api_keys, spend_routes, audit):
         app.include_router(module.router)
     # the browser console (/admin/ui): static files that call the endpoints above with the operator's token
     Console.from_package().install(app)
-    document_public_api(app, list(models))
+    if api_docs:
+        document_public_api(app, list(models))
     return app

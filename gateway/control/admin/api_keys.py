@@ -29,7 +29,9 @@ class ApiKeyBody(BaseModel):
     user: str = Field(min_length=1, max_length=256, description="the principal the key speaks for")
     tenant: str | None = Field(None, max_length=256)
     roles: list[str] = Field(default_factory=list, max_length=32)
-    tier: str = Field("default", max_length=64, description="the limits tier (limits.tiers)")
+    tier: str | None = Field(
+        None, max_length=64, description="a configured limits tier (default: limits.default_tier)"
+    )
     name: str = Field("", max_length=128, description="a label for operators")
     allow_models: list[str] | None = Field(None, max_length=1024, description=_MODELS_DOC)
     deny_models: list[str] = Field(default_factory=list, max_length=1024, description=_DENY_DOC)
@@ -52,11 +54,18 @@ async def create_api_key(body: ApiKeyBody, who: Admin, ctx: Ctx) -> Response:
     known = ctx.served()
     _check_models(body.allow_models, known, "allow_models")
     _check_models(body.deny_models, known, "deny_models")
+    tiers, default_tier = ctx.tiers()
+    tier = body.tier or default_tier
+    if tier not in tiers:
+        raise invalid_request(
+            f"Unknown tier {tier!r}: the configured tiers (limits.tiers) are {', '.join(tiers)}.",
+            param="tier",
+        )
     spec = ApiKeySpec(
         user=body.user,
         tenant=body.tenant,
         roles=tuple(body.roles),
-        tier=body.tier,
+        tier=tier,
         name=body.name,
         allow_models=None if body.allow_models is None else tuple(body.allow_models),
         deny_models=tuple(body.deny_models),
@@ -101,7 +110,9 @@ async def change_api_key(key_id: str, body: ApiKeyChange, who: Admin, ctx: Ctx) 
 
 @router.get("/admin/api-keys", summary="API keys (ids, hints and principals; never the keys)")
 async def list_api_keys(who: Admin, ctx: Ctx) -> Response:
-    return json_response(200, {"keys": [_public(r) for r in await _enabled(ctx.keys).list()]})
+    keys = [_public(r) for r in await _enabled(ctx.keys).list()]
+    tiers, default_tier = ctx.tiers()
+    return json_response(200, {"keys": keys, "tiers": tiers, "default_tier": default_tier})
 
 
 @router.delete("/admin/api-keys/{key_id}", response_model=OkResponse, summary="Revoke an API key")

@@ -36,7 +36,7 @@ async def remove_backend(name: str, who: Admin, ctx: Ctx) -> Response:
         updates={f"remove:{name}": True},
         deletes=[f"add:{name}", f"drain:{name}"],
     )
-    return json_response(200, written(ctx, persisted))
+    return json_response(200, {**written(ctx, persisted), "removed": name})
 
 
 @router.put(
@@ -60,7 +60,7 @@ async def drain(
         persisted = await control.change_fleet(
             who, "undrain", name, backend.draining, False, deletes=[f"drain:{name}"]
         )
-    return json_response(200, written(ctx, persisted))
+    return json_response(200, {**written(ctx, persisted), "backend": control.describe_backend(name)})
 
 
 @router.post("/admin/backends/{name}/drain", response_model=OkResponse, summary="Drain a backend")

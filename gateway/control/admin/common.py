@@ -31,8 +31,8 @@ NO_STORE = {"cache-control": "no-store"}
 @dataclass(frozen=True, slots=True)
 class AdminContext:
     """What the admin API acts on: the operator's verbs, the admin guard, API keys (None when off),
-    routing's dry run, the models served now (API keys' model lists are checked against them) and
-    the spend report (None without an admission stage)."""
+    routing's dry run, the models served now (API keys' model lists are checked against them), the
+    spend report (None without an admission stage) and the configured tiers."""
 
     control: FleetControl
     authorize: Authorize
@@ -40,6 +40,8 @@ class AdminContext:
     explain: Explain
     served: Callable[[], Collection[str]]
     spend: SpendQuery | None
+    #: the configured limits tiers and the default one (what a new API key may name)
+    tiers: Callable[[], tuple[list[str], str]]
 
 
 def context(request: Request) -> AdminContext:

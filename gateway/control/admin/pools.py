@@ -36,10 +36,13 @@ async def pools(who: Admin, ctx: Ctx) -> Response:
         {"action": p.entry.action, "target": p.entry.target, "after": p.entry.after, "ts": p.entry.ts}
         for p in control.pending
     ]
-    return json_response(
-        200,
-        {"pools": control.describe_fleet(), "shared_state": control.store.shared, "not_persisted": pending},
-    )
+    body = {
+        "pools": control.describe_fleet(),
+        "removed_backends": control.removed_backends(),
+        "shared_state": control.store.shared,
+        "not_persisted": pending,
+    }
+    return json_response(200, body)
 
 
 @router.put("/admin/pools/{pool}/weight", response_model=OkResponse, summary="Set a pool's routing weight")
@@ -51,7 +54,23 @@ async def set_weight(pool: str, body: WeightBody, who: Admin, ctx: Ctx) -> Respo
     persisted = await control.change_fleet(
         who, "set_weight", pool, current.weight, body.weight, updates={f"weight:{pool}": body.weight}
     )
-    return json_response(200, written(ctx, persisted))
+    return json_response(200, {**written(ctx, persisted), "pool": control.describe_pool(pool)})
+
+
+@router.delete(
+    "/admin/pools/{pool}/weight",
+    response_model=OkResponse,
+    summary="Return a pool's weight to the config file's",
+)
+async def reset_weight(pool: str, who: Admin, ctx: Ctx) -> Response:
+    control = ctx.control
+    current = control.fleet.pools.get(pool)
+    if current is None:
+        raise not_found("pool", pool, "pool_not_found")
+    persisted = await control.change_fleet(
+        who, "reset_weight", pool, current.weight, "file", deletes=[f"weight:{pool}"]
+    )
+    return json_response(200, {**written(ctx, persisted), "pool": control.describe_pool(pool)})
 
 
 @router.post(
@@ -76,4 +95,4 @@ async def add_backend(pool: str, body: BackendBody, who: Admin, ctx: Ctx) -> Res
         updates={f"add:{body.name}": {"pool": pool, "url": url}},
         deletes=[f"remove:{body.name}"],
     )
-    return json_response(201, written(ctx, persisted))
+    return json_response(201, {**written(ctx, persisted), "backend": control.describe_backend(body.name)})

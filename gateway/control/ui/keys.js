@@ -65,7 +65,7 @@ async function create(ev) {
   const text = (id) => byId(id).value.trim();
   const body = {
     user: text("key-user"),
-    tier: text("key-tier") || "default",
+    tier: byId("key-tier").value || undefined,
     name: text("key-name"),
     roles: list(text("key-roles")),
     deny_models: list(text("key-deny")),
@@ -88,9 +88,18 @@ async function create(ev) {
   load();
 }
 
+/** The tier select offers the configured tiers, the default one chosen unless another already is. */
+function tierChoices(tiers, chosen) {
+  const select = byId("key-tier");
+  const keep = tiers.includes(select.value) ? select.value : chosen;
+  select.replaceChildren(...tiers.map((t) => el("option", { value: t }, t === chosen ? `${t} (default)` : t)));
+  select.value = keep;
+}
+
 async function load() {
   try {
     const data = await get("/admin/api-keys");
+    tierChoices(data.tiers, data.default_tier);
     const rows = data.keys.map((k) => {
       const revoke = el("button", { type: "button", class: "danger", "data-revoke": k.id }, "Revoke");
       let armed = null;
