@@ -27,6 +27,7 @@ from typing import Any
 
 from engines.errors import ApiError
 from gateway.admission.limits import FailoverLimiter, LimiterUnavailable, Meter, Spend, Ticket
+from gateway.admission.principals import Principals
 from gateway.admission.settings import LimitsSettings
 from gateway.admission.spend import PeriodClock, SpendBook
 from gateway.core.context import Principal, RequestContext
@@ -95,6 +96,8 @@ class AdmitStage:
         self._ids = itertools.count()
         self._id_prefix = os.urandom(6).hex() + "-"
         self.book = book or SpendBook(settings)
+        #: where the spend report finds a user's tenant and tier (None: not recorded)
+        self.principals: Principals | None = None
         self._clock = clock or PeriodClock()
         self._prices: dict[str, Price] = {}
 
@@ -160,6 +163,8 @@ class AdmitStage:
         plan = self.book.plan(principal, self._reconciled(scopes))
         if not scopes and plan is None and share is None:
             return None
+        if plan is not None and self.principals is not None:
+            self.principals.remember(principal)
         model = ctx.model
         assert model is not None, "the parse stage resolves the model"
         prompt = _prompt_tokens(ctx)

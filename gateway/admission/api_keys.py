@@ -14,6 +14,7 @@ hash tag so create/revoke are one MULTI:
 
     gw:{apikeys}:by_digest   hash  digest → record JSON
     gw:{apikeys}:by_id       hash  key id → digest
+    gw:{apikeys}:revoked     hash  key id → the revoked key's record (its spend stays readable)
 
 Without Redis, the same in memory (this process only). `resolve` caches answers (also "no such key")
 for `cache_ttl_s`, so a revocation reaches the other replicas within that time (at once on the
@@ -48,6 +49,7 @@ PREFIX = "sk-gw-"
 _MUTABLE = frozenset({"allow_models", "deny_models", "budgets"})
 _BY_DIGEST = "gw:{apikeys}:by_digest"
 _BY_ID = "gw:{apikeys}:by_id"
+_REVOKED = "gw:{apikeys}:revoked"
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,11 +134,16 @@ class KeyBackend(Protocol):
         """Store `record` in place of the key with its id; False when that key no longer exists."""
         ...
 
+    async def revoked(self, key_id: str) -> ApiKeyRecord | None:
+        """The record of a key deleted (revoked) earlier."""
+        ...
+
 
 class MemoryBackend:
     def __init__(self) -> None:
         self._by_digest: dict[str, ApiKeyRecord] = {}
         self._by_id: dict[str, str] = {}
+        self._revoked: dict[str, ApiKeyRecord] = {}
 
     async def get(self, digest: str) -> ApiKeyRecord | None:
         return self._by_digest.get(digest)
@@ -149,8 +156,13 @@ class MemoryBackend:
         digest = self._by_id.pop(key_id, None)
         if digest is None:
             return False
-        self._by_digest.pop(digest, None)
+        record = self._by_digest.pop(digest, None)
+        if record is not None:
+            self._revoked[key_id] = record
         return True
+
+    async def revoked(self, key_id: str) -> ApiKeyRecord | None:
+        return self._revoked.get(key_id)
 
     async def all(self) -> list[ApiKeyRecord]:
         return list(self._by_digest.values())
@@ -194,11 +206,18 @@ class RedisBackend:
         digest = await self._r.hget(_BY_ID, key_id)
         if digest is None:
             return False
+        raw = await self._r.hget(_BY_DIGEST, digest)
         async with self._r.pipeline(transaction=True) as p:
             p.hdel(_BY_DIGEST, digest)
             p.hdel(_BY_ID, key_id)
+            if raw:
+                p.hset(_REVOKED, key_id, raw)
             await p.execute()
         return True
+
+    async def revoked(self, key_id: str) -> ApiKeyRecord | None:
+        raw = await self._r.hget(_REVOKED, key_id)
+        return ApiKeyRecord.from_json(raw) if raw else None
 
     async def all(self) -> list[ApiKeyRecord]:
         raw = await self._r.hvals(_BY_DIGEST)
@@ -309,6 +328,14 @@ class ApiKeys:
 
     async def get(self, key_id: str) -> ApiKeyRecord | None:
         return await self._backend.by_id(key_id)
+
+    async def get_any(self, key_id: str) -> tuple[ApiKeyRecord, bool] | None:
+        """A key's record and whether it was revoked (revoked keys keep their record), or None."""
+        record = await self._backend.by_id(key_id)
+        if record is not None:
+            return record, False
+        gone = await self._backend.revoked(key_id)
+        return (gone, True) if gone is not None else None
 
     async def list(self) -> list[ApiKeyRecord]:
         records = await self._backend.all()

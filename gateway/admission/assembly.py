@@ -34,6 +34,7 @@ from gateway.admission.limits_local import LocalLimiter
 from gateway.admission.limits_redis import RedisLimiter
 from gateway.admission.media import MediaStage
 from gateway.admission.media_fetch import MediaFetcher
+from gateway.admission.principals import Principals
 from gateway.admission.sanitise import SanitiseStage
 from gateway.admission.settings import AuthSettings, LimitsSettings, SanitiseSettings
 from gateway.admission.spend import PeriodClock, SpendBook, SpendReport
@@ -138,6 +139,8 @@ class Admission:
         #: budgets and spend ledgers per principal (the admit stage), and what `GET /admin/spend` reads
         self.spend_book = SpendBook(limits)
         self.spend = SpendReport(self.limiter, self.spend_book, PeriodClock())
+        #: each user's tenant and tier as last seen (the spend report's lookup)
+        self.principals = Principals()
 
     # -- stages -----------------------------------------------------------------------------------
     def authenticate_stages(self) -> list[AuthenticateStage]:
@@ -201,6 +204,7 @@ class Admission:
             book=self.spend_book,
             share=share,
         )
+        stage.principals = self.principals
         return [stage]
 
     async def principal(self, headers: dict[bytes, bytes]) -> Principal:
@@ -237,14 +241,20 @@ class Admission:
         when the user has one; `tier` says which budgets to show), or one tenant. ApiError 400 for a
         bad query, 404 for an unknown key, 503 when the store is unreachable."""
         budgets: tuple[Budget, ...]
+        revoked = False
         try:
             if key_id is not None:
-                record = await self.api_keys.get(key_id)
-                if record is None:
+                found = await self.api_keys.get_any(key_id)
+                if found is None:
                     raise ApiError(404, f"No API key with id {key_id!r}.", code="api_key_not_found")
+                record, revoked = found
                 kind, user, tenant, budgets = "key", record.user, record.tenant, record.budgets
             elif user is not None:
                 kind = "user"
+                seen = await self.principals.lookup(user) if tenant is None or tier is None else None
+                if seen is not None and (tenant is None or seen["tenant"] == tenant):
+                    tenant = seen["tenant"]
+                    tier = tier or seen["tier"]
                 budgets = self.spend_book.tier_budgets(tier or self._limits.default_tier)
             elif tenant is not None:
                 kind, budgets = "tenant", self.spend_book.tenant_budgets(tenant)
@@ -270,6 +280,8 @@ class Admission:
             ) from None
         if kind == "user":
             report["tier"] = tier or self._limits.default_tier
+        if kind == "key":
+            report["revoked"] = revoked
         return report
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -291,6 +303,7 @@ class Admission:
             )
             self.limiter.bind(self._redis_limiter, redis.ping)
             self.api_keys.bind(RedisBackend(redis))
+            self.principals.bind(redis)
         if self.jwks is not None:
             await self.jwks.start()
         log.info("%s", self.describe(redis is not None))

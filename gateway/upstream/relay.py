@@ -20,7 +20,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from engines.base import StreamDecoder, StreamWriter
+from engines.base import StreamDecoder, StreamWriter, Usage
 from engines.errors import ApiError
 from gateway.core.context import RequestContext
 from gateway.core.disconnect import ClientWatch
@@ -81,6 +81,7 @@ class StreamRelay:
         "_decoder",
         "_disconnected",
         "_encoder",
+        "_events",
         "_first",
         "_idle_s",
         "_last",
@@ -131,6 +132,8 @@ class StreamRelay:
         self._timed_out = False
         self._disconnected = False
         self._complete = False
+        #: events relayed (the engines stream a token an event): what a cut stream is billed
+        self._events = 0
 
     async def __call__(self, send: Send, receive: Receive) -> None:
         # Neither a client disconnect nor the idle watchdog cancels this task: both close the
@@ -172,6 +175,7 @@ class StreamRelay:
                 out = b""
                 for payload in splitter.feed(chunk):
                     events = decoder.feed(payload)
+                    self._events += len(events)
                     for ev in events:
                         if isinstance(ev, ApiError):
                             self.ctx.error_kind = "engine_error"
@@ -226,7 +230,14 @@ class StreamRelay:
             pass
 
     async def _end_with_error(self, send: Send, err: ApiError, prefix: bytes = b"") -> None:
-        self.ctx.usage = self._encoder.usage
+        """The engine failed, went silent or was cut mid-stream: the error events. Without the
+        engine's usage, the request is billed its prompt estimate and the tokens relayed."""
+        usage = self._encoder.usage
+        if usage is None:
+            features = self.ctx.extras.get("features")
+            prompt = features.prompt_tokens if features is not None else 0
+            usage = Usage(prompt_tokens=prompt, completion_tokens=self._events)
+        self.ctx.usage = usage
         await send(
             {"type": "http.response.body", "body": prefix + self._encoder.error(err), "more_body": False}
         )
