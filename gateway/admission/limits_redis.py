@@ -59,6 +59,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.admission.limits import Spend, SpendFigures, StoreDown, Ticket
+from gateway.core.outage_log import OutageLog
 from gateway.core.redis_wire import ReplyError, RespClient, WireDown
 from gateway.core.shared_load import LoadShare, ShareAsk, ShareReply
 from gateway.core.tasks import cancel_and_wait, stop_requested
@@ -599,6 +600,8 @@ class RedisLimiter:
         self._share: LoadShare | None = None
         self._shared_at = 0.0
         self._reporter: asyncio.Task[None] | None = None
+        self._report_log = OutageLog(log, "reporting the routing counts to Redis")
+        self._renew_log = OutageLog(log, "renewing the concurrency slots' leases in Redis")
 
     def bind_share(self, share: LoadShare) -> None:
         """Carry `share`'s routing state in this limiter's calls (gateway/core/shared_load.py)."""
@@ -715,10 +718,11 @@ class RedisLimiter:
                 continue
             try:
                 await self.report()
+                self._report_log.worked()
             except Exception as exc:  # the next period tries again
                 if stop_requested():
                     return
-                log.warning("reporting the routing counts failed: %s", exc)
+                self._report_log.failed(exc)
 
     async def report(self) -> None:
         """Rewrite this process's counts in the store and read the others' (the renewer's call)."""
@@ -753,10 +757,11 @@ class RedisLimiter:
                 continue
             try:
                 await self.renew_all()
+                self._renew_log.worked()
             except Exception as exc:  # the next period tries again; leases outlive two misses
                 if stop_requested():  # the cancel was swallowed on its way (gateway/core/tasks.py)
                     return
-                log.warning("renewing %d concurrency slots failed: %s", len(self._held), exc)
+                self._renew_log.failed(exc)
 
     async def renew_all(self) -> None:
         """Extend the lease of every slot this replica holds (one pipelined round trip)."""

@@ -38,6 +38,7 @@ import orjson
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from gateway.core.outage_log import OutageLog
 from gateway.core.overrides import Overrides
 from gateway.core.tasks import cancel_and_wait, stop_requested
 
@@ -165,8 +166,7 @@ class RedisStore:
         self._generation: bytes | str | None = None
         self._fields: dict[str, Any] = {}
         self._audit_len = 0
-        #: when the poll first failed in the current outage (None: reachable)
-        self._down_since: float | None = None
+        self._outage = OutageLog(log, "reading the shared state (Redis; the last known overrides stay)")
 
     async def start(
         self, on_change: Callable[[Overrides], None], on_reset: OnReset | None = None
@@ -232,21 +232,13 @@ class RedisStore:
                     await self._reset(generation)
                     continue
                 self._audit_len = audit_len
-                if int(version or 0) != self._version or self._down_since is not None:
-                    await self._refresh()
-                if self._down_since is not None:
-                    log.warning(
-                        "shared state reachable again after %.0f s", time.monotonic() - self._down_since
-                    )
-                    self._down_since = None
+                if int(version or 0) != self._version or self._outage.failing:
+                    await self._refresh()  # after an outage: the replica's pending changes go out
+                self._outage.worked()
             except (RedisError, OSError) as exc:
                 if stop_requested():
                     return
-                if self._down_since is None:  # once an outage, not once a poll
-                    self._down_since = time.monotonic()
-                    log.warning(
-                        "shared state unreachable (%s); keeping the last known overrides", type(exc).__name__
-                    )
+                self._outage.failed(exc)
 
     async def _reset(self, seen: bytes | str | None) -> None:
         """The marker is gone (Redis came back empty) or another replica has already set a new one."""
