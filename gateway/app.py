@@ -172,7 +172,8 @@ class Gateway:
         sanitise = self.admission.sanitise_stage(features)
         validate = ValidateStage()
         media = self.admission.media_stage(self._engine_hosts)
-        proxy = ProxyStage(transport, s.upstream, route.reroute, self._on_upstream_error)
+        route.models, route.permits = self.models, self.admission.permits
+        proxy = ProxyStage(transport, s.upstream, route.reroute, self._on_upstream_error, route.fallback)
         permits = self.admission.permits
         parse = ParseStage(self.models, s.server.max_body_bytes, permits)
         apis = self.apis

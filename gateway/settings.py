@@ -98,6 +98,12 @@ class Settings(SettingsModel):
                 raise ValueError(
                     f"pool {pool.name!r} serves models not listed under models: {sorted(unknown)}"
                 )
+        for m in self.models:
+            strays = [f for f in m.fallbacks if f not in model_names or f == m.name]
+            if strays:
+                raise ValueError(
+                    f"model {m.name!r} falls back to models not listed under models (or itself): {strays}"
+                )
         for where, scope in self.limits.scopes():
             unknown = scope.named_models() - model_names
             if unknown:

@@ -19,6 +19,7 @@ that rides in the same call, and in the finalizer's, so it is made for every req
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import time
@@ -198,7 +199,12 @@ class AdmitStage:
                 counts = None
                 if usage is not None:
                     counts = (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens or 0)
-                final = settle(spend.reserved, price, counts, reached)
+                served = ctx.model
+                charged = price
+                if served is not None and served.name != spend.model:  # a fallback model served it
+                    ticket.spend = dataclasses.replace(spend, model=served.name)
+                    charged = self._price(served)
+                final = settle(spend.reserved, charged, counts, reached)
             await self._limiter.finish(ticket, kept, final, share is not None)
 
         ctx.finalizers.append(release)

@@ -50,11 +50,16 @@ class MessagesAnswer:
     def body(self, dialect: Dialect, data: bytes) -> tuple[bytes, Usage]:
         completion = dialect.decode_response("chat", data)
         self.finish_reasons = tuple(c.finish_reason for c in completion.choices if c.finish_reason)
-        return encode_message(completion, id=new_message_id(), model=self._model), completion.usage
+        return encode_message(completion, id=new_message_id(), model=self._served()), completion.usage
+
+    def _served(self) -> str:
+        """The model that answers: the one asked for, or the fallback that took over."""
+        model = self._ctx.model
+        return model.name if model is not None else self._model
 
     def stream(self) -> StreamWriter:
         return MessagesStream(
-            id=new_message_id(), model=self._model, input_tokens_estimate=_estimate(self._ctx)
+            id=new_message_id(), model=self._served(), input_tokens_estimate=_estimate(self._ctx)
         )
 
     async def complete(self) -> None:

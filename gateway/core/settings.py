@@ -112,6 +112,9 @@ class ModelSettings(SettingsModel):
     #: the model's tokenizer for KV-event routing: a directory with `tokenizer.json` and
     #: `tokenizer_config.json` (its chat template), or `sim` for the simulators'; None: not tokenized
     tokenizer: str | None = None
+    #: models tried, in order, when none of this model's backends can take a request or all fail
+    #: before the answer starts (never once a byte went to the client)
+    fallbacks: list[str] = Field(default_factory=list)
 
 
 class HealthSettings(SettingsModel):

@@ -12,13 +12,14 @@ import dataclasses
 import math
 import random
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from engines.errors import ApiError, model_not_found
-from gateway.core.context import RequestContext
+from gateway.core.context import Principal, RequestContext
 from gateway.core.fleet import Fleet, Pool
 from gateway.core.responses import Response, safe_header_value
+from gateway.core.settings import ModelSettings
 from gateway.routing.shared_load import SharedLoad
 from gateway.routing.tokens import PromptTokens
 from gateway.routing.warmup import Warmups
@@ -55,6 +56,9 @@ class RouteStage:
         self.shared: SharedLoad | None = None
         #: background prefills of a hot group's next holder (`Decision.warm`; set by the root), or None
         self.warmups: Warmups | None = None
+        #: the models a fallback may switch to, and who may use which (set by the root)
+        self.models: Mapping[str, ModelSettings] = {}
+        self.permits: Callable[[Principal, str], bool] = lambda principal, model: True
 
     async def prepare(self, ctx: RequestContext) -> RequestFeatures:
         """The request's features, with its token blocks when the engines' events are consumed
@@ -113,8 +117,49 @@ class RouteStage:
             raw = ctx.headers.get(PIN_HEADER)
             if raw:
                 pin = ctx.extras["pin"] = raw.decode("latin-1")
-        self._apply(ctx, self.decide(self.snapshot(now), ctx, pin))
+        try:
+            decision = self.decide(self.snapshot(now), ctx, pin)
+        except ApiError as err:
+            if err.status != 503 or not self.fallback(ctx):
+                raise
+            return None
+        self._apply(ctx, decision)
         return None
+
+    def fallback(self, ctx: RequestContext) -> bool:
+        """Switch the request to the next of its model's fallbacks (`models[].fallbacks`) that the
+        caller may use, that fits its prompt and that has a backend to take it; False when none is
+        left. The answer names the model that served (`model`, `x-gateway-model`), and limits and
+        budgets charge it."""
+        assert ctx.model is not None
+        left: list[str] = ctx.extras.setdefault("fallbacks", list(ctx.model.fallbacks))
+        features: RequestFeatures = ctx.extras["features"]
+        snapshot = self.snapshot(time.monotonic())
+        while left:
+            model = self.models.get(left.pop(0))
+            if model is None or not self.permits(ctx.principal, model.name):
+                continue
+            if features.longest_prompt_tokens >= model.context_length:
+                continue
+            candidate = dataclasses.replace(features, model=model.name, prompt=None)
+            try:
+                decision = self.router.decide(
+                    snapshot, candidate, self._random.random(), pin=ctx.extras.get("pin")
+                )
+            except RoutingError:
+                continue
+            ctx.model = model
+            ctx.extras["features"] = candidate
+            headers = ctx.response_headers
+            headers[:] = [h for h in headers if h[0] != b"x-gateway-model"]
+            headers.append((b"x-gateway-model", self._header_value(model.name)))
+            self._apply(
+                ctx,
+                decision._replace(reason="fallback+" + decision.reason, warm=None, warm_tokens=0),
+                retry=True,
+            )
+            return True
+        return False
 
     def decide(
         self,

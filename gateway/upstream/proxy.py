@@ -53,6 +53,8 @@ UpstreamHeaders = dict[str, str]
 
 #: picks another backend for a retry, never one in `exclude`; raises ApiError when none is left
 Reroute = Callable[[RequestContext, set[str]], None]
+#: switches the request to its model's next fallback model and a backend of it; False when none is left
+Fallback = Callable[[RequestContext], bool]
 
 
 class _Retry(Exception):
@@ -72,7 +74,9 @@ class ProxyStage:
         settings: UpstreamSettings,
         reroute: Reroute,
         on_upstream_error: OnFailure,
+        fallback: Fallback | None = None,
     ) -> None:
+        self._fallback = fallback
         self._transport = transport
         self._timeouts = settings.timeouts
         self._max_attempts = settings.retries.max_attempts
@@ -105,6 +109,7 @@ class ProxyStage:
         tried: set[str] = set()
         self._budget.on_request(time.monotonic())
         last_error: ApiError = overloaded()
+        first = 0  # attempts made before the current model's (a fallback model starts afresh)
         built_for = None
         upstream_body = b""
         while True:
@@ -147,14 +152,22 @@ class ProxyStage:
             except BaseException:
                 lease.release()
                 raise
-            if ctx.attempts >= self._max_attempts or not self._budget.try_spend(time.monotonic()):
+            exhausted = ctx.attempts - first >= self._max_attempts or not self._budget.try_spend(
+                time.monotonic()
+            )
+            if not exhausted:
+                try:
+                    self._reroute(ctx, tried)
+                    continue
+                except ApiError:
+                    pass
+            # this model's backends are spent: its fallback model, with attempts of its own
+            if self._fallback is None or not self._fallback(ctx):
                 ctx.error_kind = "upstream_exhausted"
                 raise last_error
-            try:
-                self._reroute(ctx, tried)
-            except ApiError:
-                ctx.error_kind = "upstream_exhausted"
-                raise last_error from None
+            tried.clear()
+            first = ctx.attempts
+            built_for = None
 
     # -- non-streamed -----------------------------------------------------------------------------
     async def _complete(
