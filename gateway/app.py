@@ -58,6 +58,7 @@ from gateway.routing.stage import RouteStage
 from gateway.routing.tokens import build_prompt_tokens, tokenizer_problem
 from gateway.routing.warmup import Warmups
 from gateway.settings import ConfigError, PoolSettings, Settings, diff_settings, load_settings
+from gateway.upstream.credentials import KeyedTransport, read_keys
 from gateway.upstream.h1 import H1Transport
 from gateway.upstream.health import HealthChecker
 from gateway.upstream.proxy import ProxyStage
@@ -270,6 +271,12 @@ class Gateway:
                 max_per_host=up.max_connections_per_backend,
                 keepalive_s=up.keepalive_s,
             )
+        keys, problems = read_keys(self.settings.pools)
+        if problems:
+            raise RuntimeError("the engines' keys cannot be read: " + "; ".join(problems))
+        self.fleet.set_keys(*keys)
+        # every request to an engine carries its key, whoever sends it (proxy, probes, warm-ups)
+        self._transport = KeyedTransport(self._transport, self.fleet.authorization)
         store: Store = self.control.store
         if self.settings.redis.configured:
             # standalone, sentinel or cluster (redis.mode); a RedisCluster speaks the same commands
@@ -505,6 +512,12 @@ class Gateway:
             raise ConfigRefused(
                 [{"file": path, "line": None, "key": "models", "message": p} for p in missing]
             )
+        keys, unreadable = await asyncio.to_thread(read_keys, fresh.pools)
+        if unreadable:
+            raise ConfigRefused(
+                [{"file": path, "line": None, "key": "pools", "message": p} for p in unreadable]
+            )
+        self.fleet.set_keys(*keys)  # a rotated secret is read again here
         changed = diff_settings(self.settings, fresh)
         live = [k for k in changed if k.startswith(LIVE_SETTINGS) and ".tokenizer" not in k]
         restart = [k for k in changed if k not in live]

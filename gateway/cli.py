@@ -36,6 +36,7 @@ def _checked(command: str, path: str) -> Settings:
     process exits with one line per problem otherwise)."""
     from gateway.routing.tokens import tokenizer_problem
     from gateway.settings import ConfigError, load_settings
+    from gateway.upstream.credentials import read_keys
 
     try:
         settings = load_settings(path)
@@ -43,6 +44,7 @@ def _checked(command: str, path: str) -> Settings:
         sys.exit(_config_errors(command, exc))
     # a tokenizer that is not there is a deployment error, said before any worker starts
     problems = [p for m in settings.models if m.tokenizer and (p := tokenizer_problem(m.name, m.tokenizer))]
+    problems += read_keys(settings.pools)[1]
     if problems:
         sys.exit(f"{command}: " + "; ".join(problems))
     return settings

@@ -13,6 +13,7 @@ A stream that fails after its 200 sends one `data: {"error": ...}` event and `[D
 from __future__ import annotations
 
 import asyncio
+import hmac
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine
@@ -271,11 +272,19 @@ class SimApp(ABC):
             if scope["type"] == "lifespan":
                 await self._lifespan(receive, send)
             return
+        key = self.cfg.api_key
+        if key is not None and self.guarded(scope["path"]) and not _bearer_is(scope, key):
+            await asgi.send_bytes(send, 401, b'{"error":"Unauthorized"}')
+            return
         handler = self.routes.get((scope["method"], scope["path"])) or self.fallback(scope)
         if handler is None:
             await asgi.send_bytes(send, 404, _NOT_FOUND)
             return
         await handler(scope, receive, send)
+
+    def guarded(self, path: str) -> bool:
+        """Does `--api-key` guard `path`? (the simulator's own `/sim/*` controls never)"""
+        return not path.startswith("/sim/")
 
     def fallback(self, scope: Scope) -> Handler | None:
         """Handler for paths not in `routes` (e.g. with path parameters); None → 404."""
@@ -466,3 +475,12 @@ class SimApp(ABC):
         self.engine.stats.reset()
         self.engine.reset_cache(when_busy=True)
         await asgi.send_json(send, 200, {"ok": True})
+
+
+def _bearer_is(scope: Scope, key: str) -> bool:
+    """The request's `Authorization` is `Bearer <key>` (compared in constant time)."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), key.encode())
+    return False

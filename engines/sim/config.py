@@ -60,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     g = parser.add_argument_group("engine features (same flags as the real engines)")
     _add(g, "--enable-auto-tool-choice", action="store_true", help="vLLM: allow tool_choice=auto")
+    _add(g, "--api-key", default=None, help="require `Authorization: Bearer <key>` as the engine does")
     _add(g, "--tool-call-parser", default=None, help="e.g. hermes, qwen25; enables tool parsing")
     _add(g, "--reasoning-parser", default=None, help="e.g. qwen3, deepseek_r1; enables reasoning")
     _add(g, "--exclude-tools-when-tool-choice-none", action="store_true", help="vLLM")
@@ -220,6 +221,8 @@ class SimConfig:
     log_level: str = "warning"
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
+    #: `--api-key`: requests on the paths the engine guards need it as a bearer token
+    api_key: str | None = None
     reasoning_parser: str | None = None
     exclude_tools_when_tool_choice_none: bool = False
     enable_force_include_usage: bool = False
@@ -305,6 +308,7 @@ class SimConfig:
             log_level=a.log_level,
             enable_auto_tool_choice=a.enable_auto_tool_choice,
             tool_call_parser=a.tool_call_parser,
+            api_key=a.api_key,
             reasoning_parser=a.reasoning_parser,
             exclude_tools_when_tool_choice_none=a.exclude_tools_when_tool_choice_none,
             enable_force_include_usage=a.enable_force_include_usage,

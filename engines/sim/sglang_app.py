@@ -81,6 +81,10 @@ def sglang_constraint(body: dict[str, Any]) -> Constraint | None:
 class SglangApp(SimApp):
     """ASGI app speaking SGLang's dialect."""
 
+    def guarded(self, path: str) -> bool:
+        """SGLang's `--api-key` guards every path but health, readiness and metrics."""
+        return not path.startswith(("/health", "/ready", "/metrics", "/sim/"))
+
     def __init__(self, cfg: SimConfig) -> None:
         super().__init__(cfg)
         ext = self._ext = SglangEndpoints(cfg, self.engine)

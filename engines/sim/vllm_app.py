@@ -92,8 +92,16 @@ def structured_outputs_constraint(so: Any) -> Constraint | None:
     return None
 
 
+#: the paths vLLM's `--api-key` guards (its AuthenticationMiddleware)
+_GUARDED = ("/v1", "/v2", "/inference", "/cohere")
+
+
 class VllmApp(SimApp):
     """ASGI app speaking vLLM's dialect."""
+
+    def guarded(self, path: str) -> bool:
+        """vLLM's `--api-key` guards `/v1`, `/v2`, `/inference` and `/cohere` (not health or metrics)."""
+        return path.startswith(_GUARDED)
 
     def __init__(self, cfg: SimConfig) -> None:
         super().__init__(cfg)

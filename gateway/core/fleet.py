@@ -141,6 +141,10 @@ class Fleet:
         self.pools: dict[str, Pool] = {}
         self.backends: dict[str, Backend] = {}
         self._snapshot: FleetSnapshot | None = None  # the last one (`snapshot`)
+        #: engines' bearer keys by pool and by backend (`set_keys`), and by backend base URL
+        self._pool_keys: dict[str, str] = {}
+        self._backend_keys: dict[str, str] = {}
+        self._keys_by_url: dict[str, str] = {}
         for ps in pools:
             pool = Pool(
                 name=ps.name,
@@ -167,14 +171,37 @@ class Fleet:
         )
         pool.backends[bs.name] = backend
         self.backends[bs.name] = backend
+        self._key_of(backend)
         return backend
 
     def remove_backend(self, name: str) -> Backend:
         backend = self.backends.pop(name)
+        self._keys_by_url.pop(backend.url, None)
         pool = self.pools.get(backend.pool)
         if pool is not None:
             pool.backends.pop(name, None)
         return backend
+
+    def set_keys(self, pool_keys: dict[str, str], backend_keys: dict[str, str]) -> None:
+        """The engines' bearer keys (gateway/upstream/credentials.py): a backend's own, else its
+        pool's; backends added later take their pool's."""
+        self._pool_keys, self._backend_keys = pool_keys, backend_keys
+        self._keys_by_url = {}
+        for backend in self.backends.values():
+            self._key_of(backend)
+
+    def _key_of(self, backend: Backend) -> None:
+        key = self._backend_keys.get(backend.name) or self._pool_keys.get(backend.pool)
+        if key is not None:
+            self._keys_by_url[backend.url] = key
+
+    def authorization(self, url: str) -> str | None:
+        """The `authorization` header for a request to `url` (a backend's URL and a path)."""
+        keys = self._keys_by_url
+        if not keys:
+            return None
+        end = url.find("/", url.find("//") + 2)
+        return keys.get(url if end < 0 else url[:end])
 
     def set_weight(self, pool_name: str, weight: float) -> None:
         self.pools[pool_name].weight = weight

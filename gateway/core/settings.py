@@ -50,7 +50,27 @@ class KvEventsSettings(SettingsModel):
     replay_endpoint: str | None = Field(None, pattern=r"^(tcp|ipc)://.+")
 
 
-class BackendSettings(SettingsModel):
+class EngineKeySource(SettingsModel):
+    """Where the bearer key of engines started with `--api-key` comes from: an environment variable
+    or a mounted secret file, never the YAML itself (gateway/upstream/credentials.py)."""
+
+    #: the name of an environment variable holding the key
+    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    #: a file holding the key (a mounted Kubernetes or Docker secret); surrounding whitespace is dropped
+    api_key_file: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EngineKeySource:
+        if self.api_key_env is not None and self.api_key_file is not None:
+            raise ValueError("give the engines' key as api_key_env or api_key_file, not both")
+        return self
+
+    @property
+    def has_key(self) -> bool:
+        return self.api_key_env is not None or self.api_key_file is not None
+
+
+class BackendSettings(EngineKeySource):
     #: an opaque name shown to operators; never shown to clients
     name: str
     url: str
@@ -65,7 +85,7 @@ class BackendSettings(SettingsModel):
         return v.rstrip("/")
 
 
-class PoolSettings(SettingsModel):
+class PoolSettings(EngineKeySource):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     dialect: Literal["vllm", "sglang"]
     weight: float = Field(1.0, ge=0)

@@ -312,8 +312,20 @@ class ProxyStage:
         """The engine answered an error before any byte went out: fail over, or answer it re-shaped."""
         assert ctx.pool is not None and ctx.model is not None
         if status == 404:
-            self._log_misconfigured(lease.backend, ctx.pool.models[ctx.model.name])
+            served = ctx.pool.models[ctx.model.name]
+            self._log_misconfigured(
+                lease.backend,
+                f"answered 404 for its configured served model name {served!r}: the engine serves it under "
+                "another name, or the backend URL is wrong (pools[].models, --served-model-name)",
+            )
             raise _Retry("misconfigured", misconfigured())
+        if status in (401, 403):
+            self._log_misconfigured(
+                lease.backend,
+                f"answered {status}: it refuses the gateway's key (pools[].api_key_env or api_key_file must hold "
+                "the key the engine was started with, --api-key)",
+            )
+            raise _Retry("engine_auth", engine_auth_refused())
         err = ctx.pool.dialect.decode_error(status, data, ctx.endpoint)
         if status in RETRYABLE_STATUS:
             raise _Retry(f"status_{status}", err)
@@ -325,19 +337,13 @@ class ProxyStage:
         await self._end(ctx, lease, False)
         return error_response(err, ctx.response_headers, ctx.render_error)
 
-    def _log_misconfigured(self, backend: Backend, served: str) -> None:
+    def _log_misconfigured(self, backend: Backend, what: str) -> None:
+        """A line for the operator about a backend the config does not match (rate-limited)."""
         now = time.monotonic()
         if now - self._misconfigured_logged.get(backend.name, -_MISCONFIGURED_LOG_S) < _MISCONFIGURED_LOG_S:
             return
         self._misconfigured_logged[backend.name] = now
-        log.error(
-            "backend %s (pool %s) answered 404 for its configured served model name %r: the engine serves "
-            "it under another name, or the backend URL is wrong (pools[].models, --served-model-name); "
-            "clients get 502",
-            backend.name,
-            backend.pool,
-            served,
-        )
+        log.error("backend %s (pool %s) %s; clients get 502", backend.name, backend.pool, what)
 
     async def _end(self, ctx: RequestContext, lease: Lease, ok: bool) -> None:
         """The engine's part of the request is over, answered in full (`ok`) or not: the attempt's
@@ -393,6 +399,16 @@ def misconfigured() -> ApiError:
         502,
         "The gateway's upstream server is misconfigured for this model. Please contact the gateway's operator.",
         type="server_error",
+    )
+
+
+def engine_auth_refused() -> ApiError:
+    """The client's answer when the engine refuses the gateway's key (the operator's error)."""
+    return ApiError(
+        502,
+        "The gateway's upstream server refused the gateway's credentials. Please contact the gateway's operator.",
+        type="server_error",
+        code="upstream_auth",
     )
 
 
