@@ -1,4 +1,4 @@
-"""The `gateway` command: serve, config check, demo, sim, token, --version."""
+"""The `gateway` command: serve, config check, check, demo, sim, token, --version."""
 
 from __future__ import annotations
 
@@ -18,6 +18,30 @@ def _serve(args: argparse.Namespace) -> None:
     os.environ["GATEWAY_CONFIG"] = os.path.abspath(args.config)
     settings = _checked("gateway serve", args.config)
     serve(settings, config_path=os.environ["GATEWAY_CONFIG"])
+
+
+def _check(args: argparse.Namespace) -> None:
+    import asyncio
+
+    from gateway.check import Unreachable, check_config, check_url, failed, table
+
+    if (args.url is None) == (args.config is None):
+        sys.exit("gateway check: give --url URL --admin-token TOKEN, or --config FILE")
+    if args.url is not None and not args.admin_token:
+        sys.exit("gateway check: --url needs --admin-token (a JWT with the admin role)")
+    if args.config is not None:
+        _checked("gateway check", args.config)
+    try:
+        if args.url is not None:
+            rows = asyncio.run(check_url(args.url, args.admin_token, args.metrics_token))
+        else:
+            rows = asyncio.run(check_config(args.config))
+    except Unreachable as exc:
+        print(f"gateway check: {exc}", file=sys.stderr)
+        sys.exit(2)
+    print(table(rows))
+    if failed(rows):
+        sys.exit(1)
 
 
 def _config_check(args: argparse.Namespace) -> None:
@@ -99,6 +123,15 @@ def build_parser() -> argparse.ArgumentParser:
     c = config.add_parser("check", help="one line per problem (file, line, key); exit 1 on any")
     c.add_argument("file", help="YAML config file (docs/configuration.md)")
     c.set_defaults(func=_config_check)
+
+    p = sub.add_parser(
+        "check", help="check every pool and backend after a deploy (a table; exit 1 on a failure)"
+    )
+    p.add_argument("--url", help="a running gateway's base URL")
+    p.add_argument("--admin-token", help="a JWT with the admin role (with --url)")
+    p.add_argument("--metrics-token", help="the gateway's metrics.bearer_token, when it has one (with --url)")
+    p.add_argument("--config", help="start a gateway from this config in this process and check through it")
+    p.set_defaults(func=_check)
 
     p = sub.add_parser("demo", help="two vLLM-dialect and two SGLang-dialect simulators behind a gateway")
     p.add_argument("--port", type=int, default=8080)

@@ -25,9 +25,11 @@ from gateway.routing.tokens import PromptTokens
 from gateway.routing.warmup import Warmups
 from policies.features import FeatureConfig, extract_features
 from policies.router import Router
-from policies.types import Decision, FleetSnapshot, RequestFeatures, RoutingError
+from policies.types import Decision, FleetSnapshot, RequestFeatures, RoutingError, decision
 
 PIN_HEADER = b"x-gateway-pool"
+#: an admin's pin to one backend (`gateway check` reaches every engine through the gateway)
+BACKEND_PIN_HEADER = b"x-gateway-backend"
 
 #: observer of every decision (metrics); pool, reason, affinity
 DecisionHook = Callable[[Decision], None]
@@ -117,6 +119,11 @@ class RouteStage:
             raw = ctx.headers.get(PIN_HEADER)
             if raw:
                 pin = ctx.extras["pin"] = raw.decode("latin-1")
+            backend = ctx.headers.get(BACKEND_PIN_HEADER)
+            if backend:
+                ctx.extras["backend_pin"] = True  # no retry elsewhere, no fallback: that engine answers
+                self._apply(ctx, self._pinned_backend(ctx, backend.decode("latin-1")))
+                return None
         try:
             decision = self.decide(self.snapshot(now), ctx, pin)
         except ApiError as err:
@@ -126,12 +133,24 @@ class RouteStage:
         self._apply(ctx, decision)
         return None
 
+    def _pinned_backend(self, ctx: RequestContext, name: str) -> Decision:
+        """An admin's `x-gateway-backend`: that backend, whatever routing would choose (a deploy
+        check, `gateway check`, tests every backend through the gateway); 400 when it does not serve
+        the model. Health, drain and circuits do not stop it: the point is to reach that engine."""
+        backend = self._fleet.backends.get(name)
+        model = ctx.model.name if ctx.model is not None else ""
+        if backend is None or model not in self._fleet.pools[backend.pool].models:
+            raise ApiError(400, f"No backend named {name!r} serves the model `{model}`.", param=None)
+        return decision(backend.pool, name, "pin:backend", "none")
+
     def fallback(self, ctx: RequestContext) -> bool:
         """Switch the request to the next of its model's fallbacks (`models[].fallbacks`) that the
         caller may use, that fits its prompt and that has a backend to take it; False when none is
         left. The answer names the model that served (`model`, `x-gateway-model`), and limits and
         budgets charge it."""
         assert ctx.model is not None
+        if "backend_pin" in ctx.extras:
+            return False
         left: list[str] = ctx.extras.setdefault("fallbacks", list(ctx.model.fallbacks))
         features: RequestFeatures = ctx.extras["features"]
         snapshot = self.snapshot(time.monotonic())
@@ -233,6 +252,8 @@ class RouteStage:
         when none is left. Reasons: `retry+<backend policy>` in the pool, `failover+<pool choice>` to
         another pool."""
         assert ctx.pool is not None
+        if "backend_pin" in ctx.extras:
+            raise ApiError(503, "The pinned backend failed.", type="server_error")
         snapshot = self.snapshot(time.monotonic())
         came_from = ctx.pool.name
         decision = self.decide(snapshot, ctx, ctx.extras.get("pin"), exclude, prefer=came_from)
