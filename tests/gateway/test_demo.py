@@ -121,6 +121,19 @@ def test_the_banner_tokens_answer_on_both_pools(demo: Demo) -> None:
         assert raw.parse().choices[0].message.content
     vectors = user.embeddings.create(model=model.group(2), input=["Hello!", "How are you?"])
     assert len(vectors.data) == 2 and vectors.data[0].embedding
+    # the post-deploy check passes on the demo, every chat backend checked
+    url, admin_token = f"http://127.0.0.1:{demo.port}", demo.token("admin token")
+    check = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "check", "--url", url, "--admin-token", admin_token],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    for backend in ("vllm-0", "vllm-1", "sglang-0", "sglang-1"):
+        assert re.search(rf"^\S+\s+\S+\s+{backend}\s+{model.group(1)}\s+ok\s+ok", check.stdout, re.M), (
+            check.stdout
+        )
 
 
 def _ready(port: int) -> bool:
