@@ -171,6 +171,7 @@ class Gateway:
         auth = self.admission.authenticate_stages()
         admit = self.admission.admit_stages(route.shared)
         sanitise = self.admission.sanitise_stage(features)
+        caps = self.admission.caps_stage(s.models)
         validate = ValidateStage()
         media = self.admission.media_stage(self._engine_hosts)
         route.models, route.permits = self.models, self.admission.permits
@@ -178,7 +179,7 @@ class Gateway:
         permits = self.admission.permits
         parse = ParseStage(self.models, s.server.max_body_bytes, permits)
         apis = self.apis
-        chat: list[Stage] = [*auth, parse, validate, media, sanitise, *admit, route, proxy]
+        chat: list[Stage] = [*auth, parse, validate, media, sanitise, *caps, *admit, route, proxy]
         pipelines: dict[Api, list[Stage]] = {
             "chat": chat,
             "responses": [
@@ -188,6 +189,7 @@ class Gateway:
                 validate,
                 media,
                 sanitise,
+                *caps,
                 *admit,
                 route,
                 proxy,
@@ -199,6 +201,7 @@ class Gateway:
                 validate,
                 media,
                 sanitise,
+                *caps,
                 *admit,
                 route,
                 proxy,

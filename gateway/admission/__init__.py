@@ -28,6 +28,8 @@ class SpendQuery(Protocol):
         periods: tuple[Period, ...] = ...,
         date: str | None = ...,
         model: str | None = ...,
+        limit: int = ...,
+        offset: int = ...,
     ) -> Awaitable[dict[str, Any]]: ...
 
 

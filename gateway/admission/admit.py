@@ -93,7 +93,7 @@ class AdmitStage:
         self._settings = settings
         self._on_reject = on_reject
         self._on_budget = on_budget
-        self._scopes: dict[tuple[str, str | None, str], tuple[ScopeLimits, ...]] = {}
+        self._scopes: dict[tuple[str, str | None, str, str], tuple[ScopeLimits, ...]] = {}
         self._ids = itertools.count()
         self._id_prefix = os.urandom(6).hex() + "-"
         self.book = book or SpendBook(settings)
@@ -108,9 +108,9 @@ class AdmitStage:
         self._settings = settings
         self._scopes.clear()
 
-    def scopes(self, principal: Principal) -> tuple[ScopeLimits, ...]:
-        """The limits that apply to `principal` (cached; only scopes with some limit)."""
-        key = (principal.user, principal.tenant, principal.tier)
+    def scopes(self, principal: Principal, model: str = "") -> tuple[ScopeLimits, ...]:
+        """The limits that apply to `principal` using `model` (cached; only scopes with some limit)."""
+        key = (principal.user, principal.tenant, principal.tier, model)
         found = self._scopes.get(key)
         if found is not None:
             return found
@@ -118,6 +118,18 @@ class AdmitStage:
         tier = s.tiers.get(principal.tier) or s.tiers[s.default_tier]
         user_key, tenant_key = scope_prefix(principal)
         out: list[ScopeLimits] = []
+        per_model = tier.models.get(model)
+        if per_model is not None and (per_model.requests_per_minute or per_model.tokens_per_minute):
+            label = f"user {principal.user} on {model}"
+            out.append(
+                ScopeLimits(
+                    f"{user_key}:m:{model}",
+                    label,
+                    per_model.requests_per_minute,
+                    per_model.tokens_per_minute,
+                    0,
+                )
+            )
         if tier.requests_per_minute or tier.tokens_per_minute or tier.concurrent_requests:
             out.append(
                 ScopeLimits(
@@ -130,6 +142,20 @@ class AdmitStage:
             )
         if tenant_key is not None and principal.tenant is not None:
             t = s.tenants.get(principal.tenant, s.tenant_default)
+            tenant_model = t.models.get(model)
+            if tenant_model is not None and (
+                tenant_model.requests_per_minute or tenant_model.tokens_per_minute
+            ):
+                label = f"tenant {principal.tenant} on {model}"
+                out.append(
+                    ScopeLimits(
+                        f"{tenant_key}:m:{model}",
+                        label,
+                        tenant_model.requests_per_minute,
+                        tenant_model.tokens_per_minute,
+                        0,
+                    )
+                )
             if t.requests_per_minute or t.tokens_per_minute or t.concurrent_requests:
                 out.append(
                     ScopeLimits(
@@ -157,7 +183,7 @@ class AdmitStage:
 
     async def __call__(self, ctx: RequestContext) -> Response | None:
         principal = ctx.principal
-        scopes = self.scopes(principal)
+        scopes = self.scopes(principal, ctx.model.name if ctx.model is not None else "")
         # the spend of a principal whose requests are reconciled anyway (a tokens/min or concurrency
         # limit: the finalizer calls the limiter) is recorded in that same call: no extra round trip
         share = self._share

@@ -27,6 +27,7 @@ from gateway.admission.access import ModelAccessRules
 from gateway.admission.admit import AdmitStage
 from gateway.admission.api_keys import ApiKeys, MemoryBackend, RedisBackend
 from gateway.admission.auth import AuthenticateStage, Authenticator, require_admin
+from gateway.admission.caps import CapsStage
 from gateway.admission.jwks import JwksCache
 from gateway.admission.jwt_auth import JwtVerifier
 from gateway.admission.limits import FailoverLimiter, StoreDown
@@ -40,7 +41,7 @@ from gateway.admission.settings import AuthSettings, LimitsSettings, SanitiseSet
 from gateway.admission.spend import PeriodClock, SpendBook, SpendReport
 from gateway.core.context import ANONYMOUS, Principal, RequestContext
 from gateway.core.redis_wire import RespClient
-from gateway.core.settings import RedisSettings
+from gateway.core.settings import ModelSettings, RedisSettings
 from gateway.core.shared_load import LoadShare
 from policies.budgets import Budget, Period
 from policies.features import FeatureConfig
@@ -97,8 +98,9 @@ class Admission:
         )
         self.jwks: JwksCache | None = None
         self._media_fetcher: MediaFetcher | None = None
-        #: the admit stage, once built (a reload reconfigures it)
+        #: the admit and caps stages, once built (a reload reconfigures them)
         self._admit: AdmitStage | None = None
+        self._caps: CapsStage | None = None
         if auth.jwt.jwks_url:
             j = auth.jwt
             self.jwks = JwksCache(
@@ -151,6 +153,13 @@ class Admission:
         """After ValidateStage; `features` must be the routing's config (its estimate is reused)."""
         return SanitiseStage(self._sanitise, features, self.count_rejection)
 
+    def caps_stage(self, models: Iterable[ModelSettings]) -> list[CapsStage]:
+        """After SanitiseStage: the output-token ceilings, when any is configured (none: no stage)."""
+        if not (any(m.max_tokens for m in models) or _ceilings(self._limits)):
+            return []
+        self._caps = CapsStage(self._limits)
+        return [self._caps]
+
     def media_stage(self, engine_hosts: Callable[[], Iterable[str]]) -> MediaStage:
         """After ValidateStage, before SanitiseStage (whose estimate reads the inlined media):
         `engine_hosts` are the backends' hosts, whose addresses media may never come from."""
@@ -174,9 +183,13 @@ class Admission:
             return False
         if self._admit is None and not limits.unlimited:
             return False
+        if self._caps is None and _ceilings(limits):
+            return False
         self._limits = limits
         self.model_access.reconfigure(limits)
         self.spend_book.reconfigure(limits)
+        if self._caps is not None:
+            self._caps.reconfigure(limits)
         if self._admit is not None:
             self._admit.reconfigure(limits)
         return True
@@ -236,6 +249,8 @@ class Admission:
         periods: Sequence[Period] = ("day", "month"),
         date: str | None = None,
         model: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
     ) -> dict[str, Any]:
         """`GET /admin/spend`: the spend of one API key (`key_id`), one user (`user`, within `tenant`
         when the user has one; `tier` says which budgets to show), or one tenant. ApiError 400 for a
@@ -259,9 +274,7 @@ class Admission:
             elif tenant is not None:
                 kind, budgets = "tenant", self.spend_book.tenant_budgets(tenant)
             else:
-                raise invalid_request(
-                    "Name the scope: user (and tenant, if the user has one), tenant or key."
-                )
+                return await self._ranked(periods, date, limit, offset)
             report = await self.spend.report(
                 kind=kind,
                 user=user,
@@ -283,6 +296,24 @@ class Admission:
         if kind == "key":
             report["revoked"] = revoked
         return report
+
+    async def _ranked(
+        self, periods: Sequence[Period], date: str | None, limit: int, offset: int
+    ) -> dict[str, Any]:
+        """No scope named: every user's spend in one period (a month unless `period=day`), largest
+        first, `limit` of them from `offset`."""
+        period: Period = "month" if len(periods) != 1 else periods[0]
+        window, users = await self.spend.ranked(await self.principals.all(), period, date)
+        page = users[offset : offset + limit]
+        following = offset + len(page)
+        return {
+            "scope": "users",
+            "period": window,
+            "users": page,
+            "total": len(users),
+            "next_offset": following if following < len(users) else None,
+            "shared": self.limiter.shared,
+        }
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self, redis: Redis | None) -> None:
@@ -370,3 +401,8 @@ class Admission:
             self._limiter_down.set(1)
         elif event == "up":
             self._limiter_down.set(0)
+
+
+def _ceilings(limits: LimitsSettings) -> bool:
+    """Does any tier or tenant set an output-token ceiling?"""
+    return any(s.max_tokens or any(m.max_tokens for m in s.models.values()) for _, s in limits.scopes())

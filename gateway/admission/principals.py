@@ -64,3 +64,10 @@ class Principals:
             return self._memory.get(user)
         raw = await self._redis.hget(KEY, user)
         return dict(orjson.loads(raw)) if raw else None
+
+    async def all(self) -> dict[str, dict[str, Any]]:
+        """Every user's tenant and tier as last seen. Store errors propagate."""
+        if self._redis is None:
+            return dict(self._memory)
+        raw = await self._redis.hgetall(KEY)
+        return {(k.decode() if isinstance(k, bytes) else k): dict(orjson.loads(v)) for k, v in raw.items()}

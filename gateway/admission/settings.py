@@ -168,6 +168,15 @@ class BudgetSettings(_Model):
         return out
 
 
+class ModelLimits(_Model):
+    """A scope's limits on one model, beside its limits on all models together. 0: unlimited."""
+
+    requests_per_minute: int = Field(0, ge=0)
+    tokens_per_minute: int = Field(0, ge=0)
+    #: the most output tokens a request of the scope may ask of this model
+    max_tokens: int | None = Field(None, ge=1)
+
+
 class LimitSet(_Model):
     """Limits of one scope (a user of a tier, or a tenant). 0 means unlimited. `allow_models` /
     `deny_models`: the public model names the scope may use (None: every model) and may never use."""
@@ -175,6 +184,10 @@ class LimitSet(_Model):
     requests_per_minute: int = Field(0, ge=0)
     tokens_per_minute: int = Field(0, ge=0)
     concurrent_requests: int = Field(0, ge=0)
+    #: the most output tokens a request of the scope may ask for (`limits.over_max_tokens` says how)
+    max_tokens: int | None = Field(None, ge=1)
+    #: limits per model (public name), on top of the ones above
+    models: dict[str, ModelLimits] = Field(default_factory=dict)
     allow_models: list[str] | None = None
     deny_models: list[str] = Field(default_factory=list)
     #: spending limits of the scope (each user of a tier; all users of a tenant together)
@@ -192,14 +205,27 @@ class LimitSet(_Model):
         return ModelAccess.of(self.allow_models, self.deny_models)
 
     def named_models(self) -> set[str]:
-        return {*(self.allow_models or ()), *self.deny_models}
+        return {*(self.allow_models or ()), *self.deny_models, *self.models}
 
     @property
     def unlimited(self) -> bool:
-        """No rate limit and no budget (model lists are not limits: the parse stage applies them)."""
+        """No rate limit and no budget (model lists and output ceilings are not limits: the parse and
+        the caps stages apply them)."""
+        per_model = any(m.requests_per_minute or m.tokens_per_minute for m in self.models.values())
         return not (
-            self.requests_per_minute or self.tokens_per_minute or self.concurrent_requests or self.budgets
+            self.requests_per_minute
+            or self.tokens_per_minute
+            or self.concurrent_requests
+            or self.budgets
+            or per_model
         )
+
+    def max_tokens_for(self, model: str) -> int | None:
+        """The scope's ceiling on a request's output tokens for `model` (None: none)."""
+        caps = [
+            c for c in (self.max_tokens, self.models[model].max_tokens if model in self.models else None) if c
+        ]
+        return min(caps) if caps else None
 
 
 class LimitsSettings(_Model):
@@ -218,6 +244,9 @@ class LimitsSettings(_Model):
     window_s: float = Field(60.0, ge=1)
     #: seconds between Redis probes while it is down (recovery happens within this)
     redis_probe_s: float = Field(0.25, gt=0, le=5)
+    #: a request asking for more output tokens than a ceiling allows (`max_tokens` of a tier, a
+    #: tenant, a model): `clamp` it (the answer's `x-gateway-max-tokens` says to what) or `reject` it
+    over_max_tokens: Literal["clamp", "reject"] = "clamp"
     #: record the spend (tokens, money, requests, per model, per UTC day and month) of every principal
     #: with a budget, a tokens/min or a concurrency limit — it rides in the limiter's own calls (a
     #: principal with only requests/min, or none, is not recorded: that would cost a round trip).

@@ -253,6 +253,45 @@ class SpendReport:
             "shared": self._limiter.shared,
         }
 
+    async def ranked(
+        self, users: dict[str, dict[str, Any]], period: Period, date: str | None
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Every user's spend in one period (the current one, or the one containing `date`), largest
+        first (by USD, then tokens): (the period, the users)."""
+        _, day, month = self._clock.now()
+        if date is None:
+            span = day if period == "day" else month
+        else:
+            span = span_of(period, date if period == "day" or len(date) == 7 else date[:7])
+        suffix = f":{'d' if period == 'day' else 'm'}:{span.id}"
+        names = sorted(users)
+        out: list[dict[str, Any]] = []
+        for start in range(0, len(names), _RANK_BATCH):
+            batch = names[start : start + _RANK_BATCH]
+            keys = [spend_prefixes(u, users[u].get("tenant"), None)["user"] + suffix for u in batch]
+            fields, _ = await self._limiter.read_spend(keys, [])
+            for user, found in zip(batch, fields, strict=True):
+                if found:
+                    entry = users[user]
+                    usd = found.get("usd", 0) / NANOS_PER_USD
+                    out.append(
+                        {
+                            "user": user,
+                            "tenant": entry.get("tenant"),
+                            "tier": entry.get("tier"),
+                            "tokens": found.get("tok", 0),
+                            "usd": usd,
+                            "requests": found.get("req", 0),
+                        }
+                    )
+        out.sort(key=lambda e: (-e["usd"], -e["tokens"], e["user"]))
+        window = {"period": span.period, "id": span.id, "start": _iso(span.start_s), "end": _iso(span.end_s)}
+        return window, out
+
+
+#: user ledgers read in one call when ranking spend
+_RANK_BATCH = 256
+
 
 def _by_model(fields: dict[str, int]) -> dict[str, tuple[int, int, int]]:
     """(tokens, nano-dollars, requests) per model, from a ledger's `m:<model>:tok|usd|req` fields."""

@@ -124,6 +124,8 @@ class ModelSettings(SettingsModel):
     owned_by: str = "gateway"
     #: max_tokens assumed when the request sets none (for token accounting)
     default_max_tokens: int = Field(1024, ge=1)
+    #: the most output tokens anyone's request may ask of this model (`limits.over_max_tokens`)
+    max_tokens: int | None = Field(None, ge=1)
     #: what the model does: `generate` (chat, completions, responses, messages) or `embed`
     #: (/v1/embeddings only); the other endpoints answer it with a 400
     task: Literal["generate", "embed"] = "generate"

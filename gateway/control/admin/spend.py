@@ -20,7 +20,8 @@ Name = Annotated[str | None, Query(min_length=1, max_length=256)]
 
 @router.get(
     "/admin/spend",
-    summary="Spend of one user, tenant or API key per UTC day and month, by model, with its budgets",
+    summary="One user's, tenant's or API key's spend per UTC day and month, by model, with budgets; "
+    "no scope: every user's, largest first",
 )
 async def spend_report(
     who: Admin,
@@ -32,6 +33,8 @@ async def spend_report(
     period: Annotated[Literal["day", "month"] | None, Query(description="default: both")] = None,
     date: Day = None,
     model: Name = None,
+    limit: Annotated[int, Query(ge=1, le=1000, description="without a scope: users per page")] = 50,
+    offset: Annotated[int, Query(ge=0, description="without a scope: users to skip")] = 0,
 ) -> Response:
     if ctx.spend is None:
         raise ApiError(404, "Spend is not recorded (no admission stage).", code="spend_disabled")
@@ -43,5 +46,7 @@ async def spend_report(
         periods=("day", "month") if period is None else (period,),
         date=date,
         model=model,
+        limit=limit,
+        offset=offset,
     )
     return json_response(200, report)
