@@ -65,11 +65,17 @@ _STRUCTURED_FIELDS = (
 )
 
 
+#: estimated tokens per prefix block (128 bytes of text): a shared prefix is seen to within 32
+#: tokens, and a prompt's hash chain (at most `max_blocks`) covers its first 4,096 tokens. Every
+#: routing process must use the same value
+BLOCK_TOKENS = 32
+
+
 @dataclass(frozen=True, slots=True)
 class FeatureConfig:
     """How requests are rendered and hashed. Every gateway replica must use the same values."""
 
-    block_tokens: int = 32
+    block_tokens: int = BLOCK_TOKENS
     bytes_per_token: int = 4
     max_blocks: int = 128
     anchor_max_bytes: int = 65536

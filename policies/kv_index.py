@@ -95,23 +95,39 @@ _ADAPTERS = 1024
 _Node = int | tuple[int, bytes]
 
 
+#: blocks are keyed in groups of at least 64 tokens (vLLM's 16-token blocks four at a time): an
+#: 8k-token prompt is 128 keys to match, not 512, and the cost rule weighs caches far coarser
+MIN_BLOCK_TOKENS = 64
+#: 0: `match` bisects where each held prefix ends (about log2(keys) reads; see *Matching* above)
+SCAN_STRIDE = 0
+#: a backend sent 16 requests over 10 s without one event is not trusted until it speaks again:
+#: an engine announces a request's blocks within its prefill, so silence that long is a broken stream
+SILENT_REQUESTS = 16
+SILENT_S = 10.0
+#: after events were lost and not replayed, a backend's blocks are rebuilt from new events for 30 s
+#: before its stream is trusted again (a busy engine stores its working set again within that)
+RELEARN_S = 30.0
+#: prompts remembered per backend (the last routed there) to anchor stores under an unknown
+#: parent: ~1 MiB a backend for 8k-token prompts
+ANCHOR_PROMPTS = 32
+#: the fewest tokens a store needs to be anchored on a prompt (fewer could match by chance)
+ANCHOR_TOKENS = 16
+
+
 @dataclass(frozen=True, slots=True)
 class KvIndexConfig:
-    """Bounds and liveness rules of the KV-event index (docs/routing.md, *KV events*)."""
+    """Bounds and liveness rules of the KV-event index (docs/routing.md, *KV events*). The gateway
+    sets `max_blocks` (`routing.prefix_affinity.kv_max_blocks`); the rest keep the constants above."""
 
+    #: engine blocks kept per backend, oldest stored dropped first: the memory bound
     max_blocks: int = 32768
-    min_block_tokens: int = 64
-    #: `match` reads the first and last keys and halves where prefixes end (0), or one key in
-    #: `scan_stride` and a stretch key by key where a prefix ends in it (1: every key; see the module
-    #: docstring, *Matching*)
-    scan_stride: int = 0
-    silent_requests: int = 16
-    silent_s: float = 10.0
-    relearn_s: float = 30.0
-    #: prompts remembered per backend (the last routed there) to anchor stores under an unknown parent
-    anchor_prompts: int = 32
-    #: the fewest tokens a store needs to be anchored on a prompt (fewer could match by chance)
-    anchor_tokens: int = 16
+    min_block_tokens: int = MIN_BLOCK_TOKENS
+    scan_stride: int = SCAN_STRIDE
+    silent_requests: int = SILENT_REQUESTS
+    silent_s: float = SILENT_S
+    relearn_s: float = RELEARN_S
+    anchor_prompts: int = ANCHOR_PROMPTS
+    anchor_tokens: int = ANCHOR_TOKENS
 
     def __post_init__(self) -> None:
         if min(self.max_blocks, self.min_block_tokens, self.silent_requests) < 1 or self.scan_stride < 0:

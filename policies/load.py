@@ -111,4 +111,7 @@ class LoadModel:
         return self.kv_high is not None and backend.kv_usage is not None and backend.kv_usage > self.kv_high
 
 
+#: the load-balancing policies' model: a full KV cache weighs as four requests (an engine about to
+#: preempt loses to one with room), and an engine queue past 8 or KV use past 95 % is saturated
+#: (prefix affinity has its own, `AFFINITY_LOAD_MODEL`)
 DEFAULT_LOAD_MODEL = LoadModel()

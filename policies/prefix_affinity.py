@@ -105,6 +105,7 @@ from dataclasses import dataclass, field
 from itertools import compress
 from typing import Literal
 
+from policies.features import BLOCK_TOKENS
 from policies.group_demand import GroupDemand
 from policies.hashing import HrwOrders, NameHashes, mix64, str_hash64
 from policies.kv_index import KvIndex, KvIndexConfig
@@ -133,57 +134,99 @@ _SPILL: tuple[str, Affinity] = ("affinity:spill", "spill")
 _SPREAD: tuple[str, Affinity] = ("affinity:spread", "spill")
 
 
+# The policy's constants. Each is a value the routing replay (bench/replay.py) settled; they are not
+# settings - the replay and the tests vary them through `PrefixAffinityConfig`, operators do not.
+#: a preamble (or opening) this many blocks long names a group: ~1,000 tokens, the size of prefix
+#: whose prefill is worth concentrating on few backends rather than caching everywhere
+GROUP_MIN_BLOCKS = 32
+#: a new group is placed among its first 3 backends (rendezvous order): few choices keep the
+#: processes, whose working sets differ, mostly agreeing on the same one
+GROUP_CHOICES = 3
+#: ... 8 when the processes' shared store places it: the store makes them agree, not the choices
+SHARED_GROUP_CHOICES = 8
+#: the first of the choices within 2 groups of the lightest working set: the strictly lightest
+#: flips between processes on near-ties and copied groups onto several backends
+PLACEMENT_SLACK = 2.0
+#: ... and the lightest itself when the shared store places it (agreement comes from the store)
+SHARED_PLACEMENT_SLACK = 0.0
+#: warm blocks worth one in-flight request: on a batching engine a queued request costs only its
+#: share of the steps, while a cold block lengthens a step every sequence waits for
+BLOCKS_PER_REQUEST = 2.0
+#: costs within half a request are a tie, which the warmest backend wins (whole requests decide)
+TOLERANCE = 0.5
+#: requests a backend may carry above the bounded-load bound: at low load the average is too small
+#: a unit
+#: (6: the batching fleet's prefix-heavy workloads closest to the oracle, agents' tails shortest)
+LOAD_SLACK = 6.0
+#: requests above the bound per request's worth of blocks an engine's events say it holds: a spill
+#: copies the prefix onto a cold engine, whose prefill every sequence there waits for
+WARM_SLACK = 0.5
+#: ε of the bounded load across pools, looser than a pool's: a pool spill copies a whole group
+POOL_LOAD_FACTOR = 0.5
+#: prefix-index entries (block hash -> backends), ~110 bytes each: ~7 MB a process
+INDEX_ENTRIES = 65536
+#: backends remembered per indexed prefix: enough for a hot group's holders
+INDEX_MAX_HOLDERS = 4
+#: a prompt routed to a backend with usable events is indexed at its preamble's end and every
+#: 128th block (a prompt's most: its two ends): there the index only stands in until events confirm
+INDEX_STRIDE = 128
+#: (routing key, backend) pairs remembered for the working sets, ~200 bytes each
+WORKING_SET_ENTRIES = 16384
+#: requests over which a group's share of its pool decays: a group turning hot shows within a few
+#: dozen requests
+DEMAND_WINDOW = 32
+#: groups whose share is remembered, ~320 bytes each
+DEMAND_ENTRIES = 4096
+#: seconds a decision counts as warm on a backend with events before they confirm it (an engine
+#: announces a block once its prefill is done: seconds for a long prompt in a queue)
+PENDING_S = 10.0
+#: with every engine's events, a short system prompt's held blocks count this much: a first turn
+#: prefers an engine that holds it, unless that one is busier than the prefill is worth
+PREAMBLE_WEIGHT = 0.25
+#: queued prefill tokens on a backend count at half what a warm token saves: a request count does
+#: not tell a decoding sequence from a long cold prefill queued ahead
+PREFILL_WEIGHT = 0.5
+
+
 @dataclass(frozen=True, slots=True)
 class PrefixAffinityConfig:
+    """The policy's parameters. The gateway sets `load_factor`, `warm_spread` and `kv.max_blocks`
+    from `routing.prefix_affinity`; the rest keep the constants above (the replay and the tests
+    vary them)."""
+
     kind: Literal["prefix_affinity"] = "prefix_affinity"
-    group_min_blocks: int = 32
-    group_choices: int = 3
-    #: the backends (rendezvous order) a long preamble's new group proposed to the processes' shared
-    #: store may be placed on: the store makes the processes agree, so more choices cost no agreement
-    #: (an opening group - a long document - keeps `group_choices`)
-    shared_group_choices: int = 8
-    placement_slack: float = 2.0
-    #: the slack of a placement proposed to the processes' shared store (`policies.shared_load`):
-    #: the store makes the processes agree, so the proposal takes the lightest of the choices
-    shared_placement_slack: float = 0.0
-    blocks_per_request: float = 2.0
-    tolerance: float = 0.5
+    group_min_blocks: int = GROUP_MIN_BLOCKS
+    group_choices: int = GROUP_CHOICES
+    shared_group_choices: int = SHARED_GROUP_CHOICES
+    placement_slack: float = PLACEMENT_SLACK
+    shared_placement_slack: float = SHARED_PLACEMENT_SLACK
+    blocks_per_request: float = BLOCKS_PER_REQUEST
+    tolerance: float = TOLERANCE
+    #: ε of bounded-load hashing: a backend fits while its load is within (1 + ε) x the average
     load_factor: float = 0.25
-    load_slack: float = 6.0
-    #: how far above the bound a backend may run for the prompt its engine's events say it holds, in
-    #: requests per request's worth of held blocks (`blocks_per_request`); 0: the bound alone
-    warm_slack: float = 0.5
-    pool_load_factor: float = 0.5
+    load_slack: float = LOAD_SLACK
+    warm_slack: float = WARM_SLACK
+    pool_load_factor: float = POOL_LOAD_FACTOR
     load: LoadModel = AFFINITY_LOAD_MODEL
-    index_entries: int = 65536
-    index_max_holders: int = 4
-    #: a prompt routed to a backend whose engine's events are usable is recorded in the index at
-    #: its preamble's last block, every `index_stride`-th block and its last (`PrefixIndex.insert`):
-    #: there the index only stands in for the events until they confirm a decision (`pending_s`),
-    #: and for a stream that falls silent. 128, a prompt's most blocks by default
-    #: (`FeatureConfig.max_blocks`): those two ends only (the replay's decisions the same as with 16
-    #: and 1, events on time, late or lost; the decision's p99 with events 7-10 us less)
-    index_stride: int = 128
-    working_set_entries: int = 16384
+    index_entries: int = INDEX_ENTRIES
+    index_max_holders: int = INDEX_MAX_HOLDERS
+    index_stride: int = INDEX_STRIDE
+    working_set_entries: int = WORKING_SET_ENTRIES
+    #: mix the request's `session_key` (its `prompt_cache_key`, else `user`) into the anchor key
     session_in_key: bool = False
-    demand_window: int = 32
-    demand_entries: int = 4096
-    #: estimated tokens per block of `policies.features` (the gateway's `routing.block_tokens`)
-    block_tokens: int = 32
+    demand_window: int = DEMAND_WINDOW
+    demand_entries: int = DEMAND_ENTRIES
+    #: estimated tokens per block of `policies.features`
+    block_tokens: int = BLOCK_TOKENS
     #: the KV-event index's bounds and liveness rules
     kv: KvIndexConfig = field(default_factory=KvIndexConfig)
-    #: seconds a decision counts as warm on a backend with events before they confirm it
-    pending_s: float = 10.0
+    pending_s: float = PENDING_S
     #: with the engines' events and the request's tokens, a hot group's next holder is warmed in the
     #: background with the group's preamble (`BackendChoice.warm`) instead of opened by a request's
-    #: cold prefill (module docstring, 3); False: the request is sent there (`affinity:spread`)
+    #: cold prefill; False: the request is sent there (`affinity:spread`)
     warm_spread: bool = True
-    #: with every engine's events usable, the share of a short preamble's blocks (anchor mode: not a
-    #: group) that counts as warm where an engine holds them; 0: assumed warm everywhere, as without
-    preamble_weight: float = 0.25
-    #: a backend's queued prefill (`BackendView.prefill`, estimated tokens) in the cost, at this
-    #: weight x what a warm token saves; 0: not read (see the module docstring, 4)
-    prefill_weight: float = 0.5
+    preamble_weight: float = PREAMBLE_WEIGHT
+    prefill_weight: float = PREFILL_WEIGHT
 
     def __post_init__(self) -> None:
         slacks = (
