@@ -64,6 +64,18 @@ def problems(file: str, text: str, exc: ValidationError, model: type[BaseModel])
     return out
 
 
+def key_line(text: str, key: str) -> int | None:
+    """The line of the dotted `key` (through mappings) in the YAML `text`; None when it is not there."""
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    loc = tuple(key.split("."))
+    node = _node(root, loc, key_node=True)
+    found = node is not None and isinstance(node, yaml.ScalarNode) and node.value == loc[-1]
+    return node.start_mark.line + 1 if found and node is not None else None
+
+
 def _dotted(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:

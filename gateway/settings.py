@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from pydantic import ValidationError, model_validator
 
 from gateway.admission.settings import AuthSettings, LimitsSettings, SanitiseSettings
 from gateway.apis.settings import ApisSettings, ResponsesSettings
-from gateway.config_errors import Problem, problems, yaml_problem
+from gateway.config_errors import Problem, key_line, problems, yaml_problem
 from gateway.core.settings import (
     BackendSettings,
     HealthSettings,
@@ -33,6 +34,7 @@ from gateway.core.settings import (
 )
 from gateway.edge.settings import ServerSettings
 from gateway.observability.settings import AccessLogSettings, MetricsSettings, TracingSettings
+from gateway.removed_settings import RemovedSettingError, migrate
 from gateway.routing.settings import RoutingSettings, RuleSettings
 from gateway.upstream.settings import RetrySettings, TimeoutSettings, UpstreamSettings
 
@@ -174,10 +176,18 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def parse_settings(data: dict[str, Any], environ: dict[str, str] | None = None) -> Settings:
-    """Settings from an already-loaded mapping, with environment overrides applied."""
+def parse_settings(
+    data: dict[str, Any],
+    environ: dict[str, str] | None = None,
+    *,
+    source: str = "<config>",
+    line: Callable[[str], int | None] | None = None,
+) -> Settings:
+    """Settings from an already-loaded mapping, with environment overrides applied. Removed settings
+    are handled as `gateway.removed_settings` says (warnings reported at `source`, at the `line` of
+    a dotted key when given); `RemovedSettingError` for one the gateway cannot honour."""
     env = dict(os.environ) if environ is None else environ
-    return Settings.model_validate(_merge(data, _env_overrides(env)))
+    return Settings.model_validate(migrate(_merge(data, _env_overrides(env)), source, line=line))
 
 
 def diff_settings(old: Settings, new: Settings, limit: int = 100) -> list[str]:
@@ -222,6 +232,8 @@ def load_settings(path: str | Path, environ: dict[str, str] | None = None) -> Se
     if not isinstance(data, dict):
         raise ConfigError([Problem(file, 1, "", "the top level must be a mapping of sections")])
     try:
-        return parse_settings(data, environ)
+        return parse_settings(data, environ, source=file, line=lambda key: key_line(text, key))
+    except RemovedSettingError as exc:
+        raise ConfigError([Problem(file, key_line(text, exc.key), exc.key, exc.reason)]) from None
     except ValidationError as exc:
         raise ConfigError(problems(file, text, exc, Settings)) from None
