@@ -44,9 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from gateway.routing.tokens import HfTokenizer, PromptTokens, SimTokenizer
-from policies.factory import parse_policy_config
 from policies.features import FeatureConfig, extract_features
 from policies.kv_index import KvIndex, KvIndexConfig
+from policies.prefix_affinity import PrefixAffinityConfig
 from policies.router import Router
 from policies.types import BackendView, FleetSnapshot, PoolView, RequestFeatures
 
@@ -200,7 +200,7 @@ def bench_decision(tok: HfTokenizer, decisions: int, backends: int, match_tokens
         f" first {match_tokens} tokens, CPU (Router.decide)"
     )
     rng = random.Random(2)
-    router = Router([], parse_policy_config({"kind": "prefix_affinity"}))
+    router = Router([], PrefixAffinityConfig())
     kv = router.kv_index
     assert kv is not None
     names = [f"b{i}" for i in range(backends)]

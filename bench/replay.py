@@ -59,9 +59,9 @@ import itertools
 import math
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 
@@ -79,7 +79,7 @@ from engines.sim.step_model import (
     StepEngine,
     StoredBlocks,
 )
-from policies.factory import PolicyConfig, parse_policy_config
+from policies.factory import PolicyConfig
 from policies.features import extract_features
 from policies.kv_blocks import PromptBlocks
 from policies.kv_index import KvIndex
@@ -649,7 +649,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                 for name in names:
                     config = POLICIES[name]
                     if options and name == args.policy and not isinstance(config, str):
-                        config = parse_policy_config({"kind": config.kind, **options})
+                        try:
+                            config = with_options(config, options)
+                        except (TypeError, ValueError) as exc:
+                            ap.error(f"--option: {exc}")
                     serial = args.engine == "serial" and isinstance(config, PrefixAffinityConfig)
                     if serial and "blocks_per_request" not in options:
                         config = dataclasses.replace(config, blocks_per_request=SERIAL_BLOCKS_PER_REQUEST)
@@ -690,6 +693,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                         )
     if args.table:
         print(markdown(table, names))
+
+
+def with_options(config: PolicyConfig, options: Mapping[str, Any]) -> PolicyConfig:
+    """`config` with the `--option` values: its fields by name, and a field that is itself a
+    config (prefix affinity's `load` and `kv`) from a mapping of its own fields."""
+    values = dict(options)
+    for name, value in options.items():
+        part = getattr(config, name, None)
+        if isinstance(value, Mapping) and part is not None and dataclasses.is_dataclass(part):
+            values[name] = dataclasses.replace(part, **value)  # type: ignore[type-var]
+    return dataclasses.replace(config, **values)
 
 
 def markdown(

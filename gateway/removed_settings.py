@@ -22,7 +22,12 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
+
+import policies.kv_index as kv_index
+import policies.load as load
+import policies.prefix_affinity as affinity
 
 Config = dict[str, Any]
 
@@ -75,8 +80,85 @@ class Dissolved:
 
 Removal = Moved | Frozen | Rewritten | Dissolved
 
+
+def constant(module: ModuleType, name: str) -> Frozen:
+    """A setting that is now the constant `name` of `module`."""
+    value = getattr(module, name)
+    return Frozen(value, f"always {value!r}: {module.__name__}.{name}")
+
+
+def _policy(config: Mapping[str, Any]) -> str:
+    routing = config.get("routing") or {}
+    options = routing.get("policy_options") or {}
+    return str(options.get("kind") or routing.get("policy") or "prefix_affinity")
+
+
+def _load_model(field: str) -> Frozen:
+    """A field of the policies' load model (`routing.policy_options.load`): each policy's own."""
+
+    def used(config: Mapping[str, Any]) -> object:
+        model = (
+            affinity.AFFINITY_LOAD_MODEL if _policy(config) == "prefix_affinity" else load.DEFAULT_LOAD_MODEL
+        )
+        return getattr(model, field)
+
+    what = "the policy's own: policies.prefix_affinity.AFFINITY_LOAD_MODEL, else policies.load.DEFAULT_LOAD_MODEL"
+    return Frozen(used, what)
+
+
+_AFFINITY_CONSTANTS = {
+    "group_min_blocks": "GROUP_MIN_BLOCKS",
+    "group_choices": "GROUP_CHOICES",
+    "shared_group_choices": "SHARED_GROUP_CHOICES",
+    "placement_slack": "PLACEMENT_SLACK",
+    "shared_placement_slack": "SHARED_PLACEMENT_SLACK",
+    "blocks_per_request": "BLOCKS_PER_REQUEST",
+    "tolerance": "TOLERANCE",
+    "load_slack": "LOAD_SLACK",
+    "warm_slack": "WARM_SLACK",
+    "pool_load_factor": "POOL_LOAD_FACTOR",
+    "index_entries": "INDEX_ENTRIES",
+    "index_max_holders": "INDEX_MAX_HOLDERS",
+    "index_stride": "INDEX_STRIDE",
+    "working_set_entries": "WORKING_SET_ENTRIES",
+    "demand_window": "DEMAND_WINDOW",
+    "demand_entries": "DEMAND_ENTRIES",
+    "pending_s": "PENDING_S",
+    "preamble_weight": "PREAMBLE_WEIGHT",
+    "prefill_weight": "PREFILL_WEIGHT",
+}
+_KV_CONSTANTS = {
+    "min_block_tokens": "MIN_BLOCK_TOKENS",
+    "scan_stride": "SCAN_STRIDE",
+    "silent_requests": "SILENT_REQUESTS",
+    "silent_s": "SILENT_S",
+    "relearn_s": "RELEARN_S",
+    "anchor_prompts": "ANCHOR_PROMPTS",
+    "anchor_tokens": "ANCHOR_TOKENS",
+}
+
 #: every removed setting by its dotted path
-REMOVED: dict[str, Removal] = {}
+REMOVED: dict[str, Removal] = {
+    # the policies' parameters, once an untyped mapping: prefix affinity's few settings are
+    # `routing.prefix_affinity`, the rest the policies' constants
+    "routing.policy_options": Dissolved(),
+    "routing.policy_options.kind": Moved("routing.policy"),
+    "routing.policy_options.load_factor": Moved("routing.prefix_affinity.load_factor"),
+    "routing.policy_options.warm_spread": Moved("routing.prefix_affinity.warm_spread"),
+    "routing.policy_options.block_tokens": Moved("routing.block_tokens"),
+    "routing.policy_options.session_in_key": Frozen(
+        False, "the conversation anchor is the routing key, whatever the session"
+    ),
+    **{f"routing.policy_options.{k}": constant(affinity, name) for k, name in _AFFINITY_CONSTANTS.items()},
+    "routing.policy_options.load": Dissolved(),
+    **{
+        f"routing.policy_options.load.{f}": _load_model(f)
+        for f in ("queue_weight", "kv_weight", "queue_high", "kv_high")
+    },
+    "routing.policy_options.kv": Dissolved(),
+    "routing.policy_options.kv.max_blocks": Moved("routing.prefix_affinity.kv_max_blocks"),
+    **{f"routing.policy_options.kv.{k}": constant(kv_index, name) for k, name in _KV_CONSTANTS.items()},
+}
 
 
 def migrate(

@@ -2,11 +2,40 @@
 
 from __future__ import annotations
 
+from typing import assert_never
+
 from gateway.routing.settings import RoutingSettings
-from policies.factory import parse_policy_config
+from policies.factory import PolicyConfig
 from policies.features import FeatureConfig
+from policies.kv_index import KvIndexConfig
+from policies.least_load import LeastLoadConfig
 from policies.pools import Rule
+from policies.power_of_two import PowerOfTwoConfig
+from policies.prefix_affinity import PrefixAffinityConfig
+from policies.round_robin import RoundRobinConfig
 from policies.router import Router
+
+
+def policy_config(settings: RoutingSettings) -> PolicyConfig:
+    """The backend policy's config: its kind from `routing.policy`, prefix affinity's settings from
+    `routing.prefix_affinity`; every other parameter keeps the policy's constants."""
+    match settings.policy:
+        case "prefix_affinity":
+            s = settings.prefix_affinity
+            return PrefixAffinityConfig(
+                load_factor=s.load_factor,
+                warm_spread=s.warm_spread,
+                kv=KvIndexConfig(max_blocks=s.kv_max_blocks),
+                block_tokens=settings.block_tokens,
+            )
+        case "least_load":
+            return LeastLoadConfig()
+        case "power_of_two":
+            return PowerOfTwoConfig()
+        case "round_robin":
+            return RoundRobinConfig()
+        case _:
+            assert_never(settings.policy)
 
 
 def build_router(settings: RoutingSettings) -> tuple[Router, FeatureConfig]:
@@ -21,9 +50,4 @@ def build_router(settings: RoutingSettings) -> tuple[Router, FeatureConfig]:
         )
         for r in settings.rules
     ]
-    options: dict[str, object] = {"kind": settings.policy}
-    if settings.policy == "prefix_affinity":
-        # event-reported tokens are converted to the features' estimated blocks
-        options["block_tokens"] = settings.block_tokens
-    policy = parse_policy_config({**options, **settings.policy_options})
-    return Router(rules, policy), FeatureConfig(block_tokens=settings.block_tokens)
+    return Router(rules, policy_config(settings)), FeatureConfig(block_tokens=settings.block_tokens)

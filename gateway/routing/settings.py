@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
 from gateway.core.settings import SettingsModel
+from policies.prefix_affinity import DEFAULT_CONFIG as AFFINITY
 
 
 class RuleSettings(SettingsModel):
@@ -35,11 +36,25 @@ class SharedSettings(SettingsModel):
     placements: int = Field(4096, ge=1)
 
 
+class PrefixAffinitySettings(SettingsModel):
+    """The `prefix_affinity` policy's settings (docs/routing.md); the other policies have none."""
+
+    #: ε of bounded-load hashing: a backend takes requests while its load is within (1 + ε) x the
+    #: pool's average (plus a few requests); higher keeps more requests where their prefix is warm,
+    #: lower spreads load more evenly
+    load_factor: float = Field(AFFINITY.load_factor, ge=0)
+    #: with the engines' KV events, a hot prefix group's next backend is warmed by a background
+    #: one-token prefill of its preamble; false: a user's request opens it with a cold prefill
+    warm_spread: bool = AFFINITY.warm_spread
+    #: engine blocks the KV-event index keeps per backend, oldest dropped first: the memory bound
+    #: (~370 bytes a block); at least an engine's KV capacity in blocks
+    kv_max_blocks: int = Field(AFFINITY.kv.max_blocks, ge=1)
+
+
 class RoutingSettings(SettingsModel):
     #: backend choice inside a pool (docs/routing.md)
     policy: Literal["prefix_affinity", "least_load", "power_of_two", "round_robin"] = "prefix_affinity"
-    #: the chosen policy's parameters (docs/routing.md lists them per policy)
-    policy_options: dict[str, Any] = Field(default_factory=dict)
+    prefix_affinity: PrefixAffinitySettings = Field(default_factory=PrefixAffinitySettings)
     rules: list[RuleSettings] = Field(default_factory=list)
     #: estimated tokens per prefix block for affinity hashing
     block_tokens: int = Field(32, ge=1)

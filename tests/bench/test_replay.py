@@ -8,8 +8,12 @@ import dataclasses
 
 import pytest
 
-from bench.replay import POLICIES, SERIAL_BLOCKS_PER_REQUEST, main, replay
+from bench.replay import POLICIES, SERIAL_BLOCKS_PER_REQUEST, main, replay, with_options
 from bench.routing import SERIAL, FleetSpec, capacity, make_point
+from policies.kv_index import KvIndexConfig
+from policies.least_load import LeastLoadConfig
+from policies.load import LoadModel
+from policies.prefix_affinity import PrefixAffinityConfig
 
 
 def test_prefix_affinity_keeps_shared_prefixes_warm_and_round_robin_does_not() -> None:
@@ -75,6 +79,25 @@ def test_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.startswith("uniform")
     with pytest.raises(SystemExit):
         main(["no_such_workload"])
+
+
+def test_options_set_the_policys_fields_and_those_of_its_load_and_kv() -> None:
+    """`--option FIELD=VALUE`: a field of the policy's config; `load` and `kv` take mappings of
+    their own fields, the others keeping the policy's values (affinity: no queue threshold)."""
+    base = PrefixAffinityConfig()
+    options = {"placement_slack": 0.0, "load": {"kv_weight": 2.0}, "kv": {"scan_stride": 1}}
+    assert with_options(base, options) == PrefixAffinityConfig(
+        placement_slack=0.0,
+        load=LoadModel(kv_weight=2.0, queue_high=None),
+        kv=KvIndexConfig(scan_stride=1),
+    )
+    assert with_options(LeastLoadConfig(), {"load": {"queue_weight": 3}}) == LeastLoadConfig(
+        load=LoadModel(queue_weight=3)
+    )
+    with pytest.raises(TypeError):
+        with_options(base, {"no_such_field": 1})
+    with pytest.raises(SystemExit):
+        main(["uniform", "--seconds", "2", "--option", "no_such_field=1"])
 
 
 def test_cli_with_baselines_shared_between_processes(capsys: pytest.CaptureFixture[str]) -> None:

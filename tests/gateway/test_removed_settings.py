@@ -16,6 +16,8 @@ from gateway.removed_settings import (
     Rewritten,
     migrate,
 )
+from gateway.routing.settings import PrefixAffinitySettings
+from gateway.settings import parse_settings
 
 
 def _halved(config: dict[str, Any], value: Any) -> str:
@@ -79,3 +81,57 @@ def test_a_config_without_removed_settings_is_untouched_and_silent() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert migrate(config, removed=TABLE) == config
+
+
+def _config(**sections: Any) -> dict[str, Any]:
+    pool = {
+        "name": "p",
+        "dialect": "vllm",
+        "models": {"m": "m"},
+        "backends": [{"name": "b", "url": "http://b"}],
+    }
+    return {"models": [{"name": "m"}], "pools": [pool], **sections}
+
+
+def test_an_old_policy_options_mapping_loads_as_the_typed_settings_it_became() -> None:
+    old = _config(
+        routing={
+            "policy_options": {
+                "load_factor": 0.5,
+                "kv": {"max_blocks": 65536, "silent_s": 10},
+                "placement_slack": 2,
+                "load": {"kv_weight": 0.0, "queue_high": None},
+            }
+        }
+    )
+    with pytest.warns(RemovedSettingWarning) as caught:
+        settings = parse_settings(old, environ={}, source="gateway.yaml")
+    said = sorted(str(w.message) for w in caught)
+    assert said[0].startswith(
+        "routing.policy_options.kv.max_blocks is now routing.prefix_affinity.kv_max_blocks"
+    )
+    assert "always 2.0: policies.prefix_affinity.PLACEMENT_SLACK" in " ".join(said)
+    assert len(said) == 6 and all(w.filename == "gateway.yaml" for w in caught)
+    assert settings.routing.prefix_affinity == PrefixAffinitySettings(load_factor=0.5, kv_max_blocks=65536)
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"placement_slack": 0.0}, r"placement_slack: 0\.0 is no longer possible.*PLACEMENT_SLACK"),
+        ({"kv": {"anchor_prompts": 0}}, r"kv\.anchor_prompts: 0 is no longer possible"),
+        # prefix affinity's load model has no queue threshold; least load's queue threshold is 8
+        ({"load": {"queue_high": 8}}, r"load\.queue_high: 8 is no longer possible"),
+        ({"no_such_option": 1}, r"routing\.policy_options\.no_such_option: not a setting"),
+    ],
+)
+def test_a_policy_option_the_gateway_cannot_honour_is_an_error(options: dict[str, Any], error: str) -> None:
+    with pytest.raises(ValueError, match=error), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RemovedSettingWarning)
+        parse_settings(_config(routing={"policy_options": options}), environ={})
+    with warnings.catch_warnings():  # ... while least load's own value is just a warning
+        warnings.simplefilter("ignore", RemovedSettingWarning)
+        parse_settings(
+            _config(routing={"policy": "least_load", "policy_options": {"load": {"queue_high": 8}}}),
+            environ={},
+        )

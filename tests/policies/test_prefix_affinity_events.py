@@ -148,13 +148,12 @@ def test_a_proposal_to_the_shared_store_takes_the_lightest_of_its_choices() -> N
     """Placing a new preamble group, a process keeps `placement_slack` for agreement with the other
     processes; proposing it to the shared store (which makes them agree) it takes the lightest of its
     first choices (`shared_placement_slack`, 0)."""
-    from policies.factory import parse_policy_config
     from policies.features import FeatureConfig, extract_features
     from policies.router import Router
     from policies.shared_load import SharedRouting
     from policies.types import BackendView, FleetSnapshot, PoolView
 
-    router = Router([], parse_policy_config({"kind": "prefix_affinity"}))
+    router = Router([], PrefixAffinityConfig())
     policy = router.policy
     assert isinstance(policy, PrefixAffinity)
     names = [f"b{i}" for i in range(4)]
@@ -195,7 +194,6 @@ def test_a_preamble_groups_proposal_has_more_choices_than_a_placement_alone() ->
     (a long document) either way, to one of its first `group_choices` only. Eight backends whose
     first three (the group's rendezvous order) each hold a group: the proposal is the fourth or
     later, the placement alone and the document's proposal among the three."""
-    from policies.factory import parse_policy_config
     from policies.features import FeatureConfig, extract_features
     from policies.shared_load import SharedRouting
     from policies.types import BackendView, FleetSnapshot, PoolView
@@ -215,7 +213,7 @@ def test_a_preamble_groups_proposal_has_more_choices_than_a_placement_alone() ->
     snapshot = FleetSnapshot((pool,))
     for make in (preamble, document):
         new = make(0)
-        router = Router([], parse_policy_config({"kind": "prefix_affinity"}))
+        router = Router([], PrefixAffinityConfig())
         policy = router.policy
         assert isinstance(policy, PrefixAffinity)
         config = policy.config
@@ -247,12 +245,11 @@ def test_a_preamble_groups_proposal_has_more_choices_than_a_placement_alone() ->
 def test_no_routable_backend_makes_no_proposal() -> None:
     """A new group's proposal in a fleet with no routable backend: none (the decision proper reports
     the error to the client). Only such errors mean no proposal (`SharedRouting.ask`)."""
-    from policies.factory import parse_policy_config
     from policies.features import FeatureConfig, extract_features
     from policies.shared_load import SharedRouting
     from policies.types import BackendView
 
-    router = Router([], parse_policy_config({"kind": "prefix_affinity"}))
+    router = Router([], PrefixAffinityConfig())
     down = tuple(BackendView(f"b{i}", healthy=False) for i in range(2))
     snapshot = FleetSnapshot((PoolView("p", "vllm", 1.0, frozenset({"m"}), True, True, down),))
     system = " ".join(f"rule-{k}" for k in range(800))
@@ -477,7 +474,6 @@ def test_a_documents_proposal_adds_the_other_processes_working_sets_and_queued_p
     and tails, which the store brings: here this process has sent nothing, the others have filled
     the document's first two choices, and the proposal is its third. A long preamble's proposal
     does not add them (its placement goes by the store's placed blocks)."""
-    from policies.factory import parse_policy_config
     from policies.features import FeatureConfig, extract_features
     from policies.shared_load import PREFILL, SETS, SharedRouting, split, with_others
     from policies.types import BackendView
@@ -493,7 +489,7 @@ def test_a_documents_proposal_adds_the_other_processes_working_sets_and_queued_p
     )
     snapshot = FleetSnapshot((p,))
     for f, expected in ((document, 2), (preamble, 0)):
-        router = Router([], parse_policy_config({"kind": "prefix_affinity"}))
+        router = Router([], PrefixAffinityConfig())
         policy = router.policy
         assert isinstance(policy, PrefixAffinity)
         assert opening_group(f, policy.config) == (f is document)
@@ -510,7 +506,7 @@ def test_a_documents_proposal_adds_the_other_processes_working_sets_and_queued_p
         assert again is not None and again.proposal == order[0]
 
     # what a process reports: its in-flight counts and, under SETS + the backend, its working sets
-    router = Router([], parse_policy_config({"kind": "prefix_affinity"}))
+    router = Router([], PrefixAffinityConfig())
     chosen = router.decide(snapshot, document, 0.5).backend
     share = SharedRouting(router)
     reported = share.report({"b0": 2})

@@ -3,10 +3,10 @@
 The SGLang simulator with SGLang's default 1-token pages publishes its KV-cache events; a
 conversation's first turn, with a long system prompt, is sent to it directly before the gateway
 exists. Its second turn through the gateway is cached by the engine after the part it already held,
-so the engine's store names a parent the gateway never heard of. With anchoring (the default) the
-index places that store on the prompt it routed and counts the prefix before it as held too, so a
-third conversation with the same system prompt is known to be warm there; with `anchor_prompts: 0`
-the store is skipped as an orphan and nothing is known (docs/routing.md, *Unknown parents*).
+so the engine's store names a parent the gateway never heard of. The index places that store on the
+prompt it routed and counts the prefix before it as held too, so a third conversation with the same
+system prompt is known to be warm there (docs/routing.md, *Unknown parents*; a store no routed prompt
+places is skipped as an orphan: tests/policies/test_kv_index.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import time
 from typing import Any
 
 import httpx
-import pytest
 
 from engines.sim.launcher import free_port
 from gateway.admission.tokens import mint_token
@@ -44,8 +43,7 @@ def metric(text: str, name: str) -> float | None:
     return float(found.group(1)) if found else None
 
 
-@pytest.mark.parametrize("anchor_prompts", [32, 0])
-def test_a_late_gateway_learns_what_the_engine_held_before_it_subscribed(anchor_prompts: int) -> None:
+def test_a_late_gateway_learns_what_the_engine_held_before_it_subscribed() -> None:
     port = free_port()
     events = json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{port}", "topic": "kv"})
     with fast_sim("sglang", "--page-size", "1", "--kv-events-config", events) as sim:
@@ -62,10 +60,7 @@ def test_a_late_gateway_learns_what_the_engine_held_before_it_subscribed(anchor_
         backend = config["pools"][0]["backends"][0]
         backend["kv_events"] = {"endpoint": f"tcp://127.0.0.1:{port}", "topic": "kv"}
         config["models"][0]["tokenizer"] = "sim"
-        config["routing"] = {
-            "scrape_interval_s": 0,
-            "policy_options": {"kv": {"anchor_prompts": anchor_prompts}},
-        }
+        config["routing"] = {"scrape_interval_s": 0}
         config["metrics"] = {"sample_interval_s": 0.1}
         with GatewayProcess(config, env={"GATEWAY_JWT_SECRET": SECRET}) as gw:
 
@@ -94,14 +89,9 @@ def test_a_late_gateway_learns_what_the_engine_held_before_it_subscribed(anchor_
             r = httpx.post(gw.base_url + "/v1/chat/completions", json=second, headers=USER, timeout=30)
             assert r.status_code == 200, r.text
             tokens = int(r.json()["usage"]["prompt_tokens"])
-            if anchor_prompts:
-                # the prompt's store anchored; the answer's chains under it as usual
-                wait_until(lambda: counts() == (1.0, 0.0), 10, what="the store anchored on the routed prompt")
-                # the second turn is held whole (in 64-token groups), and so is the system prompt the
-                # engine had cached before the gateway started: another conversation's start is warm
-                assert held(second) >= tokens - 63
-                assert held(third) >= 400
-            else:
-                # the prompt's store, then the answer's chained under it: both orphans
-                wait_until(lambda: counts() == (0.0, 2.0), 10, what="the stores skipped as orphans")
-                assert held(second) == 0 and held(third) == 0
+            # the prompt's store anchored; the answer's chains under it as usual
+            wait_until(lambda: counts() == (1.0, 0.0), 10, what="the store anchored on the routed prompt")
+            # the second turn is held whole (in 64-token groups), and so is the system prompt the
+            # engine had cached before the gateway started: another conversation's start is warm
+            assert held(second) >= tokens - 63
+            assert held(third) >= 400
