@@ -122,7 +122,7 @@ async def run(n: int, redis_url: str) -> dict[str, float]:
     token = mint_token(SECRET, "bench-user").encode()
     headers = {b"authorization": b"Bearer " + token, b"content-type": b"application/json"}
     auth = AuthenticateStage(Authenticator(JwtVerifier(JwtSettings(secret=SECRET)), None))
-    no_cache = AuthenticateStage(Authenticator(JwtVerifier(JwtSettings(secret=SECRET, cache_size=0)), None))
+    no_cache = AuthenticateStage(Authenticator(JwtVerifier(JwtSettings(secret=SECRET), cache_size=0), None))
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     pem = (
         key.public_key()
@@ -142,7 +142,7 @@ async def run(n: int, redis_url: str) -> dict[str, float]:
         algorithm="RS256",
     ).encode()
     rs_auth = AuthenticateStage(
-        Authenticator(JwtVerifier(JwtSettings(public_keys=[PublicKeySettings(pem=pem)], cache_size=0)), None)
+        Authenticator(JwtVerifier(JwtSettings(public_keys=[PublicKeySettings(pem=pem)]), cache_size=0), None)
     )
     parse, validate, sanitise = (
         ParseStage(MODELS, 1 << 22),

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gateway.routing.shared_load import PLACEMENT_TTL_S
 from policies.shared_load import Ask, PlacedBlocks
 
 
@@ -43,7 +44,7 @@ class SharedStore:
 
     __slots__ = ("_placed", "_reported", "calls", "placements")
 
-    def __init__(self, processes: int, placement_ttl_s: float = 600.0) -> None:
+    def __init__(self, processes: int, placement_ttl_s: float = PLACEMENT_TTL_S) -> None:
         self._reported: list[dict[str, int]] = [{} for _ in range(processes)]
         self.placements: dict[int, str] = {}
         self._placed = PlacedBlocks(placement_ttl_s * 1000)

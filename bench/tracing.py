@@ -138,10 +138,8 @@ def inproc(name: str, stream: bool, n: int, endpoint: str) -> float:
         tracing = None
         if name != "off" and name in CONFIGS:
             # a queue for all `n` (the loop outruns the export; a dropped span would cost nothing)
-            settings = TracingSettings(
-                **CONFIGS[name], endpoint=endpoint, export_interval_s=0.2, max_queued_requests=n + 16
-            )
-            tracing = Tracing(settings, "bench")
+            settings = TracingSettings(**CONFIGS[name], endpoint=endpoint)
+            tracing = Tracing(settings, "bench", max_queued=n + 16, interval_s=0.2)
             tracing.start()
             stages = tracing.wrap(stages)
         try:
@@ -298,7 +296,7 @@ def _end_to_end(
             }
             if name in CONFIGS:
                 endpoint = receiver.base_url + "/v1/traces"
-                sections["tracing"] = {**configs[name], "endpoint": endpoint, "export_interval_s": 0.2}
+                sections["tracing"] = {**configs[name], "endpoint": endpoint}
             cfg = gateway_config("vllm", [sim.base_url], **sections)
             source = gateway_source(a.baseline) if name not in CONFIGS else None
             label = "baseline" if name not in CONFIGS else name.replace(" ", "-")

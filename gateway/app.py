@@ -28,6 +28,7 @@ from engines.base import Endpoint
 from engines.errors import ApiError, model_not_found
 from gateway.admission import Admission
 from gateway.admission.intake import ParseStage, ValidateStage
+from gateway.admission.sanitise import BOUNDS
 from gateway.apis import ApiRoute, Apis
 from gateway.control.admin import build_admin_app
 from gateway.control.store import MemoryStore, RedisStore, Store
@@ -80,8 +81,6 @@ LIVE_SETTINGS = (
     "models",
     "limits.tiers",
     "limits.tenants",
-    "limits.default_tier",
-    "limits.tenant_default",
     "limits.track_spend",
 )
 
@@ -219,7 +218,7 @@ class Gateway:
             "embeddings": [
                 *auth,
                 ParseStage(self.models, s.server.max_body_bytes, permits, task="embed"),
-                apis.embeddings_intake(features, s.sanitise.context_slack),
+                apis.embeddings_intake(features, BOUNDS.context_slack),
                 *admit,
                 route,
                 proxy,
@@ -270,9 +269,7 @@ class Gateway:
         up = self.settings.upstream
         if self._transport is None:
             self._transport = H1Transport(
-                connect_timeout_s=up.timeouts.connect_s,
                 max_per_host=up.max_connections_per_backend,
-                keepalive_s=up.keepalive_s,
             )
         keys, problems = read_keys(self.settings.pools)
         if problems:
@@ -310,9 +307,8 @@ class Gateway:
             await self.kv_events.start()
         redis = self.redis
         probe = RedisProbe(redis, self.metrics, up.health.timeout_s) if redis is not None else None
-        interval = self.settings.metrics.sample_interval_s
         kv = self.kv_events.subscriber.report if self.kv_events is not None else None
-        self._sampler = MetricsSampler(self.fleet, self.metrics, interval, probe, kv)
+        self._sampler = MetricsSampler(self.fleet, self.metrics, redis=probe, kv=kv)
         await self._sampler.start()
         healthy = sum(1 for b in self.fleet.backends.values() if b.healthy)
         log.info(
@@ -343,7 +339,7 @@ class Gateway:
         if self._transport is not None and self._owns_transport:
             await self._transport.aclose()
         if self.tracing is not None:
-            # what is queued is exported first (each export bounded by tracing.timeout_s)
+            # what is queued is exported first (each export bounded by its timeout)
             await self.tracing.aclose()
 
     # -- ASGI -------------------------------------------------------------------------------------
@@ -430,7 +426,7 @@ class Gateway:
                 {"status": "not ready", "reasons": reasons} if reasons else {"status": "ready"}
             )
             response = BytesResponse(503 if reasons else 200, body, headers)
-        elif path == "/metrics" and self.metrics_export.enabled:
+        elif path == "/metrics":
             if self.metrics_export.authorized(dict(scope["headers"])):
                 self._refresh_gauges()
                 body = self.metrics_export.render()

@@ -25,9 +25,27 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+import gateway.admission.api_keys as api_keys
+import gateway.admission.assembly as admission
+import gateway.admission.jwks as jwks
+import gateway.admission.jwt_auth as jwt_auth
+import gateway.admission.limits as limits
+import gateway.admission.media_fetch as media_fetch
+import gateway.admission.sanitise as sanitise
+import gateway.apis.assembly as apis
+import gateway.core.redis_client as redis_client
+import gateway.edge.http_guard as http_guard
+import gateway.observability.metrics_sampler as metrics_sampler
+import gateway.observability.otlp as otlp
+import gateway.routing.settings as routing_settings
+import gateway.routing.shared_load as shared_load
+import gateway.upstream.h1 as h1
+import policies.features as features
 import policies.kv_index as kv_index
 import policies.load as load
 import policies.prefix_affinity as affinity
+import policies.shared_load as policy_shared_load
+from gateway.admission.settings import DEFAULT_SPECIAL_TOKENS, DEFAULT_TENANT, DEFAULT_TIER
 
 Config = dict[str, Any]
 
@@ -106,6 +124,81 @@ def _load_model(field: str) -> Frozen:
     return Frozen(used, what)
 
 
+def _scrape_stale_s(config: Mapping[str, Any]) -> object:
+    interval = (config.get("routing") or {}).get("scrape_interval_s", 2.0)
+    if not isinstance(interval, (int, float)):
+        return None  # not a number: the interval's own validation says so
+    return max(routing_settings.SCRAPE_STALE_S, routing_settings.SCRAPE_STALE_SCRAPES * interval)
+
+
+def _default_tier(config: Config, tier: Any) -> str:
+    """`limits.default_tier`: the tier named `default` is the default now; another name is read as
+    `default` when no tier has that name already."""
+    tiers = (config.get("limits") or {}).get("tiers")
+    if tier == DEFAULT_TIER:
+        return f"the tier named {DEFAULT_TIER!r} is the default; remove it"
+    if not isinstance(tiers, dict) or tier not in tiers or DEFAULT_TIER in tiers:
+        raise ValueError(
+            f"limits.default_tier is no longer a setting: the tier named {DEFAULT_TIER!r} applies to "
+            f"principals without a listed tier; name tier {tier!r} {DEFAULT_TIER!r} instead"
+        )
+    tiers[DEFAULT_TIER] = tiers.pop(tier)
+    return f"the tier named {DEFAULT_TIER!r} is the default; tier {tier!r} is read as {DEFAULT_TIER!r} (rename it)"
+
+
+def _tenant_default(config: Config, limits: Any) -> str:
+    """`limits.tenant_default`: the tenant named `default` is the limits of tenants not listed."""
+    section = config.setdefault("limits", {})
+    tenants = section.setdefault("tenants", {})
+    if not isinstance(tenants, dict) or DEFAULT_TENANT in tenants:
+        raise ValueError(
+            f"limits.tenant_default is no longer a setting: the tenant named {DEFAULT_TENANT!r} applies to "
+            "tenants not listed, and one is listed already; keep one of the two"
+        )
+    tenants[DEFAULT_TENANT] = limits
+    return f"tenants not listed take limits.tenants.{DEFAULT_TENANT} (move it there)"
+
+
+def _tokens_by_model(config: Config, by_model: Any) -> str:
+    """`sanitise.special_tokens_by_model`: one list for every model now; a model's own tokens join it."""
+    if not by_model:
+        return "sanitise.special_token_list applies to every model; remove it"
+    if not isinstance(by_model, dict):
+        raise ValueError(
+            "sanitise.special_tokens_by_model is no longer a setting: use sanitise.special_token_list"
+        )
+    section = config.setdefault("sanitise", {})
+    tokens = list(section.get("special_token_list", DEFAULT_SPECIAL_TOKENS))
+    added = 0
+    for own in by_model.values():
+        for token in own:
+            if token not in tokens:
+                tokens.append(token)
+                added += 1
+    section["special_token_list"] = tokens
+    return (
+        f"sanitise.special_token_list applies to every model; {added} token(s) of the models' own "
+        "lists are added to it (move them there)"
+    )
+
+
+_BOUNDS = (
+    "max_json_depth",
+    "max_messages",
+    "max_string_chars",
+    "max_tools",
+    "max_stop",
+    "max_stop_chars",
+    "max_logit_bias",
+    "context_slack",
+)
+
+
+def _bound(field: str) -> Frozen:
+    value = getattr(sanitise.BOUNDS, field)
+    return Frozen(value, f"always {value!r}: gateway.admission.sanitise.Bounds.{field}")
+
+
 _AFFINITY_CONSTANTS = {
     "group_min_blocks": "GROUP_MIN_BLOCKS",
     "group_choices": "GROUP_CHOICES",
@@ -144,8 +237,9 @@ REMOVED: dict[str, Removal] = {
     "routing.policy_options": Dissolved(),
     "routing.policy_options.kind": Moved("routing.policy"),
     "routing.policy_options.load_factor": Moved("routing.prefix_affinity.load_factor"),
-    "routing.policy_options.warm_spread": Moved("routing.prefix_affinity.warm_spread"),
-    "routing.policy_options.block_tokens": Moved("routing.block_tokens"),
+    "routing.policy_options.warm_spread": constant(affinity, "WARM_SPREAD"),
+    "routing.prefix_affinity.warm_spread": constant(affinity, "WARM_SPREAD"),
+    "routing.policy_options.block_tokens": constant(features, "BLOCK_TOKENS"),
     "routing.policy_options.session_in_key": Frozen(
         False, "the conversation anchor is the routing key, whatever the session"
     ),
@@ -158,6 +252,60 @@ REMOVED: dict[str, Removal] = {
     "routing.policy_options.kv": Dissolved(),
     "routing.policy_options.kv.max_blocks": Moved("routing.prefix_affinity.kv_max_blocks"),
     **{f"routing.policy_options.kv.{k}": constant(kv_index, name) for k, name in _KV_CONSTANTS.items()},
+    "routing.block_tokens": constant(features, "BLOCK_TOKENS"),
+    "routing.scrape_stale_s": Frozen(
+        _scrape_stale_s,
+        "implied by routing.scrape_interval_s: five intervals, at least 10 s "
+        "(gateway.routing.settings.SCRAPE_STALE_SCRAPES)",
+    ),
+    "routing.shared.placement_ttl_s": constant(shared_load, "PLACEMENT_TTL_S"),
+    "routing.shared.placements": constant(policy_shared_load, "PLACEMENTS"),
+    # internal bounds and cadences: constants beside the code that uses them
+    "server.max_header_bytes": Frozen(
+        http_guard.GuardedHttpToolsProtocol.max_header_bytes,
+        f"always {http_guard.GuardedHttpToolsProtocol.max_header_bytes}: "
+        "gateway.edge.http_guard.GuardedHttpToolsProtocol.max_header_bytes",
+    ),
+    "redis.max_connections": constant(redis_client, "MAX_CONNECTIONS"),
+    "redis.db": Frozen(0, "database 0; standalone takes its database from the url"),
+    "redis.pool_wait_s": constant(redis_client, "POOL_WAIT_S"),
+    "metrics.sample_interval_s": constant(metrics_sampler, "SAMPLE_INTERVAL_S"),
+    "apis.responses.memory_max_entries": constant(apis, "MEMORY_MAX_ENTRIES"),
+    "apis.responses.max_record_bytes": constant(apis, "MAX_RECORD_BYTES"),
+    "limits.window_s": constant(admission, "WINDOW_S"),
+    "limits.redis_probe_s": constant(limits, "PROBE_S"),
+    "limits.default_tier": Rewritten(_default_tier),
+    "limits.tenant_default": Rewritten(_tenant_default),
+    "auth.jwt.secret_algorithms": Frozen(list(jwt_auth.SECRET_ALGORITHMS), "always HS256"),
+    "auth.jwt.required_claims": Frozen(
+        list(jwt_auth.REQUIRED_CLAIMS), "always exp and sub: gateway.admission.jwt_auth.REQUIRED_CLAIMS"
+    ),
+    "auth.jwt.leeway_s": constant(jwt_auth, "LEEWAY_S"),
+    "auth.jwt.max_token_bytes": constant(jwt_auth, "MAX_TOKEN_BYTES"),
+    "auth.jwt.cache_ttl_s": constant(jwt_auth, "CACHE_TTL_S"),
+    "auth.jwt.cache_size": constant(jwt_auth, "CACHE_SIZE"),
+    "auth.jwt.jwks_refresh_s": constant(jwks, "REFRESH_S"),
+    "auth.jwt.jwks_min_refresh_s": constant(jwks, "MIN_REFRESH_S"),
+    "auth.jwt.jwks_timeout_s": constant(jwks, "TIMEOUT_S"),
+    "auth.api_keys.cache_ttl_s": constant(api_keys, "CACHE_TTL_S"),
+    "auth.api_keys.cache_size": constant(api_keys, "CACHE_SIZE"),
+    "auth.api_keys.outage_grace_s": constant(api_keys, "OUTAGE_GRACE_S"),
+    "sanitise.media.fetch_timeout_s": constant(media_fetch, "FETCH_TIMEOUT_S"),
+    "upstream.keepalive_s": constant(h1, "KEEPALIVE_S"),
+    "upstream.timeouts.connect_s": constant(h1, "CONNECT_TIMEOUT_S"),
+    "tracing.max_queued_requests": constant(otlp, "MAX_QUEUED"),
+    "tracing.export_interval_s": constant(otlp, "EXPORT_INTERVAL_S"),
+    "tracing.timeout_s": constant(otlp, "EXPORT_TIMEOUT_S"),
+    "metrics.enabled": Frozen(
+        True, "/metrics is part of the gateway's API; protect it with metrics.bearer_token"
+    ),
+    # the request bounds: OpenAI's limits (gateway.admission.sanitise.Bounds)
+    **{f"sanitise.{f}": _bound(f) for f in _BOUNDS},
+    "sanitise.template_marker_list": Frozen(
+        list(sanitise.TEMPLATE_MARKERS),
+        "always Jinja's delimiters: gateway.admission.sanitise.TEMPLATE_MARKERS",
+    ),
+    "sanitise.special_tokens_by_model": Rewritten(_tokens_by_model),
 }
 
 

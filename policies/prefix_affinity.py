@@ -163,6 +163,10 @@ LOAD_SLACK = 6.0
 WARM_SLACK = 0.5
 #: ε of the bounded load across pools, looser than a pool's: a pool spill copies a whole group
 POOL_LOAD_FACTOR = 0.5
+#: with the engines' events and the request's tokens, a hot group's next holder is warmed in the
+#: background with the group's preamble (`BackendChoice.warm`): a request sent there instead (False:
+#: `affinity:spread`) paid the whole preamble's cold prefill, the slowest first tokens of agent loops
+WARM_SPREAD = True
 #: prefix-index entries (block hash -> backends), ~110 bytes each: ~7 MB a process
 INDEX_ENTRIES = 65536
 #: backends remembered per indexed prefix: enough for a hot group's holders
@@ -190,9 +194,9 @@ PREFILL_WEIGHT = 0.5
 
 @dataclass(frozen=True, slots=True)
 class PrefixAffinityConfig:
-    """The policy's parameters. The gateway sets `load_factor`, `warm_spread` and `kv.max_blocks`
-    from `routing.prefix_affinity`; the rest keep the constants above (the replay and the tests
-    vary them)."""
+    """The policy's parameters. The gateway sets `load_factor` and `kv.max_blocks` from
+    `routing.prefix_affinity`; the rest keep the constants above (the replay and the tests vary
+    them)."""
 
     kind: Literal["prefix_affinity"] = "prefix_affinity"
     group_min_blocks: int = GROUP_MIN_BLOCKS
@@ -221,10 +225,7 @@ class PrefixAffinityConfig:
     #: the KV-event index's bounds and liveness rules
     kv: KvIndexConfig = field(default_factory=KvIndexConfig)
     pending_s: float = PENDING_S
-    #: with the engines' events and the request's tokens, a hot group's next holder is warmed in the
-    #: background with the group's preamble (`BackendChoice.warm`) instead of opened by a request's
-    #: cold prefill; False: the request is sent there (`affinity:spread`)
-    warm_spread: bool = True
+    warm_spread: bool = WARM_SPREAD
     preamble_weight: float = PREAMBLE_WEIGHT
     prefill_weight: float = PREFILL_WEIGHT
 

@@ -207,13 +207,18 @@ def key_text(key: int) -> str:
     return f"{key & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
+#: groups whose placement a process remembers (it proposes one only for a group it does not know):
+#: ~150 bytes each, and a group's requests rarely span more than the last few thousand groups
+PLACEMENTS = 4096
+
+
 class SharedRouting:
     """One routing process's side of the shared placements (see the module docstring). Not
     thread-safe (the process's event loop only)."""
 
     __slots__ = ("_known", "_max", "_prefill_names", "_reported", "router")
 
-    def __init__(self, router: Router, entries: int = 4096) -> None:
+    def __init__(self, router: Router, entries: int = PLACEMENTS) -> None:
         self.router = router
         self._known: OrderedDict[int, str] = OrderedDict()  # group key -> the store's placement
         self._max = max(1, entries)

@@ -1,7 +1,7 @@
 """Model access per tier, tenant and API key: which models a principal may use.
 
 The grants come from the config (`limits.tiers.<tier>` and `limits.tenants.<tenant>` /
-`limits.tenant_default`: `allow_models`, `deny_models`) and from the principal's API key (created
+`limits.tenants.default`: `allow_models`, `deny_models`) and from the principal's API key (created
 with a model list through the admin API). A model is usable only when every grant permits it
 (`policies.access.combine`). The parse stage asks `permits` right after resolving the model, so a
 model the caller may not use is the same 404 `model_not_found` as a model that does not exist —

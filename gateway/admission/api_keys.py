@@ -17,10 +17,10 @@ hash tag so create/revoke are one MULTI:
     gw:{apikeys}:revoked     hash  key id → the revoked key's record (its spend stays readable)
 
 Without Redis, the same in memory (this process only). `resolve` caches answers (also "no such key")
-for `cache_ttl_s`, so a revocation reaches the other replicas within that time (at once on the
+for `CACHE_TTL_S`, so a revocation reaches the other replicas within that time (at once on the
 replica that revoked).
 
-During a store outage, a key this process verified in the last `outage_grace_s` keeps working from
+During a store outage, a key this process verified in the last `OUTAGE_GRACE_S` keeps working from
 its cache (the store's answer, as last confirmed); a key it never verified, or one it knows was
 revoked or changed, gets the store's error (503). Past the grace, every key gets it.
 """
@@ -235,6 +235,16 @@ class RedisBackend:
         return bool(await self._replace(keys=[_BY_ID, _BY_DIGEST], args=[record.id, record.to_json()]))
 
 
+#: a resolved key is cached this long per process: a revocation reaches every other replica within
+#: 10 s, and a busy key costs its replica one lookup in 10 s
+CACHE_TTL_S = 10.0
+#: keys cached per process, at most
+CACHE_SIZE = 10_000
+#: during a store outage, a key this process verified in the last ten minutes keeps working from its
+#: cache: an outage of minutes locks no active client out, while a key unused that long waits for Redis
+OUTAGE_GRACE_S = 600.0
+
+
 class ApiKeys:
     """Create, revoke, list and resolve API keys. Backend errors (Redis down) propagate."""
 
@@ -243,9 +253,9 @@ class ApiKeys:
         backend: KeyBackend,
         *,
         pepper: str | None = None,
-        cache_ttl_s: float = 10.0,
-        cache_size: int = 10000,
-        outage_grace_s: float = 600.0,
+        cache_ttl_s: float = CACHE_TTL_S,
+        cache_size: int = CACHE_SIZE,
+        outage_grace_s: float = OUTAGE_GRACE_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._backend = backend

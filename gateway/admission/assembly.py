@@ -29,7 +29,7 @@ from gateway.admission.api_keys import ApiKeys, MemoryBackend, RedisBackend
 from gateway.admission.auth import AuthenticateStage, Authenticator, require_admin
 from gateway.admission.caps import CapsStage
 from gateway.admission.jwks import JwksCache
-from gateway.admission.jwt_auth import JwtVerifier
+from gateway.admission.jwt_auth import SECRET_ALGORITHMS, JwtVerifier
 from gateway.admission.limits import FailoverLimiter, StoreDown
 from gateway.admission.limits_local import LocalLimiter
 from gateway.admission.limits_redis import RedisLimiter
@@ -47,6 +47,9 @@ from policies.budgets import Budget, Period
 from policies.features import FeatureConfig
 
 log = logging.getLogger("gateway.admission")
+
+#: the window of the per-minute limits (requests and tokens per minute): a minute, by definition
+WINDOW_S = 60.0
 
 
 class Observer(Protocol):
@@ -103,22 +106,10 @@ class Admission:
         self._caps: CapsStage | None = None
         if auth.jwt.jwks_url:
             j = auth.jwt
-            self.jwks = JwksCache(
-                j.jwks_url or "",
-                j.jwks_algorithms,
-                refresh_s=j.jwks_refresh_s,
-                min_refresh_s=j.jwks_min_refresh_s,
-                timeout_s=j.jwks_timeout_s,
-            )
+            self.jwks = JwksCache(j.jwks_url or "", j.jwks_algorithms)
         jwt = JwtVerifier(auth.jwt, self.jwks) if auth.jwt.has_keys else None
         k = auth.api_keys
-        self.api_keys = ApiKeys(
-            MemoryBackend(),
-            pepper=k.pepper,
-            cache_ttl_s=k.cache_ttl_s,
-            cache_size=k.cache_size,
-            outage_grace_s=k.outage_grace_s,
-        )
+        self.api_keys = ApiKeys(MemoryBackend(), pepper=k.pepper)
         #: None when authentication is off (every request is `anonymous`)
         self.authenticator: Authenticator | None = None
         if auth.active:
@@ -127,10 +118,9 @@ class Admission:
             )
         self._auth_enabled.set(1 if self.authenticator is not None else 0)
         self.limiter = FailoverLimiter(
-            LocalLimiter(window_s=limits.window_s),
+            LocalLimiter(window_s=WINDOW_S),
             limits.on_redis_error,
-            limits.redis_probe_s,
-            self._on_limiter_event,
+            on_event=self._on_limiter_event,
         )
         self._redis_limiter: RedisLimiter | None = None
         self._wire: RespClient | None = None
@@ -165,13 +155,11 @@ class Admission:
         `engine_hosts` are the backends' hosts, whose addresses media may never come from."""
         m = self._sanitise.media
         if self._media_fetcher is None:
-            self._media_fetcher = MediaFetcher(
-                m.allowed_hosts, m.max_bytes, m.fetch_timeout_s, engine_hosts=engine_hosts
-            )
+            self._media_fetcher = MediaFetcher(m.allowed_hosts, m.max_bytes, engine_hosts=engine_hosts)
         return MediaStage(m, self._media_fetcher, self.count_rejection)
 
     #: the limits settings a reload applies at once (the others shape the limiter: a restart)
-    LIVE_LIMITS = frozenset({"tiers", "tenants", "default_tier", "tenant_default", "track_spend"})
+    LIVE_LIMITS = frozenset({"tiers", "tenants", "track_spend"})
 
     def reconfigure(self, limits: LimitsSettings) -> bool:
         """Apply a reloaded config's tiers, tenants and budgets from the next request on; False (and
@@ -327,7 +315,7 @@ class Admission:
                 )
             self._redis_limiter = RedisLimiter(
                 redis,
-                window_s=limits.window_s,
+                window_s=WINDOW_S,
                 lease_s=limits.concurrency_lease_s,
                 observe=self._observe_redis,
                 wire=self._wire,
@@ -364,7 +352,7 @@ class Admission:
             sources = [
                 name
                 for name, on in (
-                    (f"HS secret ({'/'.join(j.secret_algorithms)})", bool(j.secret)),
+                    (f"HS secret ({'/'.join(SECRET_ALGORITHMS)})", bool(j.secret)),
                     (f"{len(j.public_keys)} public key(s)", bool(j.public_keys)),
                     (f"JWKS {j.jwks_url}", bool(j.jwks_url)),
                     (

@@ -29,6 +29,14 @@ log = logging.getLogger("gateway.auth")
 
 Fetch = Callable[[], Awaitable[bytes]]
 
+#: the background refresh: a provider publishes a new key well ahead of signing with it
+REFRESH_S = 300.0
+#: an unknown `kid` refreshes at most this often: a rotated key is seen within 10 s, a flood of
+#: invented kids costs the provider one fetch in 10 s
+MIN_REFRESH_S = 10.0
+#: a fetch's timeout: the last good keys keep serving meanwhile
+TIMEOUT_S = 3.0
+
 
 class JwksCache:
     def __init__(
@@ -36,9 +44,9 @@ class JwksCache:
         url: str,
         algorithms: Collection[str],
         *,
-        refresh_s: float = 300.0,
-        min_refresh_s: float = 10.0,
-        timeout_s: float = 3.0,
+        refresh_s: float = REFRESH_S,
+        min_refresh_s: float = MIN_REFRESH_S,
+        timeout_s: float = TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.url = url

@@ -3,7 +3,7 @@
 Order of checks, cheapest first, so hostile input costs little: size cap → cache of recently
 verified tokens (by BLAKE2b digest) → header parse → algorithm in the allow-list (`none` never is)
 → keys for that algorithm family and `kid` → signature, `exp`/`nbf`/`iat` (with leeway), `iss`,
-`aud`, required claims → claim mapping. The cache keeps a principal at most `cache_ttl_s` and never
+`aud`, required claims → claim mapping. The cache keeps a principal at most `CACHE_TTL_S` and never
 past the token's `exp`, in a bounded LRU.
 """
 
@@ -25,6 +25,21 @@ from gateway.admission.settings import HMAC_ALGORITHMS, KNOWN_ALGORITHMS, ClaimM
 from gateway.core.context import Principal
 
 _HMAC = frozenset(HMAC_ALGORITHMS)
+
+#: the shared secret's algorithm: the secret is the development path (`gateway token` signs HS256);
+#: an identity provider's tokens verify with its public keys
+SECRET_ALGORITHMS = ("HS256",)
+#: claims every token must carry: an expiry (no token is valid for ever) and a subject
+REQUIRED_CLAIMS = ("exp", "sub")
+#: clock skew tolerated between the token's issuer and the gateway on `exp`, `nbf` and `iat`
+LEEWAY_S = 30.0
+#: longest token accepted, in bytes (401 above, before any parsing): a token with many group or
+#: role claims stays far below
+MAX_TOKEN_BYTES = 8192
+#: verified tokens kept this long (never past their `exp`), at most this many: a client's token is
+#: checked once a minute, not on every request
+CACHE_TTL_S = 60.0
+CACHE_SIZE = 10_000
 
 
 class AuthFailure(Exception):
@@ -87,18 +102,21 @@ class JwtVerifier:
         settings: JwtSettings,
         jwks: JwksCache | None = None,
         clock: Callable[[], float] = time.time,
+        *,
+        cache_ttl_s: float = CACHE_TTL_S,
+        cache_size: int = CACHE_SIZE,
     ) -> None:
         self._s = settings
         self._jwks = jwks
         self._clock = clock
         self._secret: VerifyKey | None = None
         if settings.secret:
-            self._secret = VerifyKey(None, settings.secret.encode(), frozenset(settings.secret_algorithms))
+            self._secret = VerifyKey(None, settings.secret.encode(), frozenset(SECRET_ALGORITHMS))
         self._static: list[VerifyKey] = []
         for pk in settings.public_keys:
             pem = pk.pem if pk.pem is not None else Path(pk.pem_file or "").read_text()
             self._static.append(load_pem(pem, pk.algorithms, pk.kid))
-        self._allowed = frozenset(settings.secret_algorithms if settings.secret else ()) | frozenset(
+        self._allowed = frozenset(SECRET_ALGORITHMS if settings.secret else ()) | frozenset(
             a for k in self._static for a in k.algorithms
         )
         if jwks is not None:
@@ -106,12 +124,12 @@ class JwtVerifier:
         self._allowed &= KNOWN_ALGORITHMS
         self._issuer = settings.issuer
         self._audience = settings.audience
-        self._require = list(settings.required_claims)
+        self._require = list(REQUIRED_CLAIMS)
         self._options: Any = {"require": self._require, "verify_aud": settings.audience is not None}
         self._cache: OrderedDict[bytes, tuple[Principal, float]] = OrderedDict()
-        self._cache_ttl = settings.cache_ttl_s
-        self._cache_size = settings.cache_size
-        self._max_bytes = settings.max_token_bytes
+        self._cache_ttl = cache_ttl_s
+        self._cache_size = cache_size
+        self._max_bytes = MAX_TOKEN_BYTES
         self.verifications = 0  # full signature checks (cache misses), for tests and benchmarks
 
     async def verify(self, token: bytes) -> Principal:
@@ -159,7 +177,7 @@ class JwtVerifier:
                     algorithms=[alg],
                     audience=self._audience,
                     issuer=self._issuer,
-                    leeway=self._s.leeway_s,
+                    leeway=LEEWAY_S,
                     options=self._options,
                 )
                 return claims

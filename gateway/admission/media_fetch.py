@@ -30,6 +30,9 @@ from policies.media import RemoteUrl, host_allowed, parse_remote_url, refused_ad
 MAX_REDIRECTS = 3
 #: how long the resolved addresses of the engines' hosts are reused
 ENGINE_ADDRESSES_TTL_S = 60.0
+#: how long fetching one allowed URL may take, redirects included: an image host that has not
+#: answered in 10 s keeps the request waiting for nothing (the client can send the image inline)
+FETCH_TIMEOUT_S = 10.0
 
 if TYPE_CHECKING:  # imported at the first fetch: most gateways never fetch media (no allowed host)
     import httpx
@@ -54,7 +57,7 @@ class MediaFetcher:
         self,
         allowed_hosts: Iterable[str],
         max_bytes: int,
-        timeout_s: float,
+        timeout_s: float = FETCH_TIMEOUT_S,
         *,
         engine_hosts: Callable[[], Iterable[str]] = lambda: (),
         resolve: Resolve = resolve_host,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from engines.errors import ApiError, above_max_length, context_length_exceeded, invalid_request
@@ -43,6 +44,35 @@ _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _TEXT_FIELDS = ("messages", "prompt", "suffix", "tools")
 #: content-part keys of media items (policies/media.py), checked by the media stage instead
 _MEDIA_KEYS = frozenset((*MEDIA_KEYS, INLINE_AUDIO_KEY))
+#: Jinja's delimiters: what `sanitise.template_markers` looks for (the engines' chat templates are Jinja)
+TEMPLATE_MARKERS = ("{{", "}}", "{%", "%}", "{#", "#}")
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """How large a request may be, field by field: OpenAI's limits where it has them, so that every
+    pool refuses what OpenAI would, with OpenAI's error."""
+
+    #: deepest JSON nesting anywhere in the body: far beyond any real schema, short of a stack's worth
+    max_json_depth: int = 32
+    #: messages in a chat request (OpenAI's)
+    max_messages: int = 2048
+    #: characters in one string - a message's text, a tool's description (OpenAI's 2^20, rounded)
+    max_string_chars: int = 1_000_000
+    #: tools in a request (OpenAI's)
+    max_tools: int = 128
+    #: stop sequences (OpenAI's) and characters in each
+    max_stop: int = 4
+    max_stop_chars: int = 256
+    #: `logit_bias` entries (OpenAI's)
+    max_logit_bias: int = 300
+    #: a prompt is refused when its estimate (~4 bytes a token) exceeds the context by more than
+    #: this share: the estimate's error must not refuse a prompt the engine would take
+    context_slack: float = 0.1
+
+
+#: the bounds the gateway holds requests to
+BOUNDS = Bounds()
 
 
 class _Reject(Exception):
@@ -81,10 +111,10 @@ class TextRules:
             self._special_re = _literal_re(special_tokens)
             alternatives.append(self._special_re.pattern)
             firsts.update(re.escape(s[0]) for s in special_tokens)
-        if self._markers != "allow" and settings.template_marker_list:
-            self._marker_re = _literal_re(settings.template_marker_list)
+        if self._markers != "allow":
+            self._marker_re = _literal_re(list(TEMPLATE_MARKERS))
             alternatives.append(self._marker_re.pattern)
-            firsts.update(re.escape(s[0]) for s in settings.template_marker_list)
+            firsts.update(re.escape(s[0]) for s in TEMPLATE_MARKERS)
         # The lookahead lets the regex engine skip, one class test a character, every position no
         # alternative can start at, instead of trying each alternative there (the same matches;
         # 8 KB of prose 320 -> 99 us, of code 374 -> 192, 50 KB 1.9 -> 0.64 ms)
@@ -156,12 +186,13 @@ class SanitiseStage:
         settings: SanitiseSettings,
         features: FeatureConfig = DEFAULT_FEATURE_CONFIG,
         on_reject: RejectHook | None = None,
+        *,
+        bounds: Bounds = BOUNDS,
     ) -> None:
-        self._s = settings
+        self._limits = bounds
         self._features = features
         self._on_reject = on_reject
-        self._default_rules = TextRules(settings, settings.special_token_list)
-        self._rules = {m: TextRules(settings, toks) for m, toks in settings.special_tokens_by_model.items()}
+        self._rules = TextRules(settings, settings.special_token_list)
 
     async def __call__(self, ctx: RequestContext) -> Response | None:
         try:
@@ -177,7 +208,7 @@ class SanitiseStage:
         the prompt estimate against the context window. Raises `_Reject`."""
         body = ctx.body
         model = ctx.model
-        rules = self._rules.get(model.name, self._default_rules) if model is not None else self._default_rules
+        rules = self._rules
         self._bounds(body, model.context_length if model is not None else None)
         path: list[str | int] = []
         for key, value in body.items():
@@ -194,7 +225,7 @@ class SanitiseStage:
 
     # -- bounds -----------------------------------------------------------------------------------
     def _bounds(self, body: dict[str, Any], context_length: int | None) -> None:
-        s = self._s
+        s = self._limits
         messages = body.get("messages")
         if type(messages) is list and len(messages) > s.max_messages:
             raise _too_long_array("messages", s.max_messages, len(messages))
@@ -246,11 +277,11 @@ class SanitiseStage:
                     )
 
     def _logit_bias(self, bias: dict[str, Any]) -> None:
-        if len(bias) > self._s.max_logit_bias:
+        if len(bias) > self._limits.max_logit_bias:
             raise _Reject(
                 "logit_bias",
                 invalid_request(
-                    f"Invalid 'logit_bias': too many entries. Expected at most {self._s.max_logit_bias}, "
+                    f"Invalid 'logit_bias': too many entries. Expected at most {self._limits.max_logit_bias}, "
                     f"but got {len(bias)} instead.",
                     param="logit_bias",
                     code="invalid_value",
@@ -274,19 +305,19 @@ class SanitiseStage:
         (possibly new) node is returned. Containers are updated in place."""
         t = type(node)
         if t is str:
-            if len(node) > self._s.max_string_chars:
+            if len(node) > self._limits.max_string_chars:
                 raise _Reject(
                     "string_too_long",
-                    above_max_length(_path(path), self._s.max_string_chars, len(node), "string"),
+                    above_max_length(_path(path), self._limits.max_string_chars, len(node), "string"),
                 )
             return rules.clean(node, path) if rules is not None else node
         if t is not dict and t is not list:
             return node
-        if depth > self._s.max_json_depth:
+        if depth > self._limits.max_json_depth:
             raise _Reject(
                 "depth",
                 invalid_request(
-                    f"Invalid '{_path(path)}': the JSON nesting is deeper than {self._s.max_json_depth} levels.",
+                    f"Invalid '{_path(path)}': the JSON nesting is deeper than {self._limits.max_json_depth} levels.",
                     param=_path(path),
                     code="invalid_value",
                 ),
@@ -313,7 +344,7 @@ class SanitiseStage:
     def _context(self, ctx: RequestContext, context_length: int) -> None:
         features = extract_features(ctx.body, self._features, session_key=ctx.principal.user)
         ctx.extras["features"] = features
-        allowed = context_length * (1 + self._s.context_slack)
+        allowed = context_length * (1 + self._limits.context_slack)
         prompt = features.longest_prompt_tokens  # a batch's prompts each run on their own
         asked = features.max_tokens
         param = "messages" if ctx.endpoint == "chat" else "prompt"

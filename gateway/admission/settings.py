@@ -77,36 +77,17 @@ class ClaimMapping(_Model):
 
 
 class JwtSettings(_Model):
-    #: HS* shared secret (`GATEWAY_JWT_SECRET` sets it); tokens from `gateway token` verify with it
+    #: HS256 shared secret (`GATEWAY_JWT_SECRET` sets it); tokens from `gateway token` verify with it
     secret: str | None = None
-    secret_algorithms: list[str] = Field(default_factory=lambda: ["HS256"])
     public_keys: list[PublicKeySettings] = Field(default_factory=list)
     jwks_url: str | None = None
     #: algorithms accepted from JWKS keys (each key is further limited to its own `alg`/key type)
     jwks_algorithms: list[str] = Field(default_factory=lambda: ["RS256", "PS256", "ES256", "EdDSA"])
-    #: seconds between background refreshes of the JWKS document
-    jwks_refresh_s: float = Field(300.0, gt=0)
-    #: least seconds between two fetches triggered by unknown `kid`s (a floor against kid floods)
-    jwks_min_refresh_s: float = Field(10.0, ge=0)
-    jwks_timeout_s: float = Field(3.0, gt=0)
     #: expected `iss` (one or any of several); null = not checked
     issuer: str | list[str] | None = "llm-gateway"
     #: expected `aud` (the token must name one of these); null = not checked
     audience: str | list[str] | None = "llm-gateway"
-    leeway_s: float = Field(30.0, ge=0, le=600)
-    #: claims that must be present (besides the `iss`/`aud` checks above)
-    required_claims: list[str] = Field(default_factory=lambda: ["exp", "sub"])
-    #: longest accepted token, in bytes (401 above, before any parsing)
-    max_token_bytes: int = Field(8192, ge=256, le=65536)
-    #: verified tokens kept this long (never past their `exp`)
-    cache_ttl_s: float = Field(60.0, ge=0)
-    cache_size: int = Field(10000, ge=0)
     claims: ClaimMapping = ClaimMapping()
-
-    @field_validator("secret_algorithms")
-    @classmethod
-    def _hs(cls, v: list[str]) -> list[str]:
-        return _check_algorithms(v, HMAC_ALGORITHMS)
 
     @field_validator("jwks_algorithms")
     @classmethod
@@ -122,11 +103,6 @@ class ApiKeySettings(_Model):
     enabled: bool = True
     #: optional server-side pepper: keys are stored as HMAC-SHA256(pepper, key) instead of SHA-256(key)
     pepper: str | None = None
-    #: seconds a resolved key is cached per replica (a revocation reaches other replicas within this)
-    cache_ttl_s: float = Field(10.0, ge=0)
-    cache_size: int = Field(10000, ge=0)
-    #: during a Redis outage, keys this replica verified in the last this-many seconds keep working
-    outage_grace_s: float = Field(600.0, ge=0)
 
 
 class AuthSettings(_Model):
@@ -169,23 +145,20 @@ class BudgetSettings(_Model):
 
 
 class ModelLimits(_Model):
-    """A scope's limits on one model, beside its limits on all models together. 0: unlimited."""
+    """The limits of a scope on every model together (`LimitSet`), or on one (`LimitSet.models`).
+    0: unlimited."""
 
     requests_per_minute: int = Field(0, ge=0)
     tokens_per_minute: int = Field(0, ge=0)
-    #: the most output tokens a request of the scope may ask of this model
+    #: the most output tokens a request may ask for (`limits.over_max_tokens` says how)
     max_tokens: int | None = Field(None, ge=1)
 
 
-class LimitSet(_Model):
+class LimitSet(ModelLimits):
     """Limits of one scope (a user of a tier, or a tenant). 0 means unlimited. `allow_models` /
     `deny_models`: the public model names the scope may use (None: every model) and may never use."""
 
-    requests_per_minute: int = Field(0, ge=0)
-    tokens_per_minute: int = Field(0, ge=0)
     concurrent_requests: int = Field(0, ge=0)
-    #: the most output tokens a request of the scope may ask for (`limits.over_max_tokens` says how)
-    max_tokens: int | None = Field(None, ge=1)
     #: limits per model (public name), on top of the ones above
     models: dict[str, ModelLimits] = Field(default_factory=dict)
     allow_models: list[str] | None = None
@@ -228,22 +201,22 @@ class LimitSet(_Model):
         return min(caps) if caps else None
 
 
+#: the tier of principals without one, or with a tier not listed (`gateway token` mints no tier),
+#: and the limits of tenants not listed
+DEFAULT_TIER = DEFAULT_TENANT = "default"
+_NO_LIMITS = LimitSet()
+
+
 class LimitsSettings(_Model):
-    #: per-user limits by tier; the principal's tier (claim `auth.jwt.claims.tier`) picks one
-    tiers: dict[str, LimitSet] = Field(default_factory=lambda: {"default": LimitSet()})
-    #: the tier of principals without one, or with a tier not listed
-    default_tier: str = "default"
-    #: per-tenant limits (all users of a tenant together); `tenant_default` for tenants not listed
+    #: per-user limits by tier; the principal's tier (claim `auth.jwt.claims.tier`) picks one, and
+    #: `default` applies to principals without a tier or with one not listed
+    tiers: dict[str, LimitSet] = Field(default_factory=lambda: {DEFAULT_TIER: LimitSet()})
+    #: per-tenant limits (all users of a tenant together); `default` applies to tenants not listed
     tenants: dict[str, LimitSet] = Field(default_factory=dict)
-    tenant_default: LimitSet = LimitSet()
     #: what happens while Redis is unreachable: a local in-process limiter, or 503
     on_redis_error: Literal["fail_open", "fail_closed"] = "fail_open"
     #: a concurrency slot lives this long without renewal (a crashed replica's slots free after it)
     concurrency_lease_s: float = Field(30.0, ge=1)
-    #: the window of "per minute" limits; only tests change it
-    window_s: float = Field(60.0, ge=1)
-    #: seconds between Redis probes while it is down (recovery happens within this)
-    redis_probe_s: float = Field(0.25, gt=0, le=5)
     #: a request asking for more output tokens than a ceiling allows (`max_tokens` of a tier, a
     #: tenant, a model): `clamp` it (the answer's `x-gateway-max-tokens` says to what) or `reject` it
     over_max_tokens: Literal["clamp", "reject"] = "clamp"
@@ -255,22 +228,28 @@ class LimitsSettings(_Model):
 
     @model_validator(mode="after")
     def _default_exists(self) -> LimitsSettings:
-        if self.default_tier not in self.tiers:
-            raise ValueError(f"limits.default_tier {self.default_tier!r} is not one of limits.tiers")
+        if DEFAULT_TIER not in self.tiers:
+            raise ValueError(f"limits.tiers needs a tier named {DEFAULT_TIER!r} (principals without a tier)")
         return self
+
+    @property
+    def default_tier(self) -> str:
+        return DEFAULT_TIER
+
+    @property
+    def tenant_default(self) -> LimitSet:
+        """The limits of tenants not listed: the tenant named `default`'s (none when not listed)."""
+        return self.tenants.get(DEFAULT_TENANT, _NO_LIMITS)
 
     def scopes(self) -> list[tuple[str, LimitSet]]:
         """Every configured scope with its place in the config (for messages)."""
         out = [(f"limits.tiers.{name}", t) for name, t in self.tiers.items()]
-        out += [(f"limits.tenants.{name}", t) for name, t in self.tenants.items()]
-        return [*out, ("limits.tenant_default", self.tenant_default)]
+        return out + [(f"limits.tenants.{name}", t) for name, t in self.tenants.items()]
 
     @property
     def unlimited(self) -> bool:
-        return (
-            all(t.unlimited for t in self.tiers.values())
-            and all(t.unlimited for t in self.tenants.values())
-            and self.tenant_default.unlimited
+        return all(t.unlimited for t in self.tiers.values()) and all(
+            t.unlimited for t in self.tenants.values()
         )
 
 
@@ -317,8 +296,6 @@ class MediaSettings(_Model):
     max_parts: int = Field(32, ge=0)
     #: largest media item, decoded, in bytes (a `data:` URL's payload or a fetched body)
     max_bytes: int = Field(20 * 1024 * 1024, ge=1024)
-    #: how long fetching one allowed URL may take, redirects included
-    fetch_timeout_s: float = Field(10.0, gt=0)
 
     @field_validator("allowed_hosts")
     @classmethod
@@ -331,33 +308,18 @@ class MediaSettings(_Model):
 
 
 class SanitiseSettings(_Model):
-    #: deepest JSON nesting accepted anywhere in the body
-    max_json_depth: int = Field(32, ge=4, le=512)
-    max_messages: int = Field(2048, ge=1)
-    #: longest single string (a message's text, a tool's description…), in characters
-    max_string_chars: int = Field(1_000_000, ge=64)
-    max_tools: int = Field(128, ge=1)
-    #: OpenAI allows 4 stop sequences
-    max_stop: int = Field(4, ge=1)
-    max_stop_chars: int = Field(256, ge=1)
-    max_logit_bias: int = Field(300, ge=0)
     #: control characters (C0 except tab, LF, CR; DEL) in user-supplied text: rejected, or removed
     control_chars: Literal["reject", "strip"] = "strip"
     special_tokens: Policy = "neutralise"
+    #: the chat-template special tokens looked for in every model's prompts
     special_token_list: list[str] = Field(default_factory=lambda: list(DEFAULT_SPECIAL_TOKENS))
-    #: model name → its own list (replaces `special_token_list` for that model)
-    special_tokens_by_model: dict[str, list[str]] = Field(default_factory=dict)
-    #: Jinja-style markers in user text: `allow` (the default), `neutralise` or `reject`
+    #: Jinja-style markers (`{{`, `{%`, ...) in user text: `allow` (the default), `neutralise` or `reject`
     template_markers: Policy = "allow"
-    template_marker_list: list[str] = Field(default_factory=lambda: ["{{", "}}", "{%", "%}", "{#", "#}"])
-    #: reject when the estimated prompt exceeds the model's context by more than this share
-    #: (the estimate is ~4 bytes per token; the slack keeps estimate error from refusing valid prompts)
-    context_slack: float = Field(0.1, ge=0, le=1)
     media: MediaSettings = MediaSettings()
 
-    @field_validator("special_token_list", "template_marker_list")
+    @field_validator("special_token_list")
     @classmethod
     def _non_empty_items(cls, v: list[str]) -> list[str]:
         if any(len(s) < 2 for s in v):
-            raise ValueError("every token or marker must be at least two characters long")
+            raise ValueError("every token must be at least two characters long")
         return v

@@ -34,6 +34,13 @@ from policies.features import FeatureConfig
 
 log = logging.getLogger("gateway.apis")
 
+#: without Redis, stored responses kept in this process at most (the least recently used go first)
+MEMORY_MAX_ENTRIES = 10_000
+#: a response whose stored record (its conversation so far) would be larger is not stored: reading
+#: it back or continuing it answers 404 (resending the conversation in full always works), and no
+#: single conversation holds more than 8 MiB of Redis
+MAX_RECORD_BYTES = 8 * 1024 * 1024
+
 _PREFIX = "/v1/responses/"
 _INPUT_ITEMS = "/input_items"
 
@@ -78,7 +85,7 @@ class Apis:
     def __init__(self, settings: ApisSettings) -> None:
         self._settings = settings
         r = settings.responses
-        self.store: ResponseStore = MemoryResponseStore(r.store_ttl_s, r.memory_max_entries)
+        self.store: ResponseStore = MemoryResponseStore(r.store_ttl_s, MEMORY_MAX_ENTRIES)
 
     def start(self, redis: Redis | None) -> None:
         if redis is not None:
@@ -113,7 +120,7 @@ class Apis:
 
     # -- the wing's stages, per API -----------------------------------------------------------
     def responses_intake(self) -> ResponsesIntake:
-        return ResponsesIntake(self.store, self._settings.responses.max_record_bytes)
+        return ResponsesIntake(self.store, MAX_RECORD_BYTES)
 
     def messages_intake(self, count_only: bool = False) -> MessagesIntake:
         return MessagesIntake(count_only)

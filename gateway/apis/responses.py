@@ -84,7 +84,7 @@ class ResponsesAnswer:
             raw = record.dumps()
             if len(raw) > self._max_bytes:
                 log.warning(
-                    "response %s not stored: its record is %d bytes (apis.responses.max_record_bytes %d)",
+                    "response %s not stored: its record is %d bytes (at most %d)",
                     record.id,
                     len(raw),
                     self._max_bytes,

@@ -3,7 +3,7 @@
 Tuned for a request path that must never hang on Redis: short connect and read timeouts, and a
 single immediate retry on a broken connection only (after a Redis restart every pooled connection
 is dead; the retry reconnects, and the command had not reached the new server). Timeouts are not
-retried: a script that may have run must not run twice. The pool blocks (up to `pool_wait_s`)
+retried: a script that may have run must not run twice. The pool blocks (up to `POOL_WAIT_S`)
 rather than failing when every connection is busy, so a burst is never mistaken for an outage.
 
 `connect_redis(settings.redis)` picks the client by `redis.mode` (docs/operations.md):
@@ -33,9 +33,20 @@ from gateway.core.settings import RedisSettings
 #: what `connect_redis` returns; both speak the same command API (scripts, pipelines, pub/sub)
 RedisClient: TypeAlias = Redis | RedisCluster
 
+#: connections per process (per node in cluster mode): a request makes one or two pipelined round
+#: trips, so 64 in flight outlast any one process's request rate
+MAX_CONNECTIONS = 64
+#: a command waits this long for a free pooled connection before failing: a burst queues briefly
+#: instead of passing for an outage
+POOL_WAIT_S = 2.0
+
 
 def open_redis(
-    url: str, *, timeout_s: float = 1.0, max_connections: int = 64, pool_wait_s: float = 2.0
+    url: str,
+    *,
+    timeout_s: float = 1.0,
+    max_connections: int = MAX_CONNECTIONS,
+    pool_wait_s: float = POOL_WAIT_S,
 ) -> Redis:
     """A client for `url` (`redis://`, `rediss://`, `unix://`). Connections open lazily."""
     pool = BlockingConnectionPool.from_url(
@@ -88,10 +99,10 @@ def connect_redis(settings: RedisSettings) -> RedisClient:
         sentinel = Sentinel(  # type: ignore[no-untyped-call]
             [_address(a) for a in settings.sentinels],
             sentinel_kwargs=sentinel_kwargs,
-            db=settings.db,
+            db=0,  # standalone takes its database from the url; sentinel and cluster use 0
             retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
             health_check_interval=0,
-            max_connections=settings.max_connections,
+            max_connections=MAX_CONNECTIONS,
             **timeouts,
             **auth,
             **_tls_kwargs(settings),
@@ -102,23 +113,16 @@ def connect_redis(settings: RedisSettings) -> RedisClient:
     if settings.mode == "cluster":
         seeds = [_address(a) for a in settings.nodes]
         if settings.url is not None:
-            return RedisCluster.from_url(
-                settings.url, max_connections=settings.max_connections, **timeouts, **auth
-            )
+            return RedisCluster.from_url(settings.url, max_connections=MAX_CONNECTIONS, **timeouts, **auth)
         return RedisCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in seeds],
-            max_connections=settings.max_connections,
+            max_connections=MAX_CONNECTIONS,
             **timeouts,
             **auth,
             **_tls_kwargs(settings),
         )
     assert settings.url is not None
-    client = open_redis(
-        settings.url,
-        timeout_s=settings.timeout_s,
-        max_connections=settings.max_connections,
-        pool_wait_s=settings.pool_wait_s,
-    )
+    client = open_redis(settings.url, timeout_s=settings.timeout_s)
     if auth:
         client.connection_pool.connection_kwargs.update(auth)
     return client
@@ -129,7 +133,7 @@ def describe(settings: RedisSettings) -> str:
     if not settings.configured:
         return "none (this process only)"
     if settings.mode == "sentinel":
-        return f"sentinel {settings.service_name} via {','.join(settings.sentinels)} db {settings.db}"
+        return f"sentinel {settings.service_name} via {','.join(settings.sentinels)}"
     if settings.mode == "cluster":
         seeds = settings.nodes or [_strip_credentials(settings.url or "")]
         return f"cluster via {','.join(seeds)}"

@@ -168,8 +168,6 @@ class RedisSettings(SettingsModel):
     #: ACL user and password (or put them in `url`); `GATEWAY_REDIS__PASSWORD` keeps it out of files
     username: str | None = None
     password: str | None = None
-    #: database number (sentinel; standalone takes it from the url; cluster has only 0)
-    db: int = Field(0, ge=0)
     #: TLS for sentinel and cluster (standalone: use a `rediss://` url); files are PEM
     tls: bool = False
     tls_ca_file: str | None = None
@@ -178,10 +176,6 @@ class RedisSettings(SettingsModel):
     #: connect and read timeout of every command: the request path never waits longer on Redis
     #: (1 s: a burst on a small, busy machine can take Redis half a second to answer)
     timeout_s: float = Field(1.0, gt=0)
-    #: connections per process (per node in cluster mode)
-    max_connections: int = Field(64, ge=1)
-    #: standalone: how long a command waits for a free pooled connection before failing
-    pool_wait_s: float = Field(2.0, gt=0)
 
     @model_validator(mode="after")
     def _mode_fields(self) -> RedisSettings:
@@ -192,11 +186,8 @@ class RedisSettings(SettingsModel):
                 raise ValueError(
                     "redis.url is not used in sentinel mode (unset REDIS_URL; use redis.sentinels)"
                 )
-        if self.mode == "cluster":
-            if not self.nodes and self.url is None:
-                raise ValueError("redis.mode cluster needs redis.nodes (or one seed in redis.url)")
-            if self.db != 0:
-                raise ValueError("Redis Cluster has only database 0")
+        if self.mode == "cluster" and not self.nodes and self.url is None:
+            raise ValueError("redis.mode cluster needs redis.nodes (or one seed in redis.url)")
         if self.mode != "sentinel" and (self.sentinels or self.service_name or self.sentinel_password):
             raise ValueError("redis.sentinels / service_name / sentinel_password need redis.mode: sentinel")
         if self.mode != "cluster" and self.nodes:

@@ -68,6 +68,8 @@ GRACE_S = 0.25
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a size cap and a deadline on every request head."""
 
+    #: the largest request head (request line + headers) in bytes, 431 above: nginx's and most
+    #: proxies' limits are smaller, so no client that reaches the gateway through one needs more
     max_header_bytes = 64 * 1024
     header_timeout_s = 10.0
 
@@ -141,7 +143,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
 
 def configure_guard(server: ServerSettings) -> None:
-    """Set the limits of this process's protocol instances from `server.max_header_bytes` and
-    `server.header_timeout_s` (called before the server starts, in every worker)."""
-    GuardedHttpToolsProtocol.max_header_bytes = server.max_header_bytes
+    """Set the head deadline of this process's protocol instances from `server.header_timeout_s`
+    (called before the server starts, in every worker)."""
     GuardedHttpToolsProtocol.header_timeout_s = server.header_timeout_s

@@ -21,8 +21,6 @@ class ServerSettings(SettingsModel):
     keepalive_s: float = Field(75.0, gt=0)
     #: largest number of concurrent client connections (503 above); 0 = unlimited
     limit_concurrency: int = Field(0, ge=0)
-    #: largest request head (request line + headers), in bytes (431 above; gateway/edge/http_guard.py)
-    max_header_bytes: int = Field(64 * 1024, ge=4096, le=16 * 1024 * 1024)
     #: a request head must be complete this many seconds after the connection opened, or after its
     #: first byte on a kept-alive connection (408 and close otherwise: slow-header attacks)
     header_timeout_s: float = Field(10.0, gt=0)

@@ -103,7 +103,6 @@ class MetricsExporter:
     """Renders the exposition for one process: its own registry, or the merge of all workers."""
 
     def __init__(self, registry: CollectorRegistry, settings: MetricsSettings) -> None:
-        self.enabled = settings.enabled
         self._token = settings.bearer_token.encode() if settings.bearer_token else None
         self._path: str | None = None
         if multiprocess_active():

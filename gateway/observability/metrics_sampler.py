@@ -3,8 +3,8 @@
 Pool weights, in-flight counts, backend health and circuit states live in the `Fleet` of each worker.
 A scrape reaches one worker only, so sampling them when a scrape arrives would leave the other
 workers' gauges as old as their last scrape; instead every worker samples its fleet every
-`metrics.sample_interval_s` (and once more when it answers a scrape). Gauge values are therefore at
-most one interval old; the multiprocess merge then combines the workers' values (gateway/observability/metrics.py).
+`SAMPLE_INTERVAL_S` (and once more when it answers a scrape). Gauge values are therefore at most a
+second old; the multiprocess merge then combines the workers' values (gateway/observability/metrics.py).
 
 When Redis is configured, the same loop PINGs it: the round trip goes to
 `gateway_redis_latency_seconds{op="ping"}`, a failure to `gateway_redis_failures_total{op="ping"}`,
@@ -98,12 +98,17 @@ class RedisProbe:
         return ok
 
 
+#: the fleet gauges are sampled (and Redis probed) every second in each worker: far finer than any
+#: Prometheus scrape interval, so whichever worker a scrape reaches, every worker's gauges are fresh
+SAMPLE_INTERVAL_S = 1.0
+
+
 class MetricsSampler:
     def __init__(
         self,
         fleet: Fleet,
         metrics: Metrics,
-        interval_s: float,
+        interval_s: float = SAMPLE_INTERVAL_S,
         redis: RedisProbe | None = None,
         kv: KvReport | None = None,
     ) -> None:

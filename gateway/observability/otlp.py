@@ -46,6 +46,15 @@ _FIXED64 = struct.Struct("<Q")
 _FIXED32 = struct.Struct("<I")
 _DOUBLE = struct.Struct("<d")
 _SMALL = [bytes([i]) for i in range(128)]
+#: seconds between exports (sooner once 512 requests wait): spans reach the collector within a
+#: second, at one request to it a second per process
+EXPORT_INTERVAL_S = 1.0
+#: an export's timeout: a collector that has not taken a batch in 5 s is down or overloaded, and the
+#: batch is dropped (requests are never affected)
+EXPORT_TIMEOUT_S = 5.0
+#: sampled requests whose spans wait for export at most (4-6 spans each): seconds of a busy
+#: process's sampled traffic; past it the oldest are dropped, never blocking a request
+MAX_QUEUED = 4096
 #: a failed export is logged at most this often
 _LOG_EVERY_S = 60.0
 _STATUS_UNSET = b"\x7a\x00"
@@ -266,12 +275,12 @@ class OtlpBatcher:
         self,
         endpoint: str,
         headers: Mapping[str, str],
-        timeout_s: float,
+        timeout_s: float = EXPORT_TIMEOUT_S,
         *,
         resource: Mapping[str, Any],
         scope: Scope,
         interval_s: float,
-        max_queued: int,
+        max_queued: int = MAX_QUEUED,
         batch: int = 512,
     ) -> None:
         self._endpoint = endpoint
@@ -382,7 +391,7 @@ class OtlpBatcher:
         if now - self._last_drop_log >= _LOG_EVERY_S:
             self._last_drop_log = now
             log.warning(
-                "trace export queue full (tracing.max_queued_requests): the oldest waiting requests' "
+                "trace export queue full: the oldest waiting requests' "
                 "spans are dropped, %d so far; requests are not affected",
                 self.dropped_spans,
             )

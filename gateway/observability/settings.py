@@ -18,13 +18,8 @@ class AccessLogSettings(SettingsModel):
 class MetricsSettings(SettingsModel):
     """`GET /metrics` (docs/metrics.md)."""
 
-    #: serve /metrics at all (404 when off)
-    enabled: bool = True
     #: when set, /metrics answers only requests with `Authorization: Bearer <token>` (401 otherwise)
     bearer_token: str | None = None
-    #: seconds between samples of the fleet gauges (weights, in-flight, health, circuits) in each
-    #: worker, and between Redis probes when Redis is configured
-    sample_interval_s: float = Field(1.0, gt=0, le=60)
 
 
 class TracingSettings(SettingsModel):
@@ -44,13 +39,6 @@ class TracingSettings(SettingsModel):
     #: extra headers on every export request (a collector's API key, e.g. via
     #: GATEWAY_TRACING__HEADERS='{x-api-key: …}')
     headers: dict[str, str] = Field(default_factory=dict)
-    #: seconds between exports (sooner once 512 requests wait)
-    export_interval_s: float = Field(1.0, gt=0, le=60)
-    #: sampled requests whose spans wait for export at most (4-6 spans each); past it the oldest
-    #: waiting are dropped, never blocking a request
-    max_queued_requests: int = Field(4096, ge=16, le=1_000_000)
-    #: an export request's timeout
-    timeout_s: float = Field(5.0, gt=0, le=60)
 
     removed_keys: ClassVar[dict[str, str]] = {
         "exporter": "tracing.exporter is gone and ignored: spans are always exported by the gateway's "

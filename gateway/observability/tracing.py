@@ -44,7 +44,14 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from engines.errors import ApiError
 from gateway.core.context import RequestContext
 from gateway.core.responses import Response
-from gateway.observability.otlp import ChildSpan, OtlpBatcher, Scope, request_fields
+from gateway.observability.otlp import (
+    EXPORT_INTERVAL_S,
+    MAX_QUEUED,
+    ChildSpan,
+    OtlpBatcher,
+    Scope,
+    request_fields,
+)
 from gateway.observability.settings import TracingSettings
 
 log = logging.getLogger("gateway.tracing")
@@ -223,8 +230,17 @@ def _route_attributes(ctx: RequestContext) -> dict[str, Any]:
 class Tracing:
     """The tracer of one gateway process: sampling at arrival, spans at the end, export in batches."""
 
-    def __init__(self, settings: TracingSettings, version: str) -> None:
+    def __init__(
+        self,
+        settings: TracingSettings,
+        version: str,
+        *,
+        max_queued: int = MAX_QUEUED,
+        interval_s: float = EXPORT_INTERVAL_S,
+    ) -> None:
         self.settings = settings
+        self._max_queued = max_queued
+        self._interval_s = interval_s
         #: a new trace is sampled when the low 64 bits of its id are below this (TraceIdRatioBased)
         self._bound = round(settings.sample_ratio * (_TRACE_ID_LOW + 1))
         self._propagator = TraceContextTextMapPropagator()
@@ -246,12 +262,11 @@ class Tracing:
         self._batcher = OtlpBatcher(
             s.endpoint,
             s.headers,
-            s.timeout_s,
             resource=self._resource,
             scope=self._scope,
-            interval_s=s.export_interval_s,
-            max_queued=s.max_queued_requests,
-            batch=min(512, s.max_queued_requests),
+            interval_s=self._interval_s,
+            max_queued=self._max_queued,
+            batch=min(512, self._max_queued),
         )
         self._batcher.start()
         log.info(

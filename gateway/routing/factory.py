@@ -6,7 +6,7 @@ from typing import assert_never
 
 from gateway.routing.settings import RoutingSettings
 from policies.factory import PolicyConfig
-from policies.features import FeatureConfig
+from policies.features import DEFAULT_FEATURE_CONFIG, FeatureConfig
 from policies.kv_index import KvIndexConfig
 from policies.least_load import LeastLoadConfig
 from policies.pools import Rule
@@ -24,9 +24,7 @@ def policy_config(settings: RoutingSettings) -> PolicyConfig:
             s = settings.prefix_affinity
             return PrefixAffinityConfig(
                 load_factor=s.load_factor,
-                warm_spread=s.warm_spread,
                 kv=KvIndexConfig(max_blocks=s.kv_max_blocks),
-                block_tokens=settings.block_tokens,
             )
         case "least_load":
             return LeastLoadConfig()
@@ -50,4 +48,4 @@ def build_router(settings: RoutingSettings) -> tuple[Router, FeatureConfig]:
         )
         for r in settings.rules
     ]
-    return Router(rules, policy_config(settings)), FeatureConfig(block_tokens=settings.block_tokens)
+    return Router(rules, policy_config(settings)), DEFAULT_FEATURE_CONFIG

@@ -27,6 +27,10 @@ from policies.router import Router
 from policies.shared_load import Ask, SharedRouting, WithOthers, key_text, split
 from policies.types import FleetSnapshot, RequestFeatures
 
+#: a group's placement lives this long in the store after it was last read or set: ten minutes
+#: outlast a conversation's pauses, and a placement no request reads stops costing Redis memory
+PLACEMENT_TTL_S = 600.0
+
 #: the request's features with its tokens (the route stage's `prepare`)
 Prepare = Callable[[RequestContext], Awaitable[RequestFeatures]]
 
@@ -51,10 +55,10 @@ class SharedLoad:
     ) -> None:
         self.process = process or process_name()
         self.lease_s = settings.lease_s
-        self.placement_ttl_s = settings.placement_ttl_s
+        self.placement_ttl_s = PLACEMENT_TTL_S
         self._fleet = fleet
         self._prepare = prepare
-        self._routing = SharedRouting(router, settings.placements)
+        self._routing = SharedRouting(router)
         self._clock = clock
         self._others: Mapping[str, int] = {}
         self._sets: Mapping[str, int] = {}  # the others' working sets and tails (`policies.shared_load`)

@@ -20,7 +20,7 @@ Contract, on top of `gateway.upstream.transport.Transport`:
 - Only connect has a timeout here (`UpstreamTimeout("connect")`); every other phase is bounded by the
   caller (`asyncio.timeout` around the awaits, or `close()` from a watchdog).
 - Error messages never carry addresses: they may reach clients.
-Idle connections expire after `keepalive_s`; at most `max_idle` are kept per origin. There is no cap
+Idle connections expire after `KEEPALIVE_S`; at most `max_idle` are kept per origin. There is no cap
 on concurrent connections (admission control bounds the gateway's concurrency).
 """
 
@@ -43,6 +43,12 @@ from gateway.upstream.transport import ConnectFailed, UpstreamError, UpstreamRes
 #: unconsumed streamed bytes above which the socket stops being read, and below which it resumes
 HIGH_WATER: Final = 256 * 1024
 LOW_WATER: Final = 64 * 1024
+#: a TCP connect to an engine: one in the fleet's network accepts within milliseconds, so two seconds
+#: without an answer mean it is not there (the request fails over)
+CONNECT_TIMEOUT_S: Final = 2.0
+#: an idle pooled connection is closed after 30 s: engines close theirs sooner or later, and a
+#: request sent on one they closed goes once more on a new connection (see above)
+KEEPALIVE_S: Final = 30.0
 
 _DEFAULT_HEADERS: Final = b"Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
 _WAIT_HEADERS, _WAIT_CHUNK, _WAIT_ALL = 0, 1, 2
@@ -331,7 +337,11 @@ class H1Transport:
     """Pooled keep-alive HTTP/1.1 client for all backends (GET and POST). Create inside a running loop."""
 
     def __init__(
-        self, *, connect_timeout_s: float, max_per_host: int = 1024, keepalive_s: float = 30.0
+        self,
+        *,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        max_per_host: int = 1024,
+        keepalive_s: float = KEEPALIVE_S,
     ) -> None:
         """`max_per_host` bounds the idle connections kept per origin (not the concurrent ones)."""
         self._connect_timeout = connect_timeout_s

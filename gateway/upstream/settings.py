@@ -10,7 +10,6 @@ from gateway.core.settings import HealthSettings, SettingsModel
 
 
 class TimeoutSettings(SettingsModel):
-    connect_s: float = Field(2.0, gt=0)
     #: until the engine's status line and, for streams, its first event
     first_byte_s: float = Field(60.0, gt=0)
     #: longest silence between two streamed chunks
@@ -34,7 +33,6 @@ class UpstreamSettings(SettingsModel):
     health: HealthSettings = HealthSettings()
     #: idle keep-alive connections kept per backend (concurrent ones are not capped)
     max_connections_per_backend: int = Field(1024, ge=1)
-    keepalive_s: float = Field(30.0, gt=0)
 
     removed_keys: ClassVar[dict[str, str]] = {
         "client": "upstream.client is gone and ignored: the gateway has one HTTP client for the engines "

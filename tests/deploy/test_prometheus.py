@@ -266,7 +266,7 @@ def _gateway_config(urls: dict[str, list[str]], dead_url: str, redis_url: str) -
             "retries": {"max_attempts": 3, "budget_min_per_s": 50},
         },
         "redis": {"url": redis_url},
-        "metrics": {"bearer_token": TOKEN, "sample_interval_s": 0.25},
+        "metrics": {"bearer_token": TOKEN},
         "limits": {"tiers": {"default": {"requests_per_minute": RATE_LIMIT}}},
         "sanitise": {"special_tokens": "reject"},
     }

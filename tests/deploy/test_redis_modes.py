@@ -46,7 +46,6 @@ def test_default_is_no_redis() -> None:
         {"mode": "sentinel", "sentinels": ["s1:26379"], "service_name": "m", "url": "redis://x:6379"},
         {"mode": "sentinel", "sentinels": ["s1"], "service_name": "m"},
         {"mode": "cluster"},
-        {"mode": "cluster", "nodes": ["n1:6379"], "db": 2},
         {"mode": "cluster", "nodes": ["n1:port"]},
         {"mode": "standalone", "nodes": ["n1:6379"]},
         {"mode": "standalone", "sentinels": ["s1:26379"], "url": "redis://x:6379"},
@@ -98,10 +97,10 @@ def test_cluster_client_construction_is_lazy() -> None:
         ("::1", 2),
     ]
     s = connect_redis(
-        RedisSettings(mode="sentinel", sentinels=["127.0.0.1:1"], service_name="m", db=3, timeout_s=0.2)
+        RedisSettings(mode="sentinel", sentinels=["127.0.0.1:1"], service_name="m", timeout_s=0.2)
     )
     assert isinstance(s, Redis)
-    assert s.connection_pool.connection_kwargs["db"] == 3
+    assert s.connection_pool.connection_kwargs["db"] == 0
     assert s.connection_pool.connection_kwargs["socket_timeout"] == 0.2
 
 

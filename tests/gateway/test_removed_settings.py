@@ -3,12 +3,14 @@ what it asks, and fails with a clear error when it cannot (`gateway.removed_sett
 
 from __future__ import annotations
 
+import re
 import warnings
 from typing import Any
 
 import pytest
 
 from gateway.removed_settings import (
+    REMOVED,
     Dissolved,
     Frozen,
     Moved,
@@ -135,3 +137,84 @@ def test_a_policy_option_the_gateway_cannot_honour_is_an_error(options: dict[str
             _config(routing={"policy": "least_load", "policy_options": {"load": {"queue_high": 8}}}),
             environ={},
         )
+
+
+def _at(path: str, value: Any) -> dict[str, Any]:
+    config = _config()
+    if path.startswith("auth."):  # (an auth section needs a key source, or to say it has none)
+        config["auth"] = {"enabled": False}
+    node = config
+    *parents, key = path.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[key] = value
+    return config
+
+
+def _other(value: Any) -> Any:
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1
+    if value is None:
+        return 1
+    if isinstance(value, (list, tuple)):
+        return [*value, "other"]
+    if isinstance(value, dict):
+        return {"other": ["x"]}
+    return f"{value}-other"
+
+
+FROZEN = sorted(p for p, r in REMOVED.items() if isinstance(r, Frozen))
+
+
+@pytest.mark.parametrize("path", FROZEN)
+def test_every_frozen_setting_loads_at_the_value_used_and_fails_at_another(path: str) -> None:
+    removal = REMOVED[path]
+    assert isinstance(removal, Frozen)
+    used = removal.used(_at(path, None))
+    with pytest.warns(RemovedSettingWarning, match=rf"^{re.escape(path)} is no longer a setting"):
+        parse_settings(_at(path, used), environ={})
+    with pytest.raises(ValueError, match=rf"^{re.escape(path)}: .* is no longer possible"):
+        parse_settings(_at(path, _other(used)), environ={})
+
+
+@pytest.mark.parametrize("path", sorted(p for p, r in REMOVED.items() if isinstance(r, Moved)))
+def test_every_moved_setting_is_read_from_its_new_place(path: str) -> None:
+    removal = REMOVED[path]
+    assert isinstance(removal, Moved)
+    values = {
+        "routing.policy": "least_load",
+        "routing.prefix_affinity.load_factor": 0.75,
+        "routing.prefix_affinity.kv_max_blocks": 1000,
+    }
+    value = values[removal.to]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        moved = parse_settings(_at(path, value), environ={})
+    assert str(caught[0].message).startswith(f"{path} is now {removal.to}")
+    assert moved == parse_settings(_at(removal.to, value), environ={})
+
+
+def test_the_default_tier_is_the_tier_named_default() -> None:
+    tiers = {"free": {"requests_per_minute": 5}, "pro": {"requests_per_minute": 50}}
+    with pytest.warns(RemovedSettingWarning, match="tier 'free' is read as 'default'"):
+        settings = parse_settings(_config(limits={"default_tier": "free", "tiers": tiers}), environ={})
+    assert settings.limits.tiers.keys() == {"default", "pro"}
+    assert settings.limits.tiers["default"].requests_per_minute == 5
+    with pytest.warns(RemovedSettingWarning, match="remove it"):
+        parse_settings(_config(limits={"default_tier": "default"}), environ={})
+    with pytest.raises(ValueError, match="name tier 'free' 'default'"):  # two tiers cannot be one
+        parse_settings(
+            _config(limits={"default_tier": "free", "tiers": {**tiers, "default": {}}}), environ={}
+        )
+
+
+def test_a_models_own_special_tokens_join_the_one_list() -> None:
+    by_model = {"m": ["<my_turn>", "<|im_start|>"]}
+    with pytest.warns(RemovedSettingWarning, match=r"1 token\(s\) of the models' own lists are added"):
+        settings = parse_settings(
+            _config(sanitise={"special_tokens_by_model": by_model, "special_token_list": ["<|im_start|>"]}),
+            environ={},
+        )
+    assert settings.sanitise.special_token_list == ["<|im_start|>", "<my_turn>"]

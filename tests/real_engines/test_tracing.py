@@ -26,7 +26,7 @@ UNSAMPLED_TRACE = "5bf92f3577b34da6a3ce929d0e0e4737"
 
 @pytest.fixture(scope="module")
 def gateway(real_vllm: VllmServer, vllm_traces: OtlpReceiver) -> Iterator[GatewayProcess]:
-    tracing = {"enabled": True, "endpoint": vllm_traces.url, "sample_ratio": 1.0, "export_interval_s": 0.2}
+    tracing = {"enabled": True, "endpoint": vllm_traces.url, "sample_ratio": 1.0}
     config = real_pool_config("vllm", [real_vllm.base_url], real_vllm.served_model_name, tracing=tracing)
     with GatewayProcess(config) as gw:
         yield gw

@@ -33,7 +33,7 @@ def _gateway(urls: list[str], redis_url: str) -> GatewayProcess:
         urls,
         redis={"url": redis_url, "timeout_s": 0.3},
         auth={"jwt": {"secret": SECRET}},
-        limits={"on_redis_error": "fail_open", "redis_probe_s": 0.2},
+        limits={"on_redis_error": "fail_open"},
         upstream={"health": {"interval_s": 3600}},
     )
     return GatewayProcess(config)

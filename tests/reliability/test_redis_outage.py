@@ -93,7 +93,6 @@ def _gateway(sim_url: str, redis_url: str, policy: str) -> GatewayProcess:
         limits={
             "tiers": {"default": {"requests_per_minute": 100000, "concurrent_requests": 100}},
             "on_redis_error": policy,
-            "redis_probe_s": 0.2,
         },
         upstream={"health": {"interval_s": 3600}},
     )

@@ -30,7 +30,7 @@ class ApiKeyBody(BaseModel):
     tenant: str | None = Field(None, max_length=256)
     roles: list[str] = Field(default_factory=list, max_length=32)
     tier: str | None = Field(
-        None, max_length=64, description="a configured limits tier (default: limits.default_tier)"
+        None, max_length=64, description="a configured limits tier (default: the tier named default)"
     )
     name: str = Field("", max_length=128, description="a label for operators")
     allow_models: list[str] | None = Field(None, max_length=1024, description=_MODELS_DOC)

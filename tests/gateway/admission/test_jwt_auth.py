@@ -105,7 +105,7 @@ async def test_gateway_token_command_is_accepted_by_the_defaults() -> None:
 
 async def test_claim_mapping_with_paths_and_scope_strings() -> None:
     mapping = ClaimMapping(user="email", tenant="org.id", roles="scope", tier="plan")
-    verifier = JwtVerifier(JwtSettings(secret=SECRET, claims=mapping, required_claims=["exp"]))
+    verifier = JwtVerifier(JwtSettings(secret=SECRET, claims=mapping))
     token = jwt.encode(
         claims(email="a@x.io", org={"id": "org-7"}, scope="read admin", plan="team"),
         SECRET,
@@ -143,7 +143,7 @@ async def test_hostile_catalogue_is_refused_with_401(
 
 async def test_verified_tokens_are_cached_but_never_past_exp() -> None:
     now = [time.time()]
-    verifier = JwtVerifier(JwtSettings(secret=SECRET, cache_ttl_s=1000), clock=lambda: now[0])
+    verifier = JwtVerifier(JwtSettings(secret=SECRET), clock=lambda: now[0], cache_ttl_s=1000)
     exp = int(now[0]) + 100
     token = jwt.encode(claims(exp=exp), SECRET, algorithm="HS256").encode()
     for _ in range(5):
@@ -155,7 +155,7 @@ async def test_verified_tokens_are_cached_but_never_past_exp() -> None:
 
 
 async def test_token_cache_is_bounded() -> None:
-    verifier = JwtVerifier(JwtSettings(secret=SECRET, cache_size=3))
+    verifier = JwtVerifier(JwtSettings(secret=SECRET), cache_size=3)
     tokens = [jwt.encode(claims(sub=f"u{i}"), SECRET, algorithm="HS256").encode() for i in range(5)]
     for t in tokens:
         await verifier.verify(t)

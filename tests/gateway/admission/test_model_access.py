@@ -60,8 +60,7 @@ def access_config(url: str, redis_url: str) -> dict[str, Any]:
                 "basic": {"allow_models": ["small"]},
                 "standard": {"allow_models": ["small", "medium"]},
             },
-            "tenants": {"acme": {"deny_models": ["medium"]}},
-            "tenant_default": {"deny_models": ["large"]},
+            "tenants": {"acme": {"deny_models": ["medium"]}, "default": {"deny_models": ["large"]}},
         },
     }
 
@@ -122,7 +121,7 @@ def test_model_access_per_tier_and_tenant(gw: GatewayProcess) -> None:
         # a tenant's deny-list narrows what the tier allows, never the other way round
         assert usable(http, bearer(token("dee", tenant="acme"))) == {"small", "large"}
         assert usable(http, bearer(token("eve", tier="standard", tenant="acme"))) == {"small"}
-        assert usable(http, bearer(token("fay", tenant="other"))) == {"small", "medium"}  # tenant_default
+        assert usable(http, bearer(token("fay", tenant="other"))) == {"small", "medium"}  # tenants.default
         # an unknown tier is the default tier
         assert usable(http, bearer(token("gus", tier="no-such-tier"))) == {"small", "medium", "large"}
 

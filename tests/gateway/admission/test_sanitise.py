@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from engines.errors import ApiError
 from gateway.admission.intake import ParseStage, ValidateStage
-from gateway.admission.sanitise import ZWSP, SanitiseStage
+from gateway.admission.sanitise import TEMPLATE_MARKERS, ZWSP, Bounds, SanitiseStage
 from gateway.admission.settings import DEFAULT_SPECIAL_TOKENS, SanitiseSettings
 from gateway.core.context import RequestContext
 from gateway.core.responses import BytesResponse, Response
@@ -42,7 +42,10 @@ def run(
     body: dict[str, Any], endpoint: str = "chat", **over: Any
 ) -> tuple[RequestContext, list[tuple[str, str]]]:
     seen: list[tuple[str, str]] = []
-    stage = SanitiseStage(SanitiseSettings(**over), on_reject=lambda s, r, c: seen.append((s, r)))
+    bounds = {k: over.pop(k) for k in list(over) if k in Bounds.__dataclass_fields__}
+    stage = SanitiseStage(
+        SanitiseSettings(**over), on_reject=lambda s, r, c: seen.append((s, r)), bounds=Bounds(**bounds)
+    )
     ctx = ctx_for(body, endpoint)
     asyncio.run(stage(ctx))
     return ctx, seen
@@ -105,8 +108,8 @@ def test_reject_policy_names_the_field() -> None:
     assert "<|im_start|>" in info.value.message
 
 
-def test_per_model_token_lists() -> None:
-    ctx, _ = run(chat("<|im_start|> and <my_turn>"), special_tokens_by_model={"m": ["<my_turn>"]})
+def test_the_token_list_replaces_the_default_one() -> None:
+    ctx, _ = run(chat("<|im_start|> and <my_turn>"), special_token_list=["<my_turn>"])
     text = ctx.body["messages"][0]["content"]
     assert "<|im_start|>" in text and "<my_turn>" not in text
 
@@ -226,8 +229,10 @@ class _Engine:
 
 
 ENGINE = _Engine()
-SANITISE = SanitiseSettings(max_json_depth=8, max_messages=20, max_string_chars=400)
-PIPELINE = Pipeline([ParseStage(MODELS, 1 << 20), ValidateStage(), SanitiseStage(SANITISE), ENGINE])
+SANITISE = Bounds(max_json_depth=8, max_messages=20, max_string_chars=400)
+PIPELINE = Pipeline(
+    [ParseStage(MODELS, 1 << 20), ValidateStage(), SanitiseStage(SanitiseSettings(), bounds=SANITISE), ENGINE]
+)
 _PIECES = [
     "a",
     " ",
@@ -438,7 +443,7 @@ def test_the_one_regex_that_finds_anything_to_clean_finds_what_the_plain_alterna
     rules = TextRules(cfg, list(DEFAULT_SPECIAL_TOKENS))
     plain = [_CONTROL, _literal_re(list(DEFAULT_SPECIAL_TOKENS)).pattern]
     if markers != "allow":
-        plain.append(_literal_re(cfg.template_marker_list).pattern)
+        plain.append(_literal_re(list(TEMPLATE_MARKERS)).pattern)
     want = re.compile("|".join(plain)).search(text)
     got = rules._any.search(text)
     assert (got and (got.start(), got.group(0))) == (want and (want.start(), want.group(0)))

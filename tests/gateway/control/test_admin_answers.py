@@ -23,7 +23,7 @@ def config(urls: list[str], **server: Any) -> dict[str, Any]:
         "vllm",
         urls,
         auth={"jwt": {"secret": SECRET}},
-        limits={"tiers": {"basic": {}, "pro": {"requests_per_minute": 100}}, "default_tier": "basic"},
+        limits={"tiers": {"default": {}, "pro": {"requests_per_minute": 100}}},
     )
     c["pools"][0]["weight"] = 0.5
     c["server"].update(server)
@@ -49,11 +49,11 @@ def test_api_keys_name_only_configured_tiers(http: httpx.Client) -> None:
     r = http.post("/admin/api-keys", json={"user": "bob", "tier": "platinum"})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
-    assert error["param"] == "tier" and "basic, pro" in error["message"]
+    assert error["param"] == "tier" and "default, pro" in error["message"]
     created = http.post("/admin/api-keys", json={"user": "bob"}).json()
-    assert created["tier"] == "basic"  # limits.default_tier, not a tier named "default"
+    assert created["tier"] == "default"  # the tier of principals without one
     listed = http.get("/admin/api-keys").json()
-    assert listed["tiers"] == ["basic", "pro"] and listed["default_tier"] == "basic"
+    assert listed["tiers"] == ["default", "pro"] and listed["default_tier"] == "default"
 
 
 def test_writes_answer_the_resulting_state_with_its_source(http: httpx.Client) -> None:

@@ -62,7 +62,7 @@ def test_two_workers_aggregate_and_forget_dead_workers(tmp_path: Path) -> None:
         config = single_pool_config("vllm", [sim.base_url])
         config["server"]["workers"] = 2
         config["pools"][0]["weight"] = 0.75
-        config["metrics"] = {"sample_interval_s": 0.2, "bearer_token": "t0ken"}
+        config["metrics"] = {"bearer_token": "t0ken"}
         with GatewayProcess(config, env={"PROMETHEUS_MULTIPROC_DIR": str(mp)}) as gw:
             wait_until(lambda: len(_workers(gw.pid)) == 2, 15, what="two workers")
             assert httpx.get(gw.base_url + "/metrics", timeout=5).status_code == 401
@@ -76,7 +76,7 @@ def test_two_workers_aggregate_and_forget_dead_workers(tmp_path: Path) -> None:
             writers = {p.name.rsplit("_", 1)[1] for p in mp.glob("counter_*.db")}
             assert len(writers) == 2, f"both workers served requests: {writers}"
 
-            # Gauges are sampled every sample_interval_s in each worker: let the other worker's last
+            # Gauges are sampled every second in each worker: let the other worker's last
             # sample (taken while a request was still in flight) be replaced before asserting.
             wait_until(
                 lambda: _v(_scrape(gw.base_url), "gateway_in_flight_requests", pool="vllm") == 0,

@@ -22,10 +22,10 @@ def test_the_default_is_prefix_affinity_with_its_constants() -> None:
 
 def test_prefix_affinity_takes_its_settings() -> None:
     settings = RoutingSettings.model_validate(
-        {"prefix_affinity": {"load_factor": 0.5, "warm_spread": False, "kv_max_blocks": 65536}}
+        {"prefix_affinity": {"load_factor": 0.5, "kv_max_blocks": 65536}}
     )
     assert policy_config(settings) == PrefixAffinityConfig(
-        load_factor=0.5, warm_spread=False, kv=KvIndexConfig(max_blocks=65536)
+        load_factor=0.5, kv=KvIndexConfig(max_blocks=65536)
     )
 
 

@@ -151,7 +151,6 @@ def test_an_sglang_engine_is_found_through_its_server_info() -> None:
         config["models"][0]["tokenizer"] = "sim"
         config["pools"][0]["kv_event_discovery"] = True
         config["routing"] = {"scrape_interval_s": 0}
-        config["metrics"] = {"sample_interval_s": 0.1}
         body = {
             "model": "test-model",
             "messages": [{"role": "user", "content": " ".join(f"fact {i} is {i * 3}." for i in range(150))}],

@@ -61,7 +61,6 @@ def test_a_late_gateway_learns_what_the_engine_held_before_it_subscribed() -> No
         backend["kv_events"] = {"endpoint": f"tcp://127.0.0.1:{port}", "topic": "kv"}
         config["models"][0]["tokenizer"] = "sim"
         config["routing"] = {"scrape_interval_s": 0}
-        config["metrics"] = {"sample_interval_s": 0.1}
         with GatewayProcess(config, env={"GATEWAY_JWT_SECRET": SECRET}) as gw:
 
             def held(body: dict[str, Any]) -> int:

@@ -51,7 +51,6 @@ def test_an_adapters_prompts_are_held_for_the_adapter_only() -> None:
         }
         config["models"] = [{"name": m, "context_length": 8192, "tokenizer": "sim"} for m in (MODEL, ADAPTER)]
         config["routing"] = {"scrape_interval_s": 0}
-        config["metrics"] = {"sample_interval_s": 0.1}
         with (
             GatewayProcess(config, env={"GATEWAY_JWT_SECRET": SECRET}) as gw,
             httpx.Client(base_url=gw.base_url, headers=ADMIN, timeout=10) as client,

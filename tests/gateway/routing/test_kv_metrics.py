@@ -26,7 +26,6 @@ def test_a_streams_history_reads_off_the_metrics() -> None:
         with fast_sim("vllm") as s0, fast_sim("vllm") as s1:
             config = single_pool_config("vllm", [s0.base_url, s1.base_url])
             config["models"][0]["tokenizer"] = "sim"
-            config["metrics"] = {"sample_interval_s": 0.1}
             config["pools"][0]["backends"][0]["kv_events"] = {"endpoint": pub.endpoint, "topic": "kv"}
             with GatewayProcess(config) as gw:
                 pub.wait_subscribers(1)

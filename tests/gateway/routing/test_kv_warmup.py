@@ -72,7 +72,6 @@ def test_a_hot_groups_second_engine_is_warmed_in_the_background(engine: str) -> 
         config["models"][0]["tokenizer"] = "sim"
         config["pools"][0]["kv_event_discovery"] = True
         config["routing"] = {"scrape_interval_s": 0}
-        config["metrics"] = {"sample_interval_s": 0.1}
         gw = stack.enter_context(GatewayProcess(config, env={"GATEWAY_JWT_SECRET": SECRET}))
         client = stack.enter_context(httpx.Client(base_url=gw.base_url, headers=ADMIN, timeout=10))
         names = [f"{engine}-0", f"{engine}-1"]

@@ -26,7 +26,6 @@ def test_a_prompt_counts_as_queued_prefill_on_its_backend_until_its_first_token(
     with fast_sim("vllm", *slow) as sim:
         config = single_pool_config("vllm", [sim.base_url])
         config["auth"] = {"enabled": True}
-        config["metrics"] = {"sample_interval_s": 0.1}
         with (
             GatewayProcess(config, env={"GATEWAY_JWT_SECRET": SECRET}) as gw,
             httpx.Client(base_url=gw.base_url, headers=ADMIN, timeout=10) as client,
