@@ -15,10 +15,11 @@ import ipaddress
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
 
 import yaml
-from pydantic import ValidationError, model_validator
+from pydantic import BaseModel, ValidationError, model_validator
 
 from gateway.admission.settings import AuthSettings, LimitsSettings, SanitiseSettings
 from gateway.apis.settings import ApisSettings, ResponsesSettings
@@ -65,6 +66,7 @@ __all__ = [
     "diff_settings",
     "load_settings",
     "parse_settings",
+    "setting_paths",
 ]
 
 
@@ -150,6 +152,52 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def setting_paths(model: type[BaseModel] | None = None) -> list[str]:
+    """Every setting's dotted path, in declaration order: `server.port`, `pools[].backends[].url`
+    (`[]`: each entry of a list), `limits.tiers.<name>.budgets[].usd` (`<name>`: a key chosen in the
+    config). A field is listed once, where it is first met: another field of the same settings
+    class is one setting (`limits.tenants`, a map of the limit sets `limits.tiers` lists), and so
+    is a field inherited from a class met before (the engine key source of a pool and of a backend;
+    the three limits of a scope and of a scope's model). docs/configuration.md documents these."""
+    return _paths(model or Settings, "", set(), set())
+
+
+def _paths(
+    model: type[BaseModel], prefix: str, seen: set[type[BaseModel]], fields: set[tuple[type, str]]
+) -> list[str]:
+    out: list[str] = []
+    for name, field in model.model_fields.items():
+        owner = next(c for c in reversed(model.__mro__) if name in getattr(c, "__annotations__", {}))
+        if (owner, name) in fields:
+            continue  # inherited from a class whose fields are listed already
+        fields.add((owner, name))
+        section, suffix = _section(field.annotation)
+        inner: list[str] = []
+        if section is not None and section not in seen:
+            seen.add(section)
+            inner = _paths(section, f"{prefix}{name}{suffix}.", seen, fields)
+        out += inner or [prefix + name]  # a section that adds nothing new is one setting
+    return out
+
+
+def _section(annotation: Any) -> tuple[type[BaseModel] | None, str]:
+    """The settings class a field holds (alone, optional, in a list or as a map's values) and the
+    path's mark for it (`[]`, `.<name>`); (None, "") for a plain value."""
+    origin = get_origin(annotation)
+    if origin in (Union, UnionType):
+        inner = [a for a in get_args(annotation) if a is not type(None)]
+        return _section(inner[0]) if len(inner) == 1 else (None, "")
+    if origin is list:
+        section, suffix = _section(get_args(annotation)[0])
+        return (section, "[]" + suffix) if section else (None, "")
+    if origin is dict:
+        section, suffix = _section(get_args(annotation)[1])
+        return (section, ".<name>" + suffix) if section else (None, "")
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, ""
+    return None, ""
 
 
 def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
