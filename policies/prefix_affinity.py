@@ -1,98 +1,50 @@
-"""Prefix affinity ("ours"): bounded-load rendezvous hashing on a prefix *group*, with a cost rule that
-trades a warm cache against a queue, refined by a bounded local prefix index.
+"""Prefix affinity: each request goes where its prompt's prefix is cached, unless that backend is
+too busy for it - bounded-load rendezvous hashing on a prefix key, with a cost rule that trades a
+warm cache against a queue.
 
-1. Key (`routing_key`). When the preamble (tool schemas + system/developer messages) is at least
-   `group_min_blocks` long, the key is the chained hash of its last block,
-   `block_hashes[preamble_blocks - 1]`: every request that shares that preamble (whatever its
-   question, whichever turn) has the same key, so a long shared prefix concentrates on few backends
-   instead of being cached by all of them. A short preamble with a long opening (a long document in
-   the first message, then a question) is a group too: the key is the hash of the opening's first
-   `group_min_blocks` blocks (`group_blocks`). Otherwise the key is the conversation anchor (tool schemas
-   + system prompt + first user message; optionally mixed with `session_key`): conversations that
-   share only a short system prompt spread. Either way every turn of a conversation has the same key.
-   The router uses the same key for the pool choice, so a group is not duplicated across pools.
-2. Rendezvous (HRW) order. Each routable backend scores `mix64(key ^ hash64(name))`; the highest is the
-   key's *home*, the rest its ordered fallbacks. Every replica with the same snapshot computes the same
-   order without talking to the others; removing a backend only moves the keys whose home it was.
-3. Expected warm blocks. Anchor mode: only blocks past the preamble count (a short shared system
-   prompt is assumed warm everywhere - unless every engine's events say where it is held, 5.); when
-   this replica's `PrefixIndex` knows a prefix of the request past the preamble (an earlier turn,
-   the same document, a spill) its depths are used,
-   otherwise the home is assumed to hold the history (`history_blocks`) - the same assumption on every
-   replica. Group mode: all blocks count; the index (which records the preamble's last block and
-   every block after it) is used when it knows anything of the request, otherwise the group is new
-   here and is placed on the first of its first `group_choices` backends (HRW order) whose working
-   set (`policies.working_sets`: blocks this replica recently sent there) is within
-   `placement_slack` groups of the smallest of them, so new groups spread over the caches more
-   evenly than hashing throws them while replicas - whose working sets are their own - still mostly
-   pick the same backend (the strictly smallest flips between replicas on near-ties). Opening groups
-   (a long first message, no long preamble) take the strictly smallest: most are never repeated
-   (uniform traffic), and there the working sets act as the load balancer. A placement proposed to
-   the processes' shared store (`proposing`, `placement_choices`) also counts each backend's tails,
-   a block for each request of its groups, so that a busy group's home is not taken for as light as
-   an idle one's (the store makes the processes agree, where the tails alone would not); for an
-   opening group it adds the other processes' working sets and tails, which the store brings (each
-   process sees only its part of the traffic, and for documents the working sets are the load
-   balancer; for a long preamble's group the others' figures made the replay slower at 8
-   processes - the store's placed blocks balance those); a long
-   preamble's proposal chooses among its first `shared_group_choices` backends, not `group_choices`
-   (few choices are for agreement, which the store gives; an opening group keeps `group_choices`:
-   documents spread wider came out slower with four processes). A *hot* group - one that brings
-   its pool more than a backend's share of requests (`policies.group_demand`: its decayed share x
-   the pool's backends / (1 + `load_factor`) = its `span`) - is meant to be warm on `span`
-   backends: while the index knows fewer holders, the one with the smallest working set among the
-   others within the bound counts as warm for the preamble, one block short of the holders, so it
-   takes a request when the holders are busier by more than `tolerance` and never on a tie. With
-   the engines' events (5.) and the request's tokens it is *warmed* instead (`warm_spread`): the
-   request stays with the holders and the decision names that backend and the preamble's length in
-   tokens (`BackendChoice.warm`, `warm_tokens`), which the gateway sends it as a background
-   one-token prefill; one warm-up of a group at a time (`pending_s`), until its events make it a
-   holder. Otherwise the request opening it paid the whole preamble's prefill (bench.replay, agents
-   at 80 %: all of the slowest first tokens).
-4. Choice. `cost = in_flight - warm blocks / blocks_per_request` (a cached block saves prefill; a
-   queued request costs a service time - on a batching engine only its share of the steps, hence
-   the default of 2 blocks, docs/routing.md; `in_flight` is this replica's own fresh count - the engine's
-   scraped figures are global but up to a scrape old, and at low load they still count requests
-   that have finished, so they only enter through the bound). Among backends that *fit* - not saturated and
-   `score + 1 <= ceil((1 + load_factor) * (total + 1) / n) + load_slack` (consistent hashing with
-   bounded loads, Mirrokni et al. 2018: nothing runs far above the average) - of those whose cost is
-   within `tolerance` of the cheapest, the warmest wins, the first in HRW order on ties. So with nothing warm (uniform traffic, first
-   turns) this is join-the-shortest-queue with the HRW order breaking ties; a warm home keeps its
-   requests until its queue is longer than the prefill it saves; an overloaded group spills to the
-   next backends of its own HRW order (the same on every replica), which then become warm too.
-   If nothing fits, the least loaded backend wins.
-   Queued prefill (`BackendView.prefill`: prompt tokens the routing processes sent there whose first
-   token has not come back, less what they expected warm) adds `prefill_weight` x what a warm token
-   saves per token, less the prefix this request finds warm there (it waits for that anyway): a
-   request count does not tell a decoding sequence from a 4,000-token cold prefill, and a burst of
-   turns from several processes spilled onto one idle backend and queued behind each other's cold
-   prefills there. Not for a document's group (a long opening): its requests wait for its own
-   prefill where the placement put it, and leaving on that account copied documents.
+Requests that share a long prefix (tool schemas and a system prompt, a document) form a *group*,
+kept on few backends instead of cached by all; a conversation without one is keyed by its opening.
+For each request, over the pool's routable backends (`PrefixAffinity.select`):
 
-5. The engines' own KV-cache events (`policies.kv_index`, fed by the gateway's subscriber). When the
-   request carries its token blocks (`features.prompt`) and a backend's event stream is usable, what
-   that backend holds is known exactly, the same in every routing process: its warm blocks are the
-   tokens it holds of the prompt (in estimated blocks: x the request's estimated tokens per real
-   token / `block_tokens`), and this process's own routing memory (the index, the history prior) is
-   ignored for it - except a decision of the last `pending_s` for the same key, whose blocks the
-   engine may not have announced yet (a queued prefill). A group counts as known when a backend
-   holds half of its blocks. Backends without a usable stream keep the approximate estimate above.
-   What an engine holds also stretches the bound for it: such a backend fits up to `warm_slack` x
-   its held blocks / `blocks_per_request` requests above it (a spill would copy the prefix onto a
-   cold engine, whose prefill every sequence there waits for, while a request in flight on a
-   batching engine is mostly a decode sequence sharing the steps) - unless the request's group is
-   hot (`GroupDemand.hot`), whose load the bound and the spread must share. Only the engines'
-   reports stretch it, never this process's memory: without events the bound is as in 4.
-   When every backend's stream is usable, a short preamble (anchor mode) is no longer assumed warm
-   everywhere: its blocks an engine holds count at `preamble_weight` (a first turn prefers an engine
-   that holds its system prompt, unless that engine is busier than the prefill is worth).
+1. Key (`routing_key`). A preamble (tool schemas + system/developer messages) of at least
+   `GROUP_MIN_BLOCKS` estimated blocks names the group: the key is its last block's chained hash.
+   Else a long opening (a document asked about) names it by its first `GROUP_MIN_BLOCKS` blocks;
+   else the key is the conversation's anchor (preamble + first user message). Every turn of a
+   conversation has the same key, and so does the pool choice (`policies.router`).
+2. Order. Backends rank by rendezvous hashing on the key: the first is the key's home, the rest its
+   fallbacks, the same in every routing process without their talking to each other.
+3. Bound. A backend *fits* while it is not saturated and its load + 1 is within
+   ceil((1 + `load_factor`) x (total + 1) / n) + `LOAD_SLACK` (consistent hashing with bounded
+   loads, Mirrokni et al. 2018). One whose engine holds the request's prefix (its events) may run
+   `WARM_SLACK` requests above it per request's worth of held blocks, unless the group is hot.
+4. Warm blocks: what each backend holds of the prompt. Exactly, from the engines' KV-cache events
+   (`policies.kv_index`), when the request carries its tokens; else from this process's prefix
+   index (`policies.prefix_index`: where it sent which prefixes); else a conversation's home is assumed to
+   hold its history. A short preamble is assumed warm everywhere and does not count,
+   unless every engine's events say where it is (then at `PREAMBLE_WEIGHT`).
+5. Groups. A group nothing is known of is placed on the first of its first `GROUP_CHOICES` backends
+   whose working set (`policies.working_sets`) is within `PLACEMENT_SLACK` groups of the lightest,
+   so that processes mostly agree; a document's group takes the lightest. With Redis the
+   processes' shared store places it once for all (`policies.shared_load`). A *hot* group - more
+   than a backend's share of its pool's requests (`policies.group_demand`) - is kept warm on as
+   many backends as its share needs: the next one is warmed by a background one-token prefill of
+   the preamble (`WARM_SPREAD`, with events), or takes requests when the holders are busier.
+6. Choice. cost = in-flight requests - warm blocks / `BLOCKS_PER_REQUEST` + prefill queued there
+   beyond the request's warm prefix, at `PREFILL_WEIGHT` x what a warm token saves. Among the
+   backends that fit, of those within `TOLERANCE` of the cheapest, the warmest wins; ties go to the
+   smaller working set, then the earlier in rendezvous order. If none fits, the least loaded.
 
-Reasons: `affinity:hit` (home; the index knows a prefix of this request there, or the index is
-disabled), `affinity:miss` (home, or a new group's placement; nothing known there yet),
-`affinity:placed` (the placement the processes' shared store made for an earlier request of the
-group, nothing known of it here yet: its first prefill is under way there), `affinity:index` (a non-home backend the
-index knows to be warmer than the home), `affinity:spill` (home skipped for load), `affinity:spread` (a
-hot group's next holder, taken for load).
+So with nothing warm this is join-the-shortest-queue; a warm home keeps its requests until its queue
+costs more than the prefill it saves; an overloaded group spills along its own rendezvous order.
+
+Settings (`routing.prefix_affinity`): `load_factor` (0.25) and the KV-event index's size
+(`kv_max_blocks`). The other parameters are the constants below, each with its reason;
+`PrefixAffinityConfig` carries them all, for the routing replay (bench/replay.py) and the tests.
+
+Reasons: `affinity:hit` (the home, known warm), `affinity:miss` (the home, or a new group's
+placement: nothing known there yet), `affinity:placed` (the shared store's placement of the group),
+`affinity:index` (a backend known warmer than the home), `affinity:spill` (the home passed for load),
+`affinity:spread` (a hot group's next holder, taken for load).
 """
 
 from __future__ import annotations
@@ -273,7 +225,7 @@ def group_blocks(features: RequestFeatures, config: PrefixAffinityConfig = DEFAU
 
 def opening_group(features: RequestFeatures, config: PrefixAffinityConfig = DEFAULT_CONFIG) -> bool:
     """A group named by a long opening (a document asked about, a long first prompt) rather than by
-    a long preamble: placed without slack (see the module docstring, 3)."""
+    a long preamble: placed on the lightest of its choices (see the module docstring, 5)."""
     return features.preamble_blocks < config.group_min_blocks
 
 
@@ -293,6 +245,75 @@ def routing_key(features: RequestFeatures, config: PrefixAffinityConfig = DEFAUL
     if config.session_in_key and features.session_key:
         key = mix64(key ^ str_hash64(features.session_key))
     return key
+
+
+class _Candidates:
+    """One decision's working state (`PrefixAffinity.select`): the pool's routable backends in the
+    key's rendezvous order and, by position, what the steps learn of each."""
+
+    def __init__(
+        self,
+        ranked: tuple[BackendView, ...],
+        names: tuple[str, ...],
+        key: int,
+        g: int,
+        preamble_blocks: int,
+    ) -> None:
+        n = len(ranked)
+        self.ranked = ranked
+        self.names = names
+        self.n = n
+        self.key = key
+        #: the group's blocks (0: no group, the key is the conversation anchor)
+        self.g = g
+        self.group = g > 0
+        self.preamble = g or preamble_blocks
+        #: blocks every backend is assumed to hold: a short preamble's (anchor mode), none for a group
+        self.base = 0 if g > 0 else self.preamble
+        # the load bound (step 3)
+        self.scores: list[float] = []
+        self.bound = 0.0
+        self.fits: list[bool] = []
+        self.every_fit = False
+        # what each backend holds (step 4): warm blocks beyond `base`, and the engines' exact
+        # figures (None: no usable event stream; `lacking` backends have none)
+        self.warm: list[float] = [0] * n
+        self.exact: list[float | None] = [None] * n
+        self.lacking = n
+        self.held_tokens: tuple[dict[str, int], float] | None = None
+        #: this process's decision of the last `pending_s` for the key, its blocks maybe not announced
+        self.fresh: str | None = None
+        self.indexed = False
+        #: something of the request past its preamble is known warm somewhere
+        self.deep = False
+        #: the group is known to be held (events: half of it) or indexed somewhere
+        self.known = False
+        #: the home is known warm (before the placement's and the history's assumptions)
+        self.known_home = False
+        # groups (step 5): working sets, a new group's placement (`stored`: the shared store's),
+        # a hot group's next holder taken for load, or warmed in the background
+        self.sizes: list[int] = []
+        self.placed = -1
+        self.stored = False
+        self.spread = -1
+        self.warm_to = -1
+
+
+def _reason(c: _Candidates, chosen: int) -> tuple[str, Affinity]:
+    """The choice's reason and affinity (module-level constants: nothing built per request)."""
+    if chosen == c.placed and c.stored:
+        # the group's placement, made by an earlier request through the store: its prefill is
+        # under way there (nothing of it known here yet: no event, no decision of this process)
+        return _PLACED
+    if chosen == c.placed and chosen > 0:
+        return _MISS
+    if chosen == c.spread and chosen > 0:
+        return _SPREAD
+    if chosen == 0:
+        return _HIT if c.known_home or not c.indexed else _MISS
+    if c.warm[chosen] > c.warm[0]:
+        return _INDEX
+    return _SPILL
 
 
 class PrefixAffinity(BackendPolicy):
@@ -421,253 +442,274 @@ class PrefixAffinity(BackendPolicy):
         return rank([b for b in backends if b.healthy and not b.draining and not b.circuit_open]), rank(names)
 
     def select(self, pool: PoolView, features: RequestFeatures, rand: float) -> BackendChoice:
+        """The module docstring's steps, each a method working on one `_Candidates`."""
+        c = self._candidates(pool, features)  # 1-3: the key, its rendezvous order, the bound
+        self._read_events(c, features)  # 4: what the engines say they hold
+        self._read_index(c, features)  # 4: what this process sent where, for the others
+        self._stretch_bound(c, pool)  # 3: the bound yields to what an engine holds
+        if c.group:  # 5: the working sets place a new group or spread a hot one
+            c.sizes = (
+                self._proposal_sizes(c.names, features) if self._proposing else self._sets.sizes(c.names)
+            )
+            if c.known:
+                self._spread_hot_group(c, pool, features)
+            else:
+                self._place_new_group(c, features)
+        else:
+            c.sizes = [0] * c.n
+            self._assume_history(c, features)  # 4: the home holds a conversation's history
+        return self._choice(c, features, self._cheapest(c, features))  # 6: the cost rule
+
+    def _candidates(self, pool: PoolView, features: RequestFeatures) -> _Candidates:
+        """Steps 1-3: the key, the pool's routable backends in its rendezvous order, and which of
+        them fit the bounded-load bound."""
         g, key = self.keyed(features)
         ranked, names = self._ranked(pool, key)
-        n = len(ranked)
-        if n == 0:
+        if not ranked:
             raise ValueError(f"pool {pool.name!r} has no routable backend")
+        c = _Candidates(ranked, names, key, g, features.preamble_blocks)
         config = self._config
-        load = self._load
-        scores, any_saturated = load.loads(ranked)
+        n = c.n
+        scores, any_saturated = self._load.loads(ranked)
         bound = math.ceil((1.0 + config.load_factor) * (sum(scores) + 1.0) / n) + config.load_slack
+        c.scores = scores
+        c.bound = bound
         if not any_saturated and max(scores) + 1.0 <= bound:  # every backend fits (`LoadModel.fits`)
-            fits = [True] * n
-            every_fit = True
+            c.fits = [True] * n
+            c.every_fit = True
         else:
-            fits = load.fits(ranked, scores, bound)
-            every_fit = all(fits)
+            c.fits = self._load.fits(ranked, scores, bound)
+            c.every_fit = all(c.fits)
+        return c
 
-        # Expected warm blocks per backend (see the module docstring, 3).
-        group = g > 0
-        preamble = g or features.preamble_blocks
-        base = 0 if group else preamble
-        warm: list[float] = [0] * n
-        indexed = self._index.max_entries > 0
-        deep = known = False
-        # the engines' events: exact warm blocks for backends with a usable stream (5.), by
-        # position in `ranked` (None: no usable stream); `lacking`: the backends without one
-        exact: list[float | None]
+    def _read_events(self, c: _Candidates, features: RequestFeatures) -> None:
+        """Step 4, from the engines' KV-cache events: each backend with a usable stream holds
+        exactly what they say (`c.exact`, in estimated blocks; `c.lacking` backends have no usable
+        stream). In anchor mode the preamble's blocks count only with every backend's events, at
+        `preamble_weight`."""
         held_tokens = self._held_tokens(features)
+        c.held_tokens = held_tokens
         if held_tokens is None:
-            exact = [None] * n
-            lacking = n
-        else:
-            tokens, scale = held_tokens
-            exact = []
-            lacking = 0
-            top = 0.0
-            for i, name in enumerate(names):
-                t = tokens.get(name)
-                if t is None:
-                    lacking += 1
-                    exact.append(None)
-                    continue
-                held = t * scale
-                exact.append(held)
-                if held > top:
-                    top = held
-                if held - base > 0:
-                    warm[i] = held - base
-            if top > preamble:
-                deep = True
-            if group and lacking < n and top >= g / 2:
-                known = True
-            if not lacking and not group and preamble and config.preamble_weight:
-                # every engine says what it holds: the short preamble is no longer assumed warm
-                # everywhere, its held blocks count at `preamble_weight` (5.)
-                weight = config.preamble_weight
-                for i in range(n):
-                    blocks_held = exact[i]
-                    if blocks_held:
-                        warm[i] += weight * (blocks_held if blocks_held < preamble else preamble)
-        fresh: str | None = None
-        if lacking < n:
-            pend = self._pending.get(key)
-            if pend is not None and self._kv.now - pend[1] < config.pending_s:
-                fresh = pend[0]
-        # this replica's memory is read only when some backend lacks events (or has a fresh
-        # decision), and only for those backends: it yields to what engines hold (a backend's warm
-        # blocks are the larger of the two)
-        if indexed and features.block_hashes and (lacking or fresh is not None):
-            depths = self._index.depths(features.block_hashes, names, above=max(0, preamble - 1))
-            if depths and lacking:
+            return
+        tokens, scale = held_tokens
+        warm = c.warm
+        base = c.base
+        exact: list[float | None] = []
+        lacking = 0
+        top = 0.0
+        for i, name in enumerate(c.names):
+            t = tokens.get(name)
+            if t is None:
+                lacking += 1
+                exact.append(None)
+                continue
+            held = t * scale
+            exact.append(held)
+            if held > top:
+                top = held
+            if held - base > 0:
+                warm[i] = held - base
+        c.exact = exact
+        c.lacking = lacking
+        preamble = c.preamble
+        if top > preamble:
+            c.deep = True
+        if c.group and lacking < c.n and top >= c.g / 2:
+            c.known = True
+        weight = self._config.preamble_weight
+        if not lacking and not c.group and preamble and weight:
+            # every engine says what it holds: the short preamble is no longer assumed warm
+            # everywhere, its held blocks count at `preamble_weight`
+            for i in range(c.n):
+                blocks_held = exact[i]
+                if blocks_held:
+                    warm[i] += weight * (blocks_held if blocks_held < preamble else preamble)
+
+    def _read_index(self, c: _Candidates, features: RequestFeatures) -> None:
+        """Step 4, from this process's prefix index: read only for the backends without usable
+        events, or for a decision of the last `pending_s` whose blocks the engine may not have
+        announced yet (`c.fresh`); a backend's warm blocks are the larger of the two."""
+        c.indexed = indexed = self._index.max_entries > 0
+        if c.lacking < c.n:
+            pend = self._pending.get(c.key)
+            if pend is not None and self._kv.now - pend[1] < self._config.pending_s:
+                c.fresh = pend[0]
+        fresh = c.fresh
+        if indexed and features.block_hashes and (c.lacking or fresh is not None):
+            preamble = c.preamble
+            base = c.base
+            warm = c.warm
+            depths = self._index.depths(features.block_hashes, c.names, above=max(0, preamble - 1))
+            if depths and c.lacking:
+                exact = c.exact
                 deepest = 0
-                for i, name in enumerate(names):
+                for i, name in enumerate(c.names):
                     d = depths.get(name)
                     if d is None or (exact[i] is not None and name != fresh):
                         continue
-                    known = True
+                    c.known = True
                     if d > deepest:
                         deepest = d
                     if d - base > warm[i]:
                         warm[i] = d - base
                 if deepest > preamble:
-                    deep = True
+                    c.deep = True
             elif depths and fresh is not None:  # every backend has events: the fresh decision's alone
                 d = depths.get(fresh)
                 if d is not None:
-                    known = True
-                    i = names.index(fresh)
+                    c.known = True
+                    i = c.names.index(fresh)
                     if d - base > warm[i]:
                         warm[i] = d - base
                     if d > preamble:
-                        deep = True
-        known_home = warm[0] > 0
-        # The bound yields to what an engine says it holds (see the module docstring, 5.).
+                        c.deep = True
+        c.known_home = c.warm[0] > 0
+
+    def _stretch_bound(self, c: _Candidates, pool: PoolView) -> None:
+        """Step 3's exception: a backend whose engine's events say it holds the prompt fits up to
+        `warm_slack` x its held blocks / `blocks_per_request` requests above the bound - unless the
+        request's group is hot, whose load the bound and the spread must share."""
+        config = self._config
         if (
-            lacking < n
+            c.lacking < c.n
             and config.warm_slack
-            and not every_fit
-            and not (group and self._demand.hot(pool.name, key, n, 1.0 + config.load_factor))
+            and not c.every_fit
+            and not (c.group and self._demand.hot(pool.name, c.key, c.n, 1.0 + config.load_factor))
         ):
             extra = config.warm_slack * self._value
-            saturated = load.saturated
-            for i in range(n):
+            saturated = self._load.saturated
+            fits = c.fits
+            exact = c.exact
+            for i in range(c.n):
                 blocks = exact[i]
                 if (
                     not fits[i]
                     and blocks is not None
-                    and scores[i] + 1.0 <= bound + extra * (blocks - base)
-                    and not saturated(ranked[i])
+                    and c.scores[i] + 1.0 <= c.bound + extra * (blocks - c.base)
+                    and not saturated(c.ranked[i])
                 ):
                     fits[i] = True
-            every_fit = all(fits)
-        # working sets: a group's placement, its next holder and the tie-break all compare them;
-        # a proposal to the shared store adds the backends' tails (`policies.working_sets`)
-        if not group:
-            sizes = [0] * n
-        elif self._proposing:
-            sizes = self._proposal_sizes(names, features)
-        else:
-            sizes = self._sets.sizes(names)
-        placed = -1  # a new group's placement among its first choices
-        stored = False  # ... made for an earlier request by the processes' shared store
-        spread = -1  # a hot group's next holder
-        warm_to = -1  # ... warmed in the background instead
-        if group:
-            if not known:
-                # Nothing of this group known here: place it on the first of its first
-                # `group_choices` backends (HRW order) whose working set is within `placement_slack`
-                # groups of the lightest of them. Not simply the lightest: working sets are this
-                # replica's own, and near-ties sent one group to different backends from different
-                # replicas. Opening groups take the lightest (see the module docstring, 3).
-                # The fleet's shared store names the backend another process placed it on.
-                placed = _position(names, features.placed_on)
-                stored = placed >= 0 and features.placed_before
-                if placed < 0:
-                    if opening_group(features, config):
-                        slack = 0.0
-                    elif self._proposing:
-                        slack = config.shared_placement_slack * preamble
-                    else:
-                        slack = config.placement_slack * preamble
-                    placed = first_within(sizes[: self._choices(features, self._proposing)], slack)
-                warm[placed] = max(features.history_blocks, preamble)
+            c.every_fit = all(fits)
+
+    def _place_new_group(self, c: _Candidates, features: RequestFeatures) -> None:
+        """Step 5, a group nothing is known of here: the placement the processes' shared store made
+        for it, else the first of its first `group_choices` backends whose working set is within
+        `placement_slack` groups of the lightest of them (not simply the lightest: working sets are
+        each process's own, and near-ties sent one group to different backends from different
+        processes). An opening group (a document) takes the lightest; a proposal to the store takes
+        its own slack and choices (`proposing`). The placement counts as warm with the group."""
+        config = self._config
+        placed = _position(c.names, features.placed_on)
+        c.stored = placed >= 0 and features.placed_before
+        if placed < 0:
+            if opening_group(features, config):
+                slack = 0.0
+            elif self._proposing:
+                slack = config.shared_placement_slack * c.preamble
             else:
-                # A hot group is kept warm on `span` backends (`policies.group_demand`): while fewer
-                # hold it, the lightest (working set) of the others within the bound is the next,
-                # counted one block short of the holders so that it takes a request for load only,
-                # never on a tie.
-                span = self._demand.span(pool.name, key, n, 1.0 + config.load_factor)
-                if span > 1:
-                    others = [i for i in range(n) if warm[i] < preamble]
-                    room = [i for i in others if fits[i]]
-                    if n - len(others) < span and room:
-                        spread = min(room, key=sizes.__getitem__)
-                        if (
-                            config.warm_spread
-                            and exact[spread] is not None
-                            and held_tokens is not None
-                            and _warmable(features)
-                        ):
-                            # warmed in the background, not by this request's cold prefill; one
-                            # warm-up of a group at a time, until its events make it a holder
-                            under_way = self._warming.get(key)
-                            if under_way is None or self._kv.now - under_way[1] >= config.pending_s:
-                                warm_to = spread
-                            spread = -1
-                        else:
-                            warm[spread] = preamble - 1
-        elif (
-            not deep and features.history_blocks - base > warm[0] and (exact[0] is None or names[0] == fresh)
+                slack = config.placement_slack * c.preamble
+            placed = first_within(c.sizes[: self._choices(features, self._proposing)], slack)
+        c.placed = placed
+        c.warm[placed] = max(features.history_blocks, c.preamble)
+
+    def _spread_hot_group(self, c: _Candidates, pool: PoolView, features: RequestFeatures) -> None:
+        """Step 5, a known group: a hot one is kept warm on `span` backends (`policies.group_demand`).
+        While fewer hold it, the lightest (working set) of the others that fit is the next: warmed in
+        the background with the group's preamble (`warm_spread`, with the engines' events and the
+        request's tokens; one warm-up of a group at a time), else counted one block short of the
+        holders, so that it takes a request for load only, never on a tie."""
+        config = self._config
+        span = self._demand.span(pool.name, c.key, c.n, 1.0 + config.load_factor)
+        if span <= 1:
+            return
+        warm = c.warm
+        others = [i for i in range(c.n) if warm[i] < c.preamble]
+        room = [i for i in others if c.fits[i]]
+        if c.n - len(others) >= span or not room:
+            return
+        spread = min(room, key=c.sizes.__getitem__)
+        if (
+            config.warm_spread
+            and c.exact[spread] is not None
+            and c.held_tokens is not None
+            and _warmable(features)
         ):
-            # the home is assumed to hold the history, unless its engine says what it holds
-            warm[0] = features.history_blocks - base
-
-        if every_fit:
-            candidates: Iterable[int] = range(n)
+            under_way = self._warming.get(c.key)
+            if under_way is None or self._kv.now - under_way[1] >= config.pending_s:
+                c.warm_to = spread
         else:
-            candidates = list(compress(range(n), fits))
+            c.spread = spread
+            warm[spread] = c.preamble - 1
+
+    def _assume_history(self, c: _Candidates, features: RequestFeatures) -> None:
+        """Step 4's last resort, in anchor mode: the home is assumed to hold the conversation's
+        history (the same assumption in every process), unless its engine says what it holds or
+        something deeper is known elsewhere."""
+        warm = c.warm
+        history = features.history_blocks - c.base
+        if not c.deep and history > warm[0] and (c.exact[0] is None or c.names[0] == c.fresh):
+            warm[0] = history
+
+    def _cheapest(self, c: _Candidates, features: RequestFeatures) -> int:
+        """Step 6: among the backends that fit, of those whose cost is within `tolerance` of the
+        cheapest, the warmest; on ties the smallest working set, then the earliest. If none fits,
+        the least loaded."""
+        n = c.n
+        candidates: Iterable[int] = range(n) if c.every_fit else list(compress(range(n), c.fits))
         if not candidates:
-            chosen = min(range(n), key=scores.__getitem__)
-        else:
-            value = self._value
-            # this replica's own, fresh in-flight counts: a scrape that still counts a finished
-            # request must not push a conversation off its home at low load (the engine's figures,
-            # stale but global, bound the choice through `fits`)
-            if config.prefill_weight and not (group and opening_group(features, config)):
-                # the prefill queued on a backend delays this request's first token, except as much
-                # of it as the prefix this request finds warm there (it would wait for that anyway);
-                # not for a document's group, whose later requests wait for its own prefill where
-                # it was placed (the placement balances the groups' blocks)
-                bt = config.block_tokens
-                per = self._prefill_cost
-                costs: list[float] = []
-                for i in range(n):
-                    b = ranked[i]
-                    w = warm[i]
-                    queued = b.prefill - w * bt
-                    costs.append(b.in_flight - value * w + (per * queued if queued > 0 else 0.0))
-            else:
-                costs = [ranked[i].in_flight - value * warm[i] for i in range(n)]
-            limit = min([costs[i] for i in candidates] if not every_fit else costs) + config.tolerance
-            # HRW order: the warmest within the tolerance; on ties the earliest, or for a group the
-            # one with the smallest working set (a cold copy evicts the least there)
-            chosen = -1
-            top_warm = 0.0
-            for i in candidates:
-                if costs[i] <= limit:
-                    w = warm[i]
-                    if chosen < 0 or w > top_warm or (w == top_warm and sizes[i] < sizes[chosen]):
-                        chosen = i
-                        top_warm = w
-        reason, affinity = self._reason(chosen, placed, stored, spread, known_home, indexed, warm)
-        # the prompt tokens left to prefill there: all but the short preamble where this request
-        # opens its group or the group's next holder (their warm blocks above are what they will hold)
-        held = base if chosen == spread or (chosen == placed and not stored) else warm[chosen] + base
-        uncached = features.prompt_tokens - int(held * config.block_tokens)
-        prefill = uncached if uncached > 0 else 0
-        if warm_to < 0 or warm_to == chosen:
-            return backend_choice(names[chosen], reason, affinity, None, 0, prefill)
-        # the preamble's estimated blocks in the prompt's tokens (`warm_to` implies both are known)
-        assert features.prompt is not None and held_tokens is not None
-        warm_len = min(features.prompt.tokens, int(preamble / held_tokens[1]))
-        return backend_choice(names[chosen], reason, affinity, names[warm_to], warm_len, prefill)
+            return min(range(n), key=c.scores.__getitem__)
+        costs = self._costs(c, features)
+        limit = min(costs if c.every_fit else [costs[i] for i in candidates]) + self._config.tolerance
+        warm = c.warm
+        sizes = c.sizes
+        chosen = -1
+        top_warm = 0.0
+        for i in candidates:
+            if costs[i] <= limit:
+                w = warm[i]
+                if chosen < 0 or w > top_warm or (w == top_warm and sizes[i] < sizes[chosen]):
+                    chosen = i
+                    top_warm = w
+        return chosen
 
-    @staticmethod
-    def _reason(
-        chosen: int,
-        placed: int,
-        stored: bool,
-        spread: int,
-        known_home: bool,
-        indexed: bool,
-        warm: list[float],
-    ) -> tuple[str, Affinity]:
-        """The choice's reason and affinity (module-level constants: nothing built per request)."""
-        if chosen == placed and stored:
-            # the group's placement, made by an earlier request through the store: its prefill is
-            # under way there (nothing of it known here yet: no event, no decision of this process)
-            return _PLACED
-        if chosen == placed and chosen > 0:
-            return _MISS
-        if chosen == spread and chosen > 0:
-            return _SPREAD
-        if chosen == 0:
-            return _HIT if known_home or not indexed else _MISS
-        if warm[chosen] > warm[0]:
-            return _INDEX
-        return _SPILL
+    def _costs(self, c: _Candidates, features: RequestFeatures) -> list[float]:
+        """Each backend's cost: this process's own, fresh in-flight count (a scrape that still
+        counts a finished request must not push a conversation off its home; the engines' figures
+        bound the choice through the fit) less its warm blocks' worth, plus the prefill queued
+        there beyond the prefix this request finds warm (it would wait for that anyway) - not for
+        a document's group, whose later requests wait for its own prefill where it was placed."""
+        config = self._config
+        value = self._value
+        ranked = c.ranked
+        warm = c.warm
+        if not config.prefill_weight or (c.group and opening_group(features, config)):
+            return [ranked[i].in_flight - value * warm[i] for i in range(c.n)]
+        bt = config.block_tokens
+        per = self._prefill_cost
+        costs: list[float] = []
+        for i in range(c.n):
+            b = ranked[i]
+            w = warm[i]
+            queued = b.prefill - w * bt
+            costs.append(b.in_flight - value * w + (per * queued if queued > 0 else 0.0))
+        return costs
+
+    def _choice(self, c: _Candidates, features: RequestFeatures, chosen: int) -> BackendChoice:
+        """The decision: the backend, its reason, the prompt tokens left to prefill there (all but
+        the short preamble where this request opens its group or the group's next holder) and the
+        warm-up to send, if any."""
+        reason, affinity = _reason(c, chosen)
+        opens = chosen == c.spread or (chosen == c.placed and not c.stored)
+        held = c.base if opens else c.warm[chosen] + c.base
+        uncached = features.prompt_tokens - int(held * self._config.block_tokens)
+        prefill = uncached if uncached > 0 else 0
+        warm_to = c.warm_to
+        if warm_to < 0 or warm_to == chosen:
+            return backend_choice(c.names[chosen], reason, affinity, None, 0, prefill)
+        # the preamble's estimated blocks in the prompt's tokens (`warm_to` implies both are known)
+        assert features.prompt is not None and c.held_tokens is not None
+        warm_len = min(features.prompt.tokens, int(c.preamble / c.held_tokens[1]))
+        return backend_choice(c.names[chosen], reason, affinity, c.names[warm_to], warm_len, prefill)
 
     def on_routed(self, pool: PoolView, features: RequestFeatures, choice: BackendChoice) -> None:
         # The preamble's last block (it identifies the whole preamble: which backends were sent this
@@ -702,7 +744,7 @@ class PrefixAffinity(BackendPolicy):
     def pool_stretch(self, pool: PoolView, features: RequestFeatures) -> float:
         """Requests `pool` may carry above the pools' bound because one of its engines holds the
         request's group (its events: at least half of the group), as `warm_slack` stretches the
-        backend bound (5.); 0 for a hot group, without events or without a group."""
+        backend bound (the module docstring, 3); 0 for a hot group, without events or without a group."""
         config = self._config
         held = self.holders(features) if config.warm_slack else None
         if not held:
