@@ -9,6 +9,8 @@ settings are validated, and
   dropped with a warning; set to anything else it is an error, since the gateway cannot do that;
 - `Rewritten`: its meaning lives in another setting now; the entry's function rewrites the config
   (or raises when it cannot) and says what it did;
+- `Ignored`: a choice between implementations that are one now: whatever it says, dropped with a
+  warning (the gateway behaves the same to its clients either way);
 - `Dissolved`: a mapping every key of which has an entry of its own (`routing.policy_options`):
   dropped once they are handled; any other key in it is an error.
 
@@ -92,11 +94,18 @@ class Rewritten:
 
 
 @dataclass(frozen=True)
+class Ignored:
+    """A choice that is gone (one implementation is left, `what`): any value is dropped."""
+
+    what: str
+
+
+@dataclass(frozen=True)
 class Dissolved:
     """A mapping whose keys are each removed (each has an entry of its own)."""
 
 
-Removal = Moved | Frozen | Rewritten | Dissolved
+Removal = Moved | Frozen | Rewritten | Ignored | Dissolved
 
 
 def constant(module: ModuleType, name: str) -> Frozen:
@@ -260,6 +269,11 @@ REMOVED: dict[str, Removal] = {
     ),
     "routing.shared.placement_ttl_s": constant(shared_load, "PLACEMENT_TTL_S"),
     "routing.shared.placements": constant(policy_shared_load, "PLACEMENTS"),
+    # implementations that are one now
+    "upstream.client": Ignored("the gateway has one HTTP client for the engines, gateway/upstream/h1.py"),
+    "tracing.exporter": Ignored(
+        "spans are exported by the gateway's own OTLP encoder, gateway/observability/otlp.py"
+    ),
     # internal bounds and cadences: constants beside the code that uses them
     "server.max_header_bytes": Frozen(
         http_guard.GuardedHttpToolsProtocol.max_header_bytes,
@@ -346,7 +360,7 @@ def migrate(
     return out
 
 
-def _apply(config: Config, path: str, value: Any, removal: Moved | Frozen | Rewritten) -> str:
+def _apply(config: Config, path: str, value: Any, removal: Moved | Frozen | Rewritten | Ignored) -> str:
     """Handles the removed setting at `path` (taken out of `config`): the warning to give."""
     match removal:
         case Moved(to):
@@ -366,6 +380,8 @@ def _apply(config: Config, path: str, value: Any, removal: Moved | Frozen | Rewr
                     f"{value!r} is no longer possible, it is not a setting any more ({removal.what}); remove it",
                 )
             return f"{path} is no longer a setting ({removal.what}); remove it"
+        case Ignored(what):
+            return f"{path} is gone and ignored ({what}); remove it"
         case Rewritten(rewrite):
             try:
                 return f"{path} is no longer a setting: {rewrite(config, value)}"

@@ -7,36 +7,18 @@ environment. The reference for every field is docs/configuration.md.
 
 from __future__ import annotations
 
-import logging
-from typing import Any, ClassVar, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from policies.budgets import Price
 
-log = logging.getLogger("gateway.settings")
-
 
 class SettingsModel(BaseModel):
-    """The base of every settings section: unknown keys are errors, values are immutable. A key a
-    section no longer has stays in its `removed_keys` table, so a config that still sets it loads
-    with a warning saying what became of it instead of failing or being silently accepted."""
+    """The base of every settings section: unknown keys are errors, values are immutable (a key
+    that was a setting once is handled before validation: gateway/removed_settings.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    #: keys this section no longer has -> the warning a config that sets one gets
-    removed_keys: ClassVar[dict[str, str]] = {}
-
-    @model_validator(mode="before")
-    @classmethod
-    def _drop_removed_keys(cls, data: Any) -> Any:
-        if not cls.removed_keys or not isinstance(data, dict):
-            return data
-        kept = dict(data)
-        for key, warning in cls.removed_keys.items():
-            if key in kept:
-                del kept[key]
-                log.warning("config: %s", warning)
-        return kept
 
 
 class KvEventsSettings(SettingsModel):

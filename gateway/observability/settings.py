@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from pydantic import Field
 
 from gateway.core.settings import SettingsModel
@@ -39,8 +37,3 @@ class TracingSettings(SettingsModel):
     #: extra headers on every export request (a collector's API key, e.g. via
     #: GATEWAY_TRACING__HEADERS='{x-api-key: …}')
     headers: dict[str, str] = Field(default_factory=dict)
-
-    removed_keys: ClassVar[dict[str, str]] = {
-        "exporter": "tracing.exporter is gone and ignored: spans are always exported by the gateway's "
-        "own OTLP encoder (gateway/observability/otlp.py); remove the key",
-    }

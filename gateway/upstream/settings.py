@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from pydantic import Field
 
 from gateway.core.settings import HealthSettings, SettingsModel
@@ -33,8 +31,3 @@ class UpstreamSettings(SettingsModel):
     health: HealthSettings = HealthSettings()
     #: idle keep-alive connections kept per backend (concurrent ones are not capped)
     max_connections_per_backend: int = Field(1024, ge=1)
-
-    removed_keys: ClassVar[dict[str, str]] = {
-        "client": "upstream.client is gone and ignored: the gateway has one HTTP client for the engines "
-        "(gateway/upstream/h1.py); remove the key",
-    }

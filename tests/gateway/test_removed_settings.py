@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from gateway.removed_settings import (
     migrate,
 )
 from gateway.routing.settings import PrefixAffinitySettings
-from gateway.settings import parse_settings
+from gateway.settings import ConfigError, load_settings, parse_settings
 
 
 def _halved(config: dict[str, Any], value: Any) -> str:
@@ -218,3 +219,19 @@ def test_a_models_own_special_tokens_join_the_one_list() -> None:
             environ={},
         )
     assert settings.sanitise.special_token_list == ["<|im_start|>", "<my_turn>"]
+
+
+def test_a_config_file_says_where_a_removed_setting_is(tmp_path: Path) -> None:
+    base = "models: [{name: m}]\npools: [{name: p, dialect: vllm, models: {m: m}}]\n"
+    path = tmp_path / "gateway.yaml"
+    path.write_text(base + "upstream:\n  client: aiohttp\n")
+    with pytest.warns(RemovedSettingWarning) as caught:
+        load_settings(path, environ={})
+    assert (caught[0].filename, caught[0].lineno) == (str(path), 4)
+    path.write_text(base + "routing:\n  policy_options:\n    placement_slack: 0.0\n")
+    with pytest.raises(ConfigError) as info, warnings.catch_warnings():
+        warnings.simplefilter("ignore", RemovedSettingWarning)
+        load_settings(path, environ={})
+    (problem,) = info.value.problems
+    assert (problem.line, problem.key) == (5, "routing.policy_options.placement_slack")
+    assert "no longer possible" in problem.message

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 
-from gateway.observability.settings import TracingSettings
+from gateway.removed_settings import RemovedSettingWarning
+from gateway.settings import parse_settings
+from tests.conftest import single_pool_config
 
 
-def test_tracing_exporter_is_gone_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="gateway.settings"):
-        tracing = TracingSettings.model_validate({"enabled": True, "exporter": "sdk", "sample_ratio": 0.5})
+def test_tracing_exporter_is_gone_with_a_warning() -> None:
+    config = single_pool_config("vllm", ["http://127.0.0.1:9"])
+    config["tracing"] = {"enabled": True, "exporter": "sdk", "sample_ratio": 0.5}
+    with pytest.warns(RemovedSettingWarning, match="tracing.exporter is gone and ignored") as caught:
+        tracing = parse_settings(config, environ={}).tracing
+    assert len(caught) == 1
     assert tracing.enabled and tracing.sample_ratio == 0.5
     assert "exporter" not in tracing.model_dump()
-    (record,) = caplog.records
-    assert record.levelno == logging.WARNING
-    assert "tracing.exporter is gone" in record.getMessage()
