@@ -30,8 +30,11 @@ from engines.registry import get_dialect
 from gateway.admission.intake import read_body
 from gateway.admission.sanitise import SanitiseStage
 from gateway.admission.settings import DEFAULT_SPECIAL_TOKENS, SanitiseSettings
+from gateway.core.circuit import CircuitBreaker
 from gateway.core.context import RequestContext
+from gateway.core.fleet import Backend
 from gateway.settings import ModelSettings
+from gateway.upstream.lease import Lease
 from gateway.upstream.relay import SSESplitter, StreamRelay
 from tests.conftest import fast_sim
 
@@ -153,13 +156,16 @@ async def _relay(engine: str, chunks: list[bytes]) -> bytes:
 
     ended: list[bool] = []
 
-    async def on_end(ctx: RequestContext, ok: bool) -> None:
+    async def on_end(ctx: RequestContext, lease: Lease, ok: bool) -> None:
+        lease.release()
         ended.append(ok)
 
     ctx = RequestContext(request_id="r", endpoint="chat", started=0.0, headers={}, receive=receive)  # type: ignore[arg-type]
     upstream = _Upstream(chunks)
+    backend = Backend(name="b", url="http://b", pool="p", circuit=CircuitBreaker(3, 10.0))
     relay = StreamRelay(
         ctx,
+        lease=Lease(backend, 0, lambda *failure: None),
         upstream=upstream,
         chunks=upstream.chunks(),
         splitter=SSESplitter(),
@@ -178,7 +184,7 @@ async def _relay(engine: str, chunks: list[bytes]) -> bytes:
         on_end=on_end,
     )
     await relay(send, receive)  # type: ignore[arg-type]
-    assert ended == [True] and upstream.closed
+    assert ended == [True] and upstream.closed and backend.in_flight == 0
     return b"".join(sent)
 
 
