@@ -250,7 +250,7 @@ REMOVED: dict[str, Removal] = {
     "routing.prefix_affinity.warm_spread": constant(affinity, "WARM_SPREAD"),
     "routing.policy_options.block_tokens": constant(features, "BLOCK_TOKENS"),
     "routing.policy_options.session_in_key": Frozen(
-        False, "the conversation anchor is the routing key, whatever the session"
+        False, "a request's session, when it names one, is its routing key (SESSION_KEYS)"
     ),
     **{f"routing.policy_options.{k}": constant(affinity, name) for k, name in _AFFINITY_CONSTANTS.items()},
     "routing.policy_options.load": Dissolved(),

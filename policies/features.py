@@ -103,8 +103,9 @@ def extract_features(
 ) -> RequestFeatures:
     """Features of a parsed, validated chat-completions or completions request body.
 
-    `session_key` is the caller's fallback tie-breaker (e.g. the authenticated user); the body's
-    `prompt_cache_key`, then its `user`, take precedence.
+    `session_key` is the session the request's headers name (`x-session-id`); the conversation's
+    session is the body's `prompt_cache_key`, else that header's, else `metadata.session_id`, else
+    the body's `user` (what agent harnesses and SDKs send), else None.
     """
     exact_tokens: int | None = None
     batch: tuple[int, ...] = ()
@@ -314,12 +315,18 @@ def _structured_output(body: Mapping[str, Any]) -> bool:
     return any(body.get(name) is not None for name in _STRUCTURED_FIELDS)
 
 
-def _session_key(body: Mapping[str, Any], fallback: str | None) -> str | None:
-    for name in ("prompt_cache_key", "user"):
-        value = body.get(name)
-        if isinstance(value, str) and value:
-            return value
-    return fallback
+def _session_key(body: Mapping[str, Any], header: str | None) -> str | None:
+    cache_key = body.get("prompt_cache_key")
+    if isinstance(cache_key, str) and cache_key:
+        return cache_key
+    if header:
+        return header
+    metadata = body.get("metadata")
+    session = metadata.get("session_id") if isinstance(metadata, Mapping) else None
+    if isinstance(session, str) and session:
+        return session
+    user = body.get("user")
+    return user if isinstance(user, str) and user else None
 
 
 def _max_tokens(body: Mapping[str, Any]) -> int | None:

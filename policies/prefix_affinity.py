@@ -119,6 +119,9 @@ POOL_LOAD_FACTOR = 0.5
 #: background with the group's preamble (`BackendChoice.warm`): a request sent there instead (False:
 #: `affinity:spread`) paid the whole preamble's cold prefill, the slowest first tokens of agent loops
 WARM_SPREAD = True
+#: a request that names its session (prompt_cache_key, x-session-id, metadata.session_id, user) is
+#: routed by it: an agent's turns stay on its cache even when the opening of its prompt changes
+SESSION_KEYS = True
 #: prefix-index entries (block hash -> backends), ~110 bytes each: ~7 MB a process
 INDEX_ENTRIES = 65536
 #: backends remembered per indexed prefix: enough for a hot group's holders
@@ -168,8 +171,8 @@ class PrefixAffinityConfig:
     index_max_holders: int = INDEX_MAX_HOLDERS
     index_stride: int = INDEX_STRIDE
     working_set_entries: int = WORKING_SET_ENTRIES
-    #: mix the request's `session_key` (its `prompt_cache_key`, else `user`) into the anchor key
-    session_in_key: bool = False
+    #: a request naming its session (`RequestFeatures.session_key`) is keyed by it, not by its anchor
+    session_keys: bool = SESSION_KEYS
     demand_window: int = DEMAND_WINDOW
     demand_entries: int = DEMAND_ENTRIES
     #: estimated tokens per block of `policies.features`
@@ -236,15 +239,15 @@ def grouped(features: RequestFeatures, config: PrefixAffinityConfig = DEFAULT_CO
 
 def routing_key(features: RequestFeatures, config: PrefixAffinityConfig = DEFAULT_CONFIG) -> int:
     """The rendezvous key: the preamble's chained block hash when it is long (group mode), else the
-    conversation anchor (mixed with `session_key` if configured). Identical for every turn of a
-    conversation and on every replica."""
+    request's session when it names one, else the conversation anchor. Identical for every turn of a
+    conversation and on every replica; a session keeps its turns together even when their opening
+    changes (an agent that rewrites its system prompt or compacts its history)."""
     g = group_blocks(features, config)
     if g:
         return features.block_hashes[g - 1]
-    key = features.anchor_hash
-    if config.session_in_key and features.session_key:
-        key = mix64(key ^ str_hash64(features.session_key))
-    return key
+    if config.session_keys and features.session_key:
+        return mix64(str_hash64(features.session_key))
+    return features.anchor_hash
 
 
 class _Candidates:

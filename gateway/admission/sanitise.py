@@ -28,7 +28,7 @@ from typing import Any
 
 from engines.errors import ApiError, above_max_length, context_length_exceeded, invalid_request
 from gateway.admission.settings import SanitiseSettings
-from gateway.core.context import RequestContext
+from gateway.core.context import RequestContext, session_header
 from gateway.core.responses import Response
 from policies.features import DEFAULT_FEATURE_CONFIG, FeatureConfig, extract_features
 from policies.media import INLINE_AUDIO_KEY, MEDIA_KEYS
@@ -342,7 +342,7 @@ class SanitiseStage:
 
     # -- context window ---------------------------------------------------------------------------
     def _context(self, ctx: RequestContext, context_length: int) -> None:
-        features = extract_features(ctx.body, self._features, session_key=ctx.principal.user)
+        features = extract_features(ctx.body, self._features, session_key=session_header(ctx))
         ctx.extras["features"] = features
         allowed = context_length * (1 + self._limits.context_slack)
         prompt = features.longest_prompt_tokens  # a batch's prompts each run on their own

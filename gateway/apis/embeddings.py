@@ -24,7 +24,7 @@ from engines.errors import ApiError, above_max_length, invalid_request, server_e
 from engines.upstream_errors import GENERIC_UPSTREAM
 from engines.validate import token_ids
 from gateway.apis.checks import integer, invalid_value, missing, type_error
-from gateway.core.context import RequestContext
+from gateway.core.context import RequestContext, session_header
 from gateway.core.responses import Response
 from policies.features import FeatureConfig, extract_features
 
@@ -150,7 +150,7 @@ class EmbeddingsIntake:
                 param="input",
             )
         first = extract_features(
-            {"model": model.name, "prompt": body["input"]}, self._features, session_key=ctx.principal.user
+            {"model": model.name, "prompt": body["input"]}, self._features, session_key=session_header(ctx)
         )
         ctx.extras["features"] = dataclasses.replace(first, prompt_tokens=total)
         ctx.stream = False

@@ -106,3 +106,9 @@ class RequestContext:
     answer: Answer | None = None
     #: this request's trace when tracing is on (gateway/core/trace.py); None when it is off
     trace: RequestTrace | None = None
+
+
+def session_header(ctx: RequestContext) -> str | None:
+    """The session the request's `x-session-id` header names (agent harnesses send it), or None."""
+    raw = ctx.headers.get(b"x-session-id")
+    return raw.decode("latin-1")[:256] if raw else None

@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from engines.errors import ApiError, model_not_found
-from gateway.core.context import Principal, RequestContext
+from gateway.core.context import Principal, RequestContext, session_header
 from gateway.core.fleet import Fleet, Pool
 from gateway.core.responses import Response, safe_header_value
 from gateway.core.settings import ModelSettings
@@ -70,7 +70,7 @@ class RouteStage:
         extras = ctx.extras
         # the sanitise stage computed them already (same config, same session key): reuse
         features: RequestFeatures = extras.get("features") or extract_features(
-            ctx.body, self.features, session_key=ctx.principal.user
+            ctx.body, self.features, session_key=session_header(ctx)
         )
         kv = self.router.kv_index
         if (

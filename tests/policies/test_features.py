@@ -151,10 +151,16 @@ def test_scalar_features() -> None:
         "max_completion_tokens": 7,
         "user": "alice",
     }
-    f = extract_features(body, session_key="principal")
+    f = extract_features(body)
     assert (f.model, f.tool_choice, f.max_tokens, f.session_key) == ("m", "named", 7, "alice")
-    assert extract_features({**body, "prompt_cache_key": "k"}).session_key == "k"
-    assert extract_features({"model": "m", "messages": []}, session_key="p").session_key == "p"
+    # the session, most specific first: prompt_cache_key, x-session-id, metadata.session_id, user
+    with_metadata = {**body, "metadata": {"session_id": "meta"}}
+    assert extract_features(with_metadata).session_key == "meta"
+    assert extract_features(with_metadata, session_key="header").session_key == "header"
+    assert (
+        extract_features({**with_metadata, "prompt_cache_key": "k"}, session_key="header").session_key == "k"
+    )
+    assert extract_features({"model": "m", "messages": []}).session_key is None
     assert extract_features({**body, "tool_choice": "required"}).tool_choice == "required"
     assert extract_features({**body, "tool_choice": None}).tool_choice is None
     assert extract_features({"model": "m", "messages": [], "max_tokens": 3}).max_tokens == 3

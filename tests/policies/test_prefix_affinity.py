@@ -251,13 +251,24 @@ def test_spilled_conversation_follows_the_index_on_the_same_replica() -> None:
     assert (later.backend, later.reason) == (spilled.backend, "affinity:index")
 
 
-def test_session_key_mixing_is_optional() -> None:
+def test_a_named_session_keys_its_turns_whatever_their_opening() -> None:
     rng = random.Random(14)
     f = features(conversation(rng, system="s"))
-    mixed = PrefixAffinity(PrefixAffinityConfig(session_in_key=True))
-    assert PrefixAffinity().key(dataclasses.replace(f, session_key="u")) == f.anchor_hash
-    assert mixed.key(dataclasses.replace(f, session_key="u")) != f.anchor_hash
-    assert mixed.key(f) == f.anchor_hash
+    other_opening = features(conversation(rng, system="a rewritten system prompt"))
+    policy = PrefixAffinity()
+    assert policy.key(f) == f.anchor_hash  # no session named: the conversation's anchor
+    first = policy.key(dataclasses.replace(f, session_key="agent-7"))
+    assert first != f.anchor_hash
+    assert policy.key(dataclasses.replace(other_opening, session_key="agent-7")) == first
+    assert policy.key(dataclasses.replace(f, session_key="agent-8")) != first
+    p = pool("a", 4)
+    homes = {
+        policy.select(
+            p, dataclasses.replace(features(conversation(rng, system=str(i))), session_key="s"), 0.0
+        ).backend
+        for i in range(6)
+    }
+    assert len(homes) == 1  # an idle pool: every turn of the session on its home
 
 
 def test_load_slack_bounds_how_far_a_warm_home_may_run_above_the_average() -> None:
