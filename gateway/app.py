@@ -268,9 +268,7 @@ class Gateway:
     async def startup(self) -> None:
         up = self.settings.upstream
         if self._transport is None:
-            self._transport = H1Transport(
-                max_per_host=up.max_connections_per_backend,
-            )
+            self._transport = H1Transport()
         keys, problems = read_keys(self.settings.pools)
         if problems:
             raise RuntimeError("the engines' keys cannot be read: " + "; ".join(problems))

@@ -37,6 +37,7 @@ import gateway.admission.sanitise as sanitise
 import gateway.apis.assembly as apis
 import gateway.core.redis_client as redis_client
 import gateway.edge.http_guard as http_guard
+import gateway.edge.settings as edge_settings
 import gateway.observability.metrics_sampler as metrics_sampler
 import gateway.observability.otlp as otlp
 import gateway.routing.settings as routing_settings
@@ -320,6 +321,11 @@ REMOVED: dict[str, Removal] = {
         "always Jinja's delimiters: gateway.admission.sanitise.TEMPLATE_MARKERS",
     ),
     "sanitise.special_tokens_by_model": Rewritten(_tokens_by_model),
+    "server.keepalive_s": constant(edge_settings, "CLIENT_KEEPALIVE_S"),
+    "server.limit_concurrency": Frozen(
+        0, "always unlimited: overload is the engines', queued by the gateway"
+    ),
+    "upstream.max_connections_per_backend": constant(h1, "MAX_IDLE_PER_BACKEND"),
 }
 
 

@@ -22,6 +22,7 @@ import uvicorn
 from gateway.app import Gateway
 from gateway.edge.http_cycle import GatewayHttpProtocol
 from gateway.edge.http_guard import configure_guard
+from gateway.edge.settings import CLIENT_KEEPALIVE_S
 from gateway.observability.metrics_export import multiprocess_dir
 from gateway.settings import Settings, load_settings
 
@@ -66,12 +67,10 @@ def uvicorn_kwargs(settings: Settings) -> dict[str, Any]:
         # uvicorn's ProxyHeadersMiddleware rewrites the client address from X-Forwarded-For on every
         # request (7 % of the gateway's CPU in a profile); nothing here uses the client address.
         "proxy_headers": False,
-        "timeout_keep_alive": int(s.keepalive_s),
+        "timeout_keep_alive": CLIENT_KEEPALIVE_S,
         "timeout_graceful_shutdown": int(s.graceful_shutdown_s),
         "log_level": s.log_level,
     }
-    if s.limit_concurrency:
-        kwargs["limit_concurrency"] = s.limit_concurrency
     return kwargs
 
 

@@ -69,6 +69,9 @@ _STRUCTURED_FIELDS = (
 #: tokens, and a prompt's hash chain (at most `max_blocks`) covers its first 4,096 tokens. Every
 #: routing process must use the same value
 BLOCK_TOKENS = 32
+#: a preamble (tool schemas, system prompt) at least this many blocks long (~1k tokens) is shared by
+#: a prefix group: prefix affinity keys the group by it, and routing rules' `shared_preamble` see it
+LONG_PREAMBLE_BLOCKS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +135,7 @@ def extract_features(
         session_key=_session_key(body, session_key),
         max_tokens=_max_tokens(body),
         batch_tokens=batch,
+        reasoning=_reasoning(body),
     )
 
 
@@ -327,6 +331,18 @@ def _session_key(body: Mapping[str, Any], header: str | None) -> str | None:
         return session
     user = body.get("user")
     return user if isinstance(user, str) and user else None
+
+
+def _reasoning(body: Mapping[str, Any]) -> bool:
+    """Thinking asked for: a `reasoning_effort` other than none, or `enable_thinking` (`thinking`)
+    true in `chat_template_kwargs` (Qwen3's and DeepSeek's templates read them)."""
+    effort = body.get("reasoning_effort")
+    if isinstance(effort, str) and effort not in ("none", "minimal"):
+        return True
+    kwargs = body.get("chat_template_kwargs")
+    return isinstance(kwargs, Mapping) and (
+        kwargs.get("enable_thinking") is True or kwargs.get("thinking") is True
+    )
 
 
 def _max_tokens(body: Mapping[str, Any]) -> int | None:

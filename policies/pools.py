@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from policies.features import LONG_PREAMBLE_BLOCKS
 from policies.hashing import NameHashes, mix64, unit_float
 from policies.types import FleetSnapshot, PoolView, RequestFeatures, RoutingError, ToolChoice, new_tuple
 
@@ -57,6 +58,12 @@ class Rule:
     structured_output: bool | None = None
     tool_choice_in: frozenset[ToolChoice] | None = None
     strict: bool = False
+    #: reasoning asked for (`RequestFeatures.reasoning`)
+    reasoning: bool | None = None
+    #: the output asked for (`max_tokens`) is at least this long
+    max_tokens_gte: int | None = None
+    #: the request shares a long preamble with others (a prefix group: `LONG_PREAMBLE_BLOCKS`)
+    shared_preamble: bool | None = None
 
     def __post_init__(self) -> None:
         if not _TOKEN.fullmatch(self.name):
@@ -74,6 +81,14 @@ class Rule:
         if self.tool_choice_in is not None:
             choice = features.tool_choice or ("auto" if features.has_tools else "none")
             if choice not in self.tool_choice_in:
+                return False
+        if self.reasoning is not None and features.reasoning != self.reasoning:
+            return False
+        if self.max_tokens_gte is not None and (features.max_tokens or 0) < self.max_tokens_gte:
+            return False
+        if self.shared_preamble is not None:
+            shared = features.preamble_blocks >= LONG_PREAMBLE_BLOCKS
+            if shared != self.shared_preamble:
                 return False
         return True
 

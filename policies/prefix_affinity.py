@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from itertools import compress
 from typing import Literal
 
-from policies.features import BLOCK_TOKENS
+from policies.features import BLOCK_TOKENS, LONG_PREAMBLE_BLOCKS
 from policies.group_demand import GroupDemand
 from policies.hashing import HrwOrders, NameHashes, mix64, str_hash64
 from policies.kv_index import KvIndex, KvIndexConfig
@@ -90,7 +90,7 @@ _SPREAD: tuple[str, Affinity] = ("affinity:spread", "spill")
 # settings - the replay and the tests vary them through `PrefixAffinityConfig`, operators do not.
 #: a preamble (or opening) this many blocks long names a group: ~1,000 tokens, the size of prefix
 #: whose prefill is worth concentrating on few backends rather than caching everywhere
-GROUP_MIN_BLOCKS = 32
+GROUP_MIN_BLOCKS = LONG_PREAMBLE_BLOCKS
 #: a new group is placed among its first 3 backends (rendezvous order): few choices keep the
 #: processes, whose working sets differ, mostly agreeing on the same one
 GROUP_CHOICES = 3

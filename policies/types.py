@@ -74,6 +74,8 @@ class RequestFeatures:
     placed_on: str | None = None
     placed_before: bool = False
     batch_tokens: tuple[int, ...] = ()
+    #: the request asks for reasoning (`reasoning_effort`, or thinking on in `chat_template_kwargs`)
+    reasoning: bool = False
 
     @property
     def total_prompt_tokens(self) -> int:

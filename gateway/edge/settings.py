@@ -8,6 +8,10 @@ from pydantic import Field
 
 from gateway.core.settings import SettingsModel
 
+#: seconds a client's idle keep-alive connection stays open: longer than the load balancers in front
+#: keep theirs (nginx and cloud balancers 60 s), so a balancer, not the gateway, closes one first
+CLIENT_KEEPALIVE_S = 75
+
 
 class ServerSettings(SettingsModel):
     host: str = "127.0.0.1"
@@ -17,10 +21,6 @@ class ServerSettings(SettingsModel):
     graceful_shutdown_s: float = Field(30.0, ge=0)
     #: largest request body accepted (413 above)
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
-    #: uvicorn keep-alive for client connections
-    keepalive_s: float = Field(75.0, gt=0)
-    #: largest number of concurrent client connections (503 above); 0 = unlimited
-    limit_concurrency: int = Field(0, ge=0)
     #: a request head must be complete this many seconds after the connection opened, or after its
     #: first byte on a kept-alive connection (408 and close otherwise: slow-header attacks)
     header_timeout_s: float = Field(10.0, gt=0)

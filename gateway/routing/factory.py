@@ -45,6 +45,9 @@ def build_router(settings: RoutingSettings) -> tuple[Router, FeatureConfig]:
             has_tools=r.has_tools,
             structured_output=r.structured_output,
             strict=r.strict,
+            reasoning=r.reasoning,
+            max_tokens_gte=r.min_output_tokens,
+            shared_preamble=r.shared_preamble,
         )
         for r in settings.rules
     ]

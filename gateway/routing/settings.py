@@ -23,6 +23,12 @@ class RuleSettings(SettingsModel):
     min_prompt_tokens: int | None = None
     has_tools: bool | None = None
     structured_output: bool | None = None
+    #: reasoning asked for (`reasoning_effort`, or `enable_thinking` in `chat_template_kwargs`)
+    reasoning: bool | None = None
+    #: the output asked for (`max_tokens`, `max_completion_tokens`) is at least this long
+    min_output_tokens: int | None = None
+    #: the request shares a long preamble (~1k tokens of tools and system prompt) with others
+    shared_preamble: bool | None = None
     #: the rule's pools are a requirement, not a preference: no other pool, not even to fail over
     strict: bool = False
 

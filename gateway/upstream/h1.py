@@ -49,6 +49,8 @@ CONNECT_TIMEOUT_S: Final = 2.0
 #: an idle pooled connection is closed after 30 s: engines close theirs sooner or later, and a
 #: request sent on one they closed goes once more on a new connection (see above)
 KEEPALIVE_S: Final = 30.0
+#: idle connections kept per backend: more than an engine's concurrent requests ever need again
+MAX_IDLE_PER_BACKEND: Final = 1024
 
 _DEFAULT_HEADERS: Final = b"Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
 _WAIT_HEADERS, _WAIT_CHUNK, _WAIT_ALL = 0, 1, 2
@@ -340,7 +342,7 @@ class H1Transport:
         self,
         *,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
-        max_per_host: int = 1024,
+        max_per_host: int = MAX_IDLE_PER_BACKEND,
         keepalive_s: float = KEEPALIVE_S,
     ) -> None:
         """`max_per_host` bounds the idle connections kept per origin (not the concurrent ones)."""

@@ -29,5 +29,3 @@ class UpstreamSettings(SettingsModel):
     timeouts: TimeoutSettings = TimeoutSettings()
     retries: RetrySettings = RetrySettings()
     health: HealthSettings = HealthSettings()
-    #: idle keep-alive connections kept per backend (concurrent ones are not capped)
-    max_connections_per_backend: int = Field(1024, ge=1)

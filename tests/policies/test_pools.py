@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from policies.features import LONG_PREAMBLE_BLOCKS, extract_features
 from policies.hashing import mix64
 from policies.pools import PoolBalance, Rule, capable, choose_pool
 from policies.types import BackendView, RequestFeatures, RoutingError
@@ -266,3 +267,27 @@ def test_candidate_pools_are_those_the_weights_choose_among() -> None:
     assert candidate_pools(snap, f, [strict]) == []
     with pytest.raises(RoutingError):
         choose_pool(snap, f, [strict], 0.5)
+
+
+def test_rules_see_reasoning_output_length_and_a_shared_preamble() -> None:
+    base = F
+    thinking = Rule("think", ("s",), reasoning=True)
+    assert thinking.matches(dataclasses.replace(base, reasoning=True)) and not thinking.matches(base)
+    long_output = Rule("long", ("s",), max_tokens_gte=4096)
+    assert long_output.matches(dataclasses.replace(base, max_tokens=8000))
+    assert not long_output.matches(dataclasses.replace(base, max_tokens=100)) and not long_output.matches(
+        base
+    )
+    shared = Rule("shared", ("s",), shared_preamble=True)
+    assert shared.matches(dataclasses.replace(base, preamble_blocks=LONG_PREAMBLE_BLOCKS))
+    assert not shared.matches(dataclasses.replace(base, preamble_blocks=LONG_PREAMBLE_BLOCKS - 1))
+    assert Rule("own", ("v",), shared_preamble=False).matches(base)
+
+
+def test_reasoning_is_seen_in_what_the_request_asks() -> None:
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert not extract_features(chat).reasoning
+    assert extract_features({**chat, "reasoning_effort": "high"}).reasoning
+    assert not extract_features({**chat, "reasoning_effort": "none"}).reasoning
+    assert extract_features({**chat, "chat_template_kwargs": {"enable_thinking": True}}).reasoning
+    assert not extract_features({**chat, "chat_template_kwargs": {"enable_thinking": False}}).reasoning

@@ -11,11 +11,11 @@ from tests.conftest import single_pool_config
 
 def test_upstream_client_is_gone_with_a_warning() -> None:
     config = single_pool_config("vllm", ["http://127.0.0.1:9"])
-    config["upstream"] = {**config["upstream"], "client": "aiohttp", "max_connections_per_backend": 7}
+    config["upstream"] = {**config["upstream"], "client": "aiohttp", "retries": {"max_attempts": 7}}
     with pytest.warns(RemovedSettingWarning, match="upstream.client is gone and ignored") as caught:
         settings = parse_settings(config, environ={})
     assert len(caught) == 1
-    assert settings.upstream.max_connections_per_backend == 7  # the rest of the section still applies
+    assert settings.upstream.retries.max_attempts == 7  # the rest of the section still applies
     assert "client" not in settings.upstream.model_dump()
 
 
