@@ -29,6 +29,7 @@ import orjson
 import pytest
 
 from tests.conftest import MODEL, fast_sim, single_pool_config
+from tests.real_engines.rig import real_pool_config
 from tests.support import GatewayProcess
 
 ENGINE_EXTRAS = (
@@ -95,9 +96,8 @@ def pool_gateway(pool: Pool) -> Iterator[GatewayProcess]:
             sims = [stack.enter_context(fast_sim(pool.dialect)) for _ in range(2)]
             config = single_pool_config(pool.dialect, [s.base_url for s in sims])
         else:
-            config = single_pool_config(pool.dialect, [pool.real_url])
-            config["pools"][0]["models"] = {MODEL: pool.served}
-            config["models"][0]["context_length"] = 4096  # the real servers' context
+            assert pool.served is not None
+            config = real_pool_config(pool.dialect, [pool.real_url], pool.served)
         yield stack.enter_context(GatewayProcess(config))
 
 

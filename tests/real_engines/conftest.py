@@ -5,6 +5,10 @@ also serves a LoRA adapter of the tiny model (`LORA_MODEL`, for tests/real_engin
 vLLM makes one span per finished request, a child of the `traceparent` it was sent, and exports it every
 0.2 s from a thread of its API server; tests/real_engines/test_tracing.py points a gateway at it too).
 
+Every server is started with `--api-key ENGINE_KEY`, as production engines are: a request sent to one
+directly carries `server.headers`, and the tests' gateways read the key from `ENGINE_KEY_ENV`
+(`real_pool_config`'s `api_key_env`), which this module sets for the gateway processes to inherit.
+
 Each takes 16-30 s to become healthy and ~3 GB of memory, so they are started in the background as soon
 as collection has finished, and only when a collected test asks for them: their startup overlaps the
 tests that run before `tests/real_engines/`. The spare starts only once the others are healthy
@@ -18,12 +22,14 @@ A server that cannot start fails the tests that use it, with its log's tail; not
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
 import pytest
 
 from tests.otlp_receiver import OtlpReceiver
+from tests.real_engines.rig import ENGINE_KEY, ENGINE_KEY_ENV
 from tests.real_engines.servers import (
     ENGINES_DIR,
     EngineServer,
@@ -50,6 +56,7 @@ _started: set[str] = set()  # every engine launched in this session
 # test runs, hold the CPU for ~90 s (a simulator's start then takes over 15 s), and the tests that use
 # the spare run long after (test_engine_lora.py, test_failover.py).
 LATER = {"vllm_spare"}
+os.environ[ENGINE_KEY_ENV] = ENGINE_KEY
 
 
 def _wanted(items: list[pytest.Item]) -> set[str]:
@@ -96,7 +103,11 @@ def _launch_locked(engines: set[str]) -> None:
                 _receiver.append(OtlpReceiver().start())
             traces = _receiver[0].url
             server = VllmServer(
-                model, served_model_name=SERVED_MODEL, log_dir=logs, otlp_traces_endpoint=traces
+                model,
+                served_model_name=SERVED_MODEL,
+                log_dir=logs,
+                api_key=ENGINE_KEY,
+                otlp_traces_endpoint=traces,
             )
         elif engine == "vllm_spare":
             try:
@@ -105,10 +116,14 @@ def _launch_locked(engines: set[str]) -> None:
                 _errors[engine] = exc
                 continue
             server = VllmServer(
-                model, served_model_name=SERVED_MODEL, log_dir=logs, extra=lora_flags(adapter)
+                model,
+                served_model_name=SERVED_MODEL,
+                log_dir=logs,
+                api_key=ENGINE_KEY,
+                extra=lora_flags(adapter),
             )
         else:
-            server = _KINDS[engine](model, served_model_name=SERVED_MODEL, log_dir=logs)
+            server = _KINDS[engine](model, served_model_name=SERVED_MODEL, log_dir=logs, api_key=ENGINE_KEY)
         _started.add(engine)
         try:
             server.start(wait=False)

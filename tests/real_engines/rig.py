@@ -15,6 +15,12 @@ import zmq
 from tests.conftest import MODEL, single_pool_config
 from tests.real_engines.servers import EngineServer
 
+#: the `--api-key` the session's servers are started with (conftest.py), and the environment variable
+#: the tests' gateways read it from (`api_key_env`)
+ENGINE_KEY = "real-engine-key-7f3a9c1e5b2d4086"
+ENGINE_KEY_ENV = "REAL_ENGINE_API_KEY"
+#: what a request sent straight to an engine carries (a simulator started without `--api-key` ignores it)
+ENGINE_HEADERS = {"authorization": f"Bearer {ENGINE_KEY}"}
 RUNNING = {"vllm": "vllm:num_requests_running", "sglang": "sglang:num_running_reqs"}
 # Engine-side evidence that a request was aborted (not finished): a counter that moves only then.
 ABORTED = {
@@ -24,9 +30,11 @@ ABORTED = {
 
 
 def real_pool_config(dialect: str, urls: list[str], served: str, **overrides: Any) -> dict[str, Any]:
-    """`single_pool_config` for real servers: their served name and their 4096-token context."""
+    """`single_pool_config` for real servers: their served name, their 4096-token context, and their
+    key (`ENGINE_KEY_ENV`)."""
     config = single_pool_config(dialect, urls, **overrides)
     config["pools"][0]["models"] = {MODEL: served}
+    config["pools"][0]["api_key_env"] = ENGINE_KEY_ENV
     config["models"][0]["context_length"] = 4096
     return config
 

@@ -124,6 +124,7 @@ class EngineServer:
         start_timeout: float = 180.0,
         stop_timeout: float = 20.0,
         log_dir: Path | None = None,
+        api_key: str | None = None,
         extra: list[str] | None = None,
     ) -> None:
         self.model_dir = Path(model_dir).resolve()
@@ -134,6 +135,7 @@ class EngineServer:
         self.kv_events_port = kv_events_port if kv_events_port is not None else late_bound_port()
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
+        self.api_key = api_key
         self.extra = list(extra or [])
         self.log_path = (
             Path(log_dir or tempfile.mkdtemp(prefix=f"real-{self.engine}-")) / f"{self.engine}.log"
@@ -159,6 +161,17 @@ class EngineServer:
             '{"enable_kv_cache_events": true, "publisher": "zmq", '
             f'"endpoint": "tcp://*:{self.kv_events_port}", "topic": "kv"}}'
         )
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a request sent to the engine itself carries: its `--api-key` as a bearer token (both
+        engines leave `/health` and `/metrics` open, and guard the rest: SGLang every other path,
+        vLLM `/v1`)."""
+        return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    @property
+    def key_flags(self) -> list[str]:
+        return ["--api-key", self.api_key] if self.api_key else []
 
     # -- what each engine defines ------------------------------------------------------------
     @property
@@ -348,6 +361,7 @@ class VllmServer(EngineServer):
         start_timeout: float = 180.0,
         stop_timeout: float = 20.0,
         log_dir: Path | None = None,
+        api_key: str | None = None,
         extra: list[str] | None = None,
     ) -> None:
         super().__init__(
@@ -358,6 +372,7 @@ class VllmServer(EngineServer):
             start_timeout=start_timeout,
             stop_timeout=stop_timeout,
             log_dir=log_dir,
+            api_key=api_key,
             extra=extra,
         )
         self.otlp_traces_endpoint = otlp_traces_endpoint
@@ -381,6 +396,7 @@ class VllmServer(EngineServer):
             # A line per request (its id and parameters, the prompt cut to 200): with it, `Request <id>
             # aborted.` when a client's disconnect cancelled the request (tests/real_engines/test_disconnect.py).
             "--enable-log-requests", "--max-log-len", "200",
+            *self.key_flags,
             *self.extra,
         ]  # fmt: skip
 
@@ -420,6 +436,7 @@ class SglangServer(EngineServer):
             "--constrained-json-disable-any-whitespace",
             "--sleep-on-idle",  # else its scheduler spins a whole core while idle
             "--kv-events-config", self.kv_events_config,
+            *self.key_flags,
             *self.extra,
         ]  # fmt: skip
 

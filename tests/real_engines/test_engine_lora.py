@@ -26,7 +26,7 @@ from engines.sim.launcher import free_port
 from gateway.admission.tokens import mint_token
 from tests.conftest import MODEL, fast_sim
 from tests.real_engines.conftest import LORA_MODEL, SERVED_MODEL
-from tests.real_engines.rig import kv_event_batches, metric, real_pool_config
+from tests.real_engines.rig import ENGINE_HEADERS, kv_event_batches, metric, real_pool_config
 from tests.real_engines.servers import VllmServer
 from tests.support import GatewayProcess, wait_until
 
@@ -93,7 +93,9 @@ def send(gateway: GatewayProcess, body: dict[str, Any]) -> tuple[str, int]:
 
 
 def test_the_spare_serves_the_adapter(real_vllm_spare: VllmServer) -> None:
-    models = httpx.get(real_vllm_spare.base_url + "/v1/models", timeout=10).json()["data"]
+    models = httpx.get(
+        real_vllm_spare.base_url + "/v1/models", headers=real_vllm_spare.headers, timeout=10
+    ).json()["data"]
     assert {(m["id"], m.get("parent")) for m in models} == {(SERVED_MODEL, None), (LORA_MODEL, SERVED_MODEL)}
 
 
@@ -124,7 +126,7 @@ def test_the_simulator_serves_and_publishes_an_adapter_as_vllm_does(real_vllm_sp
 
 
 def models(url: str) -> list[dict[str, Any]]:
-    r = httpx.get(url + "/v1/models", timeout=10)
+    r = httpx.get(url + "/v1/models", headers=ENGINE_HEADERS, timeout=10)
     assert r.status_code == 200, r.text
     data: list[dict[str, Any]] = r.json()["data"]
     return data
@@ -135,9 +137,8 @@ def lora_store(url: str, endpoint: str, seed: int) -> dict[str, Any]:
     `endpoint`)."""
 
     def send() -> None:
-        r = httpx.post(
-            url + "/v1/chat/completions", json=dict(chat(LORA_MODEL, seed), max_tokens=1), timeout=120
-        )
+        body = dict(chat(LORA_MODEL, seed), max_tokens=1)
+        r = httpx.post(url + "/v1/chat/completions", json=body, headers=ENGINE_HEADERS, timeout=120)
         assert r.status_code == 200, r.text
 
     with contextlib.closing(kv_event_batches(endpoint, send, timeout=20)) as batches:

@@ -40,7 +40,7 @@ def chat(server: EngineServer, content: str, **extra: Any) -> httpx.Response:
         "ignore_eos": True,
         **extra,
     }
-    return httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=60)
+    return httpx.post(server.base_url + "/v1/chat/completions", json=body, headers=server.headers, timeout=60)
 
 
 def metric(text: str, name: str, model: str) -> float:
@@ -58,7 +58,7 @@ def scrape(server: EngineServer) -> str:
 
 
 def test_models_lists_the_served_name(real_engine: EngineServer) -> None:
-    response = httpx.get(real_engine.base_url + "/v1/models", timeout=10)
+    response = httpx.get(real_engine.base_url + "/v1/models", headers=real_engine.headers, timeout=10)
     assert response.status_code == 200
     body = response.json()
     assert body["object"] == "list"
@@ -101,7 +101,8 @@ def test_chat_streams_sse(real_engine: EngineServer) -> None:
         "stream_options": {"include_usage": True},
     }
     events: list[str] = []
-    with httpx.stream("POST", real_engine.base_url + "/v1/chat/completions", json=body, timeout=60) as r:
+    url = real_engine.base_url + "/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, headers=real_engine.headers, timeout=60) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         for line in r.iter_lines():
@@ -171,6 +172,7 @@ def test_vllm_publishes_kv_cache_events(real_vllm: VllmServer) -> None:
     tokenized = httpx.post(
         real_vllm.base_url + "/tokenize",
         json={"model": real_vllm.served_model_name, "messages": [{"role": "user", "content": prompt}]},
+        headers=real_vllm.headers,
         timeout=10,
     ).json()
     prompt_ids: list[int] = tokenized["tokens"]
@@ -218,6 +220,7 @@ def test_sglang_publishes_kv_cache_events(real_sglang: SglangServer) -> None:
         real_sglang.base_url + "/tokenize",
         json={"model": real_sglang.served_model_name, "messages": [{"role": "user", "content": prompt}],
               "add_generation_prompt": True},
+        headers=real_sglang.headers,
         timeout=10,
     ).json()  # fmt: skip
     prompt_ids: list[int] = tokenized["tokens"]

@@ -38,6 +38,7 @@ from gateway.core.circuit import CircuitBreaker
 from gateway.core.fleet import Backend
 from gateway.routing.tokens import PromptTokens, load_tokenizer
 from gateway.routing.warmup import Warmups
+from gateway.upstream.credentials import KeyedTransport
 from gateway.upstream.h1 import H1Transport
 from policies.features import FeatureConfig, extract_features
 from policies.prefix_affinity import PrefixAffinity
@@ -141,7 +142,7 @@ def send(gateway: GatewayProcess, body: dict[str, Any]) -> str:
 def tokens(server: EngineServer, body: dict[str, Any]) -> int:
     """The prompt's length in the engine's tokens, as the engine reports it."""
     direct = dict(body, model=server.served_model_name, max_tokens=1)
-    r = httpx.post(server.base_url + "/v1/chat/completions", json=direct, timeout=120)
+    r = httpx.post(server.base_url + "/v1/chat/completions", json=direct, headers=server.headers, timeout=120)
     assert r.status_code == 200, r.text
     return int(r.json()["usage"]["prompt_tokens"])
 
@@ -197,7 +198,8 @@ def routed_there_by_its_events(gateway: GatewayProcess, real_engine: EngineServe
     real, simulated = names(engine)
     body = with_home(engine, simulated, seed)
     direct = dict(body, model=real_engine.served_model_name)
-    r = httpx.post(real_engine.base_url + "/v1/chat/completions", json=direct, timeout=120)
+    url = real_engine.base_url + "/v1/chat/completions"
+    r = httpx.post(url, json=direct, headers=real_engine.headers, timeout=120)
     assert r.status_code == 200, r.text
     wait_until(lambda: held(gateway, body)[real] >= 320, 20, what=f"{engine}'s BlockStored for the prompt")
     route = send(gateway, body)
@@ -229,7 +231,10 @@ def test_a_warm_up_caches_what_a_chat_request_of_the_prompt_reuses(
     outcomes: list[str] = []
 
     async def send_one() -> None:
-        transport = H1Transport(connect_timeout_s=5)
+        # with the engine's key, as the gateway sends it (gateway/upstream/credentials.py)
+        transport = KeyedTransport(
+            H1Transport(connect_timeout_s=5), lambda _url: real_engine.headers["authorization"]
+        )
         backend = Backend(real, real_engine.base_url, engine, CircuitBreaker(3, 1.0))
         warmups = Warmups(
             functools.partial(post_json, transport),  # the gateway's own POST

@@ -23,6 +23,7 @@ import pytest
 
 from engines.sim.launcher import SimProcess, free_port
 from tests.real_engines.cases import SERVED
+from tests.real_engines.rig import ENGINE_HEADERS
 from tests.real_engines.servers import EngineServer
 from tests.real_engines.test_sim_vs_real import SIM_FLAGS
 
@@ -47,7 +48,9 @@ def list_sims() -> Iterator[dict[str, SimProcess]]:
 
 def post(base: str, body: dict[str, Any]) -> httpx.Response:
     full = {"model": SERVED, "max_tokens": 3, "ignore_eos": True, **body}
-    return httpx.post(base + "/v1/completions", json=full, timeout=120, trust_env=False)
+    return httpx.post(
+        base + "/v1/completions", json=full, headers=ENGINE_HEADERS, timeout=120, trust_env=False
+    )
 
 
 def alone(base: str, prompt: Any) -> int:

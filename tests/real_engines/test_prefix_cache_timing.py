@@ -20,7 +20,7 @@ import pytest
 
 from engines.sim.launcher import SimProcess, free_port
 from gateway.demo import SERVED, sim_flags
-from tests.real_engines.rig import engine_metric, running
+from tests.real_engines.rig import ENGINE_HEADERS, engine_metric, running
 from tests.real_engines.servers import VllmServer
 from tests.support import wait_until
 
@@ -39,7 +39,7 @@ def words(seed: int, n: int) -> str:
 async def burst(base: str, model: str, seed: int) -> list[tuple[int, int]]:
     """A long prompt, then (while its prefill runs) four identical short ones at once: the four's
     (prompt tokens, cached tokens)."""
-    async with httpx.AsyncClient(base_url=base, timeout=120) as client:
+    async with httpx.AsyncClient(base_url=base, headers=ENGINE_HEADERS, timeout=120) as client:
 
         async def complete(prompt: str) -> tuple[int, int]:
             body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0}

@@ -90,7 +90,9 @@ async def test_running_waiting_and_kv_use_are_scraped(
     wait_until(lambda: running(real_engine) == 0, 15, 0.1, "the engine idle before the load")
     async with (
         httpx.AsyncClient(base_url=gateway.base_url, timeout=60, headers=USER) as client,
-        httpx.AsyncClient(base_url=real_engine.base_url, timeout=120, trust_env=False) as engine,
+        httpx.AsyncClient(
+            base_url=real_engine.base_url, headers=real_engine.headers, timeout=120, trust_env=False
+        ) as engine,
     ):
 
         def send() -> asyncio.Task[httpx.Response]:

@@ -27,6 +27,7 @@ import pytest
 
 from engines.sim.launcher import SimProcess, free_port
 from tests.real_engines.cases import CASES, CONTEXT, SERVED, Case
+from tests.real_engines.rig import ENGINE_HEADERS
 from tests.real_engines.servers import EngineServer
 from tests.real_engines.shapes import differences, shape_of
 
@@ -115,7 +116,7 @@ def sims() -> Iterator[dict[str, SimProcess]]:
 
 
 def send(base_url: str, case: Case) -> httpx.Response:
-    with httpx.Client(base_url=base_url, timeout=120, trust_env=False) as client:
+    with httpx.Client(base_url=base_url, headers=ENGINE_HEADERS, timeout=120, trust_env=False) as client:
         if case.method == "GET":
             return client.get(case.path)
         if case.raw is not None:
