@@ -1,14 +1,16 @@
 """Readers for the deployment files: the repository's paths, multi-document YAML, the Dockerfile's
-instructions by stage, and `kubectl kustomize` renderings of the Kubernetes overlays."""
+instructions by stage, `kubectl kustomize` renderings of the Kubernetes overlays, and the engines'
+command lines as their containers would run them."""
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 import shlex
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,66 @@ def kustomize(overlay: str) -> tuple[dict[str, Any], ...]:
     if out.returncode != 0:
         raise AssertionError(f"kubectl kustomize overlays/{overlay} failed:\n{out.stderr}")
     return tuple(d for d in yaml.safe_load_all(out.stdout) if d)
+
+
+#: the words before the flags in each engine's shipped command line
+LAUNCHERS = {"vllm": ["vllm", "serve"], "sglang": ["python3", "-m", "sglang.launch_server"]}
+#: `${VAR}`, `${VAR:-default}`, `${VAR-default}`, `${VAR:?error}`, `${VAR?error}`
+_COMPOSE_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
+_K8S_VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def compose_interpolate(text: str, environ: Mapping[str, str]) -> str:
+    """`text` as compose interpolates it from `environ` (a required variable that is unset raises)."""
+
+    def one(m: re.Match[str]) -> str:
+        name, op, arg = m.group(1), m.group(2) or "", m.group(3) or ""
+        value = environ.get(name)
+        unset = value is None or (op.startswith(":") and value == "")
+        if unset and op.endswith("?"):
+            raise KeyError(f"compose needs {name}: {arg}")
+        if unset and op.endswith("-"):
+            return arg
+        return value or ""
+
+    return _COMPOSE_VAR.sub(one, text.replace("$$", "\0")).replace("\0", "$")
+
+
+def engine_argv(source: str, engine: str, environ: Mapping[str, str]) -> list[str]:
+    """`engine`'s command line in `source` ("compose": the gpu profile's service; "k8s": the gpu
+    overlay's StatefulSet), its variables filled in from `environ` as compose, or the container's
+    `$(VAR)` expansion from its env (a Secret's value from `environ`), would."""
+    if source == "compose":
+        service = compose()["services"][engine]
+        words = [*service.get("entrypoint", []), *service["command"]]
+        return [compose_interpolate(str(w), environ) for w in words]
+    (container,) = by_kind(kustomize("gpu"), "StatefulSet")[engine]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value", environ.get(e["name"])) for e in container.get("env", [])}
+
+    def one(m: re.Match[str]) -> str:
+        value = env.get(m.group(1))
+        if value is None:  # Kubernetes would leave `$(VAR)` as it is
+            raise KeyError(f"{engine} expands {m.group(0)}, which its env does not give")
+        return value
+
+    return [_K8S_VAR.sub(one, w) for w in [*container["command"], *container["args"]]]
+
+
+def engine_flags(argv: list[str], engine: str) -> list[str]:
+    """The flags after `engine`'s launcher."""
+    launcher = LAUNCHERS[engine]
+    assert argv[: len(launcher)] == launcher, argv
+    return argv[len(launcher) :]
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value of `flag` (`--flag value` or `--flag=value`), None when absent."""
+    for i, word in enumerate(argv):
+        if word == flag:
+            return argv[i + 1]
+        if word.startswith(flag + "="):
+            return word.split("=", 1)[1]
+    return None
 
 
 def by_kind(docs: tuple[dict[str, Any], ...], kind: str) -> dict[str, dict[str, Any]]:
