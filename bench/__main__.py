@@ -11,8 +11,9 @@
                                     `python -m bench.routing`, which takes a smaller matrix)
     python -m bench --gateway-ref HEAD   benchmark a committed gateway (a `git archive` snapshot)
 
-Suites: `overhead` (proxy cost against the peers, bench/overhead.py), `routing` (cache-hit quality and
-TTFT on a simulated fleet, bench/routing.py), `micro` (bench/transports.py — the upstream transport
+Suites: `overhead` (proxy cost against the peers, bench/overhead.py), `routing` (cache-hit quality,
+TTFT and the serving figures — TPOT, ITL, E2E, goodput, cost per million tokens — on a simulated fleet,
+bench/routing.py), `micro` (bench/transports.py — the upstream transport
 against httpx —, bench/adapters.py, bench/apis.py — gateway CPU of /v1/responses and /v1/messages beside
 chat —, bench/tracing.py — gateway CPU per request with tracing off, unsampled and sampled —,
 bench/fleet_cpu.py — the full pipeline's CPU per request in front of 1, 8 and 32 backends —, and
@@ -259,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                 log("routing suite")
                 res = routing.run(quick, log, with_peers=not a.no_peers, gateway_ref=a.gateway_ref)
                 res["mode"] = run["mode"]
+                res["machine"] = measured["machine"]
                 (RESULTS / "routing.json").write_text(json.dumps(res, indent=1))
     if "micro" in suites:
         kept = RESULTS / "micro.json"

@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.procs import BENCH
+from bench.serving import METRICS, PERCENTILES, Sla
 from bench.verdicts import (
     Verdict,
     by_point,
+    compared,
     med,
     overhead_verdicts,
     routing_verdicts,
@@ -25,7 +27,7 @@ from bench.verdicts import (
 
 PLOTS = BENCH / "plots"
 #: functions listed per profile: the few that explain where the CPU goes
-PROFILE_ROWS = 5
+PROFILE_ROWS = 4
 ORDER = ("direct", "gw_bare", "gw_bare2", "gw_full", "sglang_router", "vllm_router", "litellm")
 _COLORS = ("#444444", "#1f77b4", "#17becf", "#2ca02c", "#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2")
 
@@ -309,6 +311,7 @@ def routing_md(r: dict[str, Any]) -> list[str]:
         *by_point(r["rows"], "workload"),
     ]
     L += ["", "![TTFT vs offered load](plots/routing_ttft.png)", ""]
+    L += serving_md(r)
     if any(x["rounds"] > 1 for x in r.get("repeats", [])):
         L += [
             "The table is round 0. The two routers a routing verdict compares (ours and round robin; least load "
@@ -316,6 +319,58 @@ def routing_md(r: dict[str, Any]) -> list[str]:
             "verdicts take the p99 of all rounds' first tokens pooled (`repeats` in the results).",
             "",
         ]
+    return L
+
+
+def serving_md(r: dict[str, Any]) -> list[str]:
+    """The routing runs' serving figures (bench/serving.py) of ours at each workload's highest load,
+    its baseline's goodput and cost beside them, and what they depend on: the SLA, the prices, the
+    machine and the commit (the simulators' every flag is in the results, `serving.sim_argv`)."""
+    env = r.get("serving")
+    cells = {(x["workload"], x["load"], x["router"]): x for x in r["rows"] if "tpot_p50_ms" in x}
+    top: dict[str, float] = {}
+    for w, load, _ in cells:
+        top[w] = max(top.get(w, 0.0), load)
+    if not env or not top:
+        return []
+    sla, price = Sla(**env["sla"]), env["price"]
+    L = ["### Serving figures", ""]
+    L.append(
+        "Ours (`prefix_affinity`) in the same runs, at each workload's highest load, as `vllm bench serve` "
+        f"and SGLang's `bench_serving` report it (bench/serving.py): p50 / p90 / p99 in ms; goodput: "
+        f"requests/s meeting {sla.label} (their share); cost per million tokens at the gateway config's "
+        f"prices (USD per million: prompt {price['prompt']}, cached "
+        f"{price.get('cached_prompt', price['prompt'])}, completion {price['completion']}); *vs*: the "
+        "baseline's (round robin; least load on uniform traffic)."
+    )
+    L += ["", "| workload | load | TTFT | TPOT | ITL | E2E | output tok/s | goodput req/s | $ / M tok |"]
+    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+
+    def goodput(x: dict[str, Any] | None) -> str:
+        if x is None:
+            return "—"
+        return f"{_f(x['goodput_rps'], '{:.1f}')} ({_f(x['goodput_share'] * 100, '{:.0f}')} %)"
+
+    def cost(x: dict[str, Any] | None) -> str:
+        return "—" if x is None else _f(x["usd_per_mtok"], "{:.4f}")
+
+    for w, load in top.items():
+        ours, base = (cells.get((w, load, router)) for router in compared(w))
+        if ours is None:
+            continue
+        latency = [" / ".join(_f(ours[f"{m}_p{q}_ms"], "{:,.0f}") for q in PERCENTILES) for m in METRICS]
+        L.append(
+            f"| {w} | {load:.0%} | " + " | ".join(latency) + f" | {_f(ours['output_tps'], '{:,.0f}')} "
+            f"| {goodput(ours)} vs {goodput(base)} | {cost(ours)} vs {cost(base)} |"
+        )
+    m = r.get("machine") or {}
+    L += [
+        "",
+        f"Environment: {m.get('date', '?')}, commit {m.get('commit', '?')}, {m.get('nproc', '?')} CPUs "
+        f"({m.get('cpu', '?')}), Python {m.get('python', '?')}; the simulators of that commit with the "
+        "fleet's flags above (each flag: `serving.sim_argv` in bench/results/routing.json).",
+        "",
+    ]
     return L
 
 
@@ -350,12 +405,10 @@ def write(run: dict[str, Any], path: Path) -> None:
     o, r = run.get("overhead"), run.get("routing")
     L = ["# Benchmarks", ""]
     L.append(
-        "Written by `make bench` (quick mode, under 5 minutes on 2 cores) or `make bench BENCH_ARGS=--full` "
-        "(several rounds, longer points, the whole routing matrix); `python -m bench --help` lists the options "
-        "(`--suite overhead|routing|micro|kv`, `--no-peers`, `--gateway-ref REF`). Each suite stores its results in "
-        "`bench/results/*.json`; `python -m bench --report-only` renders this page again from them without "
-        "measuring. Peers are installed from PyPI into `bench/.peers/` on first use; logs and raw profiles land in "
-        "`bench/.work/` (both git-ignored)."
+        "Written by `make bench` (quick mode) or `make bench BENCH_ARGS=--full` (several rounds, longer points, "
+        "the whole routing matrix); `python -m bench --help` lists the options. Each suite stores its results in "
+        "`bench/results/*.json`; `python -m bench --report-only` renders this page again from them. Peers are "
+        "installed from PyPI into `bench/.peers/` on first use; logs and raw profiles land in `bench/.work/`."
     )
     L.append("")
     L.append(
@@ -375,10 +428,9 @@ def write(run: dict[str, Any], path: Path) -> None:
         )
     L.append("")
     L.append(
-        "> **Noise.** The benchmark machine may be shared with other work, and every target, the simulator and "
-        "the load generator share its cores. Absolute figures "
-        "(req/s, ms) move by tens of percent between runs; the comparisons that matter are **ratios taken in the "
-        "same run** with targets alternated (CPU per request is the most stable of them)."
+        "> **Noise.** The machine may be shared with other work, and the targets, the simulators and the load "
+        "generator share its cores: absolute figures move by tens of percent between runs; what matters is "
+        "**ratios taken in the same run** with targets alternated (CPU per request is the most stable)."
     )
     L.append("")
     verdicts: list[Verdict] = []
@@ -402,7 +454,11 @@ def write(run: dict[str, Any], path: Path) -> None:
     if run.get("routing_processes"):
         from bench.routing import processes_md
 
-        L += processes_md(run["routing_processes"])
+        processes = run["routing_processes"]
+        same_fleet = bool(r) and r.get("preamble", [""])[:1] == processes["preamble"][:1]
+        L += processes_md(
+            processes, fleet="Fleet: the routing-quality suite's (above)." if same_fleet else None
+        )
     micro = dict(run.get("micro") or {})
     date = micro.pop("_date", "")
     if micro:

@@ -15,7 +15,9 @@ For each seeded workload (bench/workloads.py) and load level:
   (output − 1) × itl` with the oracle's hits, and the fleet serves `sims × max_num_seqs` at once, so
   capacity = that ÷ the mean service time; offered load is a Poisson process at 50 % / 80 % of it;
 - **measured**: hit rate from the simulators' own counters (`/sim/stats`: cached ÷ prompt tokens),
-  TTFT p50/p99 and throughput from the trace client (bench/tracerunner.py, its own process);
+  TTFT p50/p99 and throughput from the trace client (bench/tracerunner.py, its own process), and the
+  serving figures the engines' benchmark tools report (bench/serving.py: TTFT, TPOT, ITL and E2E at
+  p50/p90/p99, output tokens/s, goodput under `SLA`, cost per million tokens at `PRICE`);
 - **rounds** (full mode): the two routers a routing verdict compares (ours and round robin; ours and
   least load on uniform traffic) run the point again on other Poisson schedules of the same requests,
   and the verdicts take the p99 of all their rounds' first tokens (`pool_rounds`): one 20 s run's p99
@@ -54,6 +56,7 @@ import orjson
 
 from bench import machine, peers
 from bench.procs import BENCH, ROOT, WORK, Service, ServiceError, free_port
+from bench.serving import Sla, figures, percentile
 from bench.targets import gateway_service, gateway_source
 from bench.verdicts import by_point, compared
 from bench.workloads import WORKLOADS, Request, schedule
@@ -62,12 +65,19 @@ from engines.sim.config import parse_config
 from engines.sim.prefix_cache import PrefixCache, usable_hit
 from engines.sim.prompt import render_chat
 from engines.sim.step_model import BatchConfig
+from gateway.core.settings import PriceSettings
 from gateway.demo import SERVED
 from gateway.demo import sim_flags as demo_sim_flags
 
 Log = Callable[[str], None]
 PUBLIC = "bench-model"
 SERVED_NAME = SERVED["vllm"]
+#: goodput's bound: an interactive target on a GPU (TTFT ≤ 500 ms, TPOT ≤ 50 ms) scaled by this
+#: fleet's ~4x slower steps (`FleetSpec`: 40 ms a step where the serial fleet took 10)
+SLA = Sla(ttft_ms=2000, tpot_ms=200)
+#: the benchmark model's `price` in the gateway config (USD per million tokens), which the cost per
+#: million tokens is figured at: a small hosted model's list prices, cached prompt tokens at half
+PRICE = {"prompt": 0.15, "cached_prompt": 0.075, "completion": 0.6}
 
 
 @dataclass(frozen=True)
@@ -313,11 +323,7 @@ def make_point(workload: str, load: float, seconds: float, spec: FleetSpec, seed
     return Point(trace, times, rate, per, cap)
 
 
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
+_pct = percentile
 
 
 Samples = dict[tuple[str, float, str], list[tuple[list[float], float]]]
@@ -422,7 +428,7 @@ class Suite:
     def gateway_config(self, policy: str, setup: Setup | None = None) -> dict[str, Any]:
         cfg: dict[str, Any] = {
             "server": {"log_level": "warning", "graceful_shutdown_s": 1},
-            "models": [{"name": PUBLIC, "context_length": 32768}],
+            "models": [{"name": PUBLIC, "context_length": 32768, "price": PRICE}],
             "pools": [
                 {
                     "name": e,
@@ -564,6 +570,7 @@ class Suite:
             "ttft_p50_ms": _pct(ttft, 50), "ttft_p90_ms": _pct(ttft, 90), "ttft_p99_ms": _pct(ttft, 99),
             "hit_rate": hit, "oracle_hit_rate": oracle_rate, "hit_vs_oracle": share,
             "per_sim_requests": per_sim, "client_cpu_s": res["client_cpu_s"],
+            **figures(res["results"], SLA, PriceSettings(**PRICE).price()),
         }  # fmt: skip
         if setup is not None:
             routes = Counter(r["route"] for r in res["results"] if "route" in r)
@@ -623,7 +630,15 @@ def run(quick: bool, log: Log, *, with_peers: bool = True, gateway_ref: str | No
         "matrix": asdict(matrix),
         "gateway_source": suite.source.describe,
         "preamble": preamble(spec, matrix, suite.source.describe),
+        "serving": serving_environment(spec),
     }
+
+
+def serving_environment(spec: FleetSpec) -> dict[str, Any]:
+    """What the serving figures depend on besides the machine and the commit: the SLA, the prices and
+    each simulator's flags."""
+    argv = {e: ["python -m engines.sim --engine", e, *spec.flags(e)] for e in ("vllm", "sglang")}
+    return {"sla": asdict(SLA), "price": PRICE, "sim_argv": argv}
 
 
 def preamble(spec: FleetSpec, m: Matrix, source: str) -> list[str]:
@@ -797,8 +812,9 @@ def processes_verdicts(res: dict[str, Any]) -> list[str]:
     return L
 
 
-def processes_md(res: dict[str, Any]) -> list[str]:
-    """The processes mode's section of bench/BENCHMARKS.md: how it ran, every row, the targets."""
+def processes_md(res: dict[str, Any], fleet: str | None = None) -> list[str]:
+    """The processes mode's section of bench/BENCHMARKS.md: how it ran, every row, the targets;
+    `fleet` in place of its fleet's description (the routing-quality suite's, when the same)."""
     m = res.get("machine", {})
     L = ["## Routing with several processes, KV events and shared load (wall clock)", ""]
     L += [
@@ -812,7 +828,7 @@ def processes_md(res: dict[str, Any]) -> list[str]:
         )
         + ".",
         "",
-        *res["preamble"][:1],
+        *([fleet] if fleet else res["preamble"][:1]),
         "",
         "Every simulator publishes its KV-cache events (ZMQ on loopback); a real redis-server is flushed before "
         "each run. **x1**: one gateway process; **x4**: two replicas × `workers: 2`, the trace client sending each "

@@ -10,14 +10,17 @@ The trace is JSON lines `{"t": seconds, "session": id|null, "body": {...}}`. Eac
 at its time `t`, except that a session's turn waits for that session's previous turn to end (a client
 cannot send turn k+1 before it has turn k's answer). Every request streams; the time to first token is
 the time to the first SSE event (the simulators send the role chunk only after prefill). Prints one
-JSON line: per request its scheduled and actual send offset, TTFT, total time, status and our
-gateway's `x-gateway-route` (when it answers one); plus this process's CPU seconds.
+JSON line: per request its scheduled and actual send offset, TTFT, total time, the gaps between its
+token events (`itl`) and their count (`tokens`), its usage (`[prompt, completion, cached]`, when the
+stream ends with a usage chunk), status and our gateway's `x-gateway-route` (when it answers one);
+plus this process's CPU seconds. bench/serving.py turns these into the serving figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import resource
 import time
 from typing import Any
@@ -25,6 +28,48 @@ from typing import Any
 import aiohttp
 import orjson
 import uvloop
+
+
+class EventClock:
+    """Reads an SSE stream's bytes as they arrive: when each token event came (a chunk whose delta
+    carries content, reasoning or a tool call) and the usage chunk's figures."""
+
+    def __init__(self) -> None:
+        self.arrivals: list[float] = []
+        self.usage: list[int] | None = None
+        self._pending = b""
+
+    def feed(self, data: bytes, now: float) -> None:
+        self._pending += data
+        *events, self._pending = self._pending.split(b"\n\n")
+        for event in events:
+            self._event(event.strip(), now)
+
+    def _event(self, event: bytes, now: float) -> None:
+        if not event.startswith(b"data:") or event.endswith(b"[DONE]"):
+            return
+        try:
+            chunk = orjson.loads(event[5:])
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(chunk, dict):
+            return
+        if usage := chunk.get("usage"):
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            self.usage = [usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0), cached]
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            if delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls"):
+                self.arrivals.append(now)
+                break
+
+    def record(self) -> dict[str, Any]:
+        """`itl` (the gaps between token events, seconds), `tokens`, and `usage` when one came."""
+        gaps = [b - a for a, b in itertools.pairwise(self.arrivals)]
+        out: dict[str, Any] = {"itl": gaps, "tokens": len(self.arrivals)}
+        if self.usage is not None:
+            out["usage"] = self.usage
+        return out
 
 
 async def replay(
@@ -53,6 +98,7 @@ async def replay(
                 start = time.perf_counter()
                 res["sent"] = start - t0
                 first = 0.0
+                clock = EventClock()
                 async with session.post(
                     urls[i % len(urls)], data=orjson.dumps(item["body"]), headers=headers
                 ) as r:
@@ -60,12 +106,15 @@ async def replay(
                     if route := r.headers.get("x-gateway-route"):
                         res["route"] = route
                     async for chunk in r.content.iter_any():
+                        now = time.perf_counter()
                         if not first and b"data:" in chunk:
-                            first = time.perf_counter()
+                            first = now
+                        clock.feed(chunk, now)
                     end = time.perf_counter()
                 if r.status == 200 and first:
                     res["ttft"] = first - start
                     res["total"] = end - start
+                    res.update(clock.record())
             except (TimeoutError, aiohttp.ClientError, OSError) as e:
                 res["error"] = type(e).__name__
             finally:

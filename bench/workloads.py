@@ -45,8 +45,9 @@ class Request:
         b: dict[str, Any] = {"model": model, "messages": self.messages, "max_tokens": self.max_tokens}
         if self.tools:
             b["tools"] = self.tools
-        if stream:
+        if stream:  # with its usage at the end, as the engines' benchmark tools ask
             b["stream"] = True
+            b["stream_options"] = {"include_usage": True}
         return b
 
 

@@ -1,12 +1,12 @@
 """bench/routing.py's processes mode end to end, at its smallest: real simulators publishing their KV
 events, a real redis-server, our gateway as two routing processes (two replicas the trace client
 alternates between) subscribed to the events and sharing load, one short point on a fleet of 2 + 2
-simulators. It must produce a row with the simulators' hit rate and the gateway's routes; no timing
-is asserted."""
+simulators. It must produce a row with the simulators' hit rate, the gateway's routes and the serving
+figures (bench/serving.py); no timing is asserted."""
 
 from __future__ import annotations
 
-from bench.routing import FleetSpec, Matrix, Setup, processes_md, run_processes
+from bench.routing import PRICE, FleetSpec, Matrix, Setup, processes_md, run_processes
 
 TWO = "ours prefix_affinity x2, events + shared"
 
@@ -30,6 +30,11 @@ def test_two_routing_processes_with_events_produce_rows_with_hit_rates() -> None
     assert 0.0 < row["hit_rate"] <= row["oracle_hit_rate"] + 0.05
     assert sum(row["routes"].values()) == row["requests"]
     assert any("affinity" in reason for reason in row["routes"])
+    for metric in ("ttft", "tpot", "itl", "e2e"):
+        assert 0 < row[f"{metric}_p50_ms"] <= row[f"{metric}_p90_ms"] <= row[f"{metric}_p99_ms"], metric
+    assert row["output_tps"] > 0 and 0 <= row["goodput_share"] <= 1
+    # every token priced between the cached prompt's price and the completion's
+    assert PRICE["cached_prompt"] <= row["usd_per_mtok"] <= PRICE["completion"]
     text = "\n".join(processes_md({**res, "command": "test", "machine": {}}))
     assert TWO in text and "hits ÷ oracle" in text
 
