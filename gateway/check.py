@@ -201,12 +201,18 @@ async def _tools(http: httpx.AsyncClient, headers: dict[str, str], model: str) -
     r = await _chat(http, headers, model, {**body, "max_tokens": 64})
     if r.status_code != 200:
         return _failed(r)
-    if r.json()["choices"][0]["message"].get("tool_calls"):
+    message = r.json()["choices"][0]["message"]
+    if message.get("tool_calls"):
         return Outcome("ok")
+    text = message.get("content") or ""
+    if "<tool_call>" in text or '"name"' in text:
+        return Outcome(
+            "fail",
+            "the tool call stayed in the text: start vLLM with --enable-auto-tool-choice --tool-call-parser "
+            "<parser>, SGLang with --tool-call-parser <parser>, matching the model (or tool_calling: false)",
+        )
     return Outcome(
-        "fail",
-        "no tool call: start vLLM with --enable-auto-tool-choice --tool-call-parser <parser>, SGLang with "
-        "--tool-call-parser <parser> (or set the pool's tool_calling: false)",
+        "fail", "no tool call within 64 tokens: does the model call tools (a parser that fits it)?"
     )
 
 

@@ -96,7 +96,10 @@ def test_each_failure_fails_the_check_and_says_what_to_fix(
     table = rows(done.stdout)
     assert table["sglang-0"][7] == "FAIL" and table["sglang-0"][4] == "ok"
     assert table["locked-0"][4] == "FAIL"
-    assert "sglang/sglang-0 tools: no tool call: start vLLM with --enable-auto-tool-choice" in done.stdout
+    assert (
+        "sglang/sglang-0 tools: the tool call stayed in the text: start vLLM with --enable-auto"
+        in done.stdout
+    )
     assert "locked/locked-0 chat: 502: the engine refuses the gateway's key" in done.stdout
 
 
