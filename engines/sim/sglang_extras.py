@@ -14,6 +14,7 @@ from engines.sim.config import SimConfig
 from engines.sim.engine import Engine
 from engines.sim.generator import GenSpec, generate
 from engines.sim.plan import hex_id
+from engines.sim.prompt import render_chat
 from engines.sim.request import seed_of
 
 
@@ -183,11 +184,19 @@ class SglangEndpoints:
         await asgi.send_json(send, 200, self.card())
 
     async def tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """`prompt` (a string or a list of them) or `messages`, rendered as for a chat completion
+        unless `add_generation_prompt` is false."""
         body = await asgi.read_json(receive)
         prompt = body.get("prompt", "")
-        if isinstance(prompt, list):
-            result: Any = [tokenizer.encode(str(x)) for x in prompt]
-            count: Any = [len(r) for r in result]
+        if isinstance(body.get("messages"), list):
+            text = render_chat(
+                body["messages"], body.get("tools"), body.get("add_generation_prompt") is not False
+            )
+            result: Any = tokenizer.encode(text)
+            count: Any = len(result)
+        elif isinstance(prompt, list):
+            result = [tokenizer.encode(str(x)) for x in prompt]
+            count = [len(r) for r in result]
         else:
             result = tokenizer.encode(str(prompt))
             count = len(result)

@@ -104,6 +104,8 @@ def test_tokenize_paths(sg: str) -> None:
         assert r["count"] == 4 and len(r["tokens"]) == 4
     ids = httpx.post(sg + "/tokenize", json={"prompt": "Hello, world!"}).json()["tokens"]
     assert httpx.post(sg + "/detokenize", json={"tokens": ids}).json() == {"text": "Hello, world!"}
+    chat = httpx.post(sg + "/v1/tokenize", json={"messages": [{"role": "user", "content": "Hello, world!"}]})
+    assert chat.json()["count"] > 4  # rendered with the chat template, as for a chat completion
 
 
 def test_native_generate(sg: str) -> None:
