@@ -28,7 +28,15 @@ from typing import Any, Literal, Protocol
 from engines.errors import ApiError
 
 #: the engine endpoint a request goes to (the client's API may differ: `gateway.core.context.Api`)
-Endpoint = Literal["chat", "completions", "embeddings"]
+Endpoint = Literal[
+    "chat",
+    "completions",
+    "embeddings",
+    "tokenize",
+    "detokenize",
+]
+#: the endpoints that generate no tokens: their cost is their input alone
+INPUT_ONLY: frozenset[Endpoint] = frozenset({"embeddings", "tokenize", "detokenize"})
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
 
 
@@ -159,6 +167,8 @@ class Dialect(Protocol):
     """An engine's wire dialect. Implementations are stateless and shared by all requests."""
 
     name: str
+    #: the engine's path of each endpoint it serves (an endpoint missing here is not served)
+    paths: dict[Endpoint, str]
     #: path probed by active health checks; 200 means healthy.
     health_path: str
     #: path of the engine's Prometheus metrics.

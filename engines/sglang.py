@@ -12,7 +12,8 @@ Request fields (beyond the common rules of `engines.request`; table in docs/engi
   true`, `add_special_tokens` at the endpoint's default, `include_reasoning: true`,
   `return_token_ids: false`); any other value, and `prompt_logprobs`, `truncate_prompt_tokens`,
   `chat_template`, `thinking_token_budget`, `structural_tag` / `whitespace_pattern` constraints → 400;
-- `/v1/embeddings` requests: `engines.embeddings` (SGLang's own embedding fields pass, vLLM's → 400).
+- `/v1/embeddings` requests: `engines.embeddings` (SGLang's own embedding fields pass, vLLM's → 400);
+  the other endpoints beyond chat: `engines.endpoints`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import orjson
 from engines import prometheus
 from engines.base import Endpoint, EngineLoad
 from engines.decoding import OpenAIShapedAnswers
-from engines.embeddings import build_embeddings_request
+from engines.endpoints import BUILDERS, SGLANG_PATHS
 from engines.request import (
     Constraint,
     base_request,
@@ -86,12 +87,14 @@ class SGLangDialect(OpenAIShapedAnswers):
     """Stateless; one shared instance (`DIALECT`)."""
 
     name = "sglang"
+    paths = SGLANG_PATHS
     health_path = "/health"
     metrics_path = "/metrics"
 
     def build_request(self, endpoint: Endpoint, body: dict[str, Any], served_model: str) -> bytes:
-        if endpoint == "embeddings":
-            return build_embeddings_request(body, served_model, "sglang")
+        other = BUILDERS.get(endpoint)
+        if other is not None:
+            return other(body, served_model, "sglang")
         out = base_request(endpoint, body, served_model)
         found = pop_constraints(out, native_regex=True)
         c = check_constraint_conflicts(out, found)

@@ -51,7 +51,13 @@ _PARAM_OK = re.compile(r"^[A-Za-z_][\w.\[\]]{0,63}$")
 _MAX_MESSAGE = 1000
 
 #: the request field a context-length error is about, per engine endpoint
-_PROMPT_PARAM: dict[Endpoint, str] = {"chat": "messages", "completions": "prompt", "embeddings": "input"}
+_PROMPT_PARAM: dict[Endpoint, str] = {
+    "chat": "messages",
+    "completions": "prompt",
+    "embeddings": "input",
+    "tokenize": "prompt",
+    "detokenize": "tokens",
+}
 
 GENERIC_UPSTREAM = "The server had an error while processing your request. Sorry about that!"
 

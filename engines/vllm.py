@@ -10,7 +10,8 @@ Request fields (beyond the common rules of `engines.request`; table in docs/engi
   `return_hidden_states` (false) are dropped when they hold the value vLLM behaves as, else 400;
 - SGLang's `stop_regex`, `lora_path`, `custom_params` → 400 (no vLLM equivalent);
 - `return_token_ids: true` → 400 (OpenAI's shapes have no place for token ids);
-- `/v1/embeddings` requests: `engines.embeddings` (vLLM's own embedding fields pass, SGLang's → 400).
+- `/v1/embeddings` requests: `engines.embeddings` (vLLM's own embedding fields pass, SGLang's → 400);
+  the other endpoints beyond chat: `engines.endpoints`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from engines import prometheus
 from engines.base import Endpoint, EngineLoad
 from engines.decoding import OpenAIShapedAnswers
-from engines.embeddings import build_embeddings_request
+from engines.endpoints import BUILDERS, VLLM_PATHS
 from engines.request import (
     base_request,
     check_constraint_conflicts,
@@ -45,12 +46,14 @@ class VLLMDialect(OpenAIShapedAnswers):
     """Stateless; one shared instance (`DIALECT`)."""
 
     name = "vllm"
+    paths = VLLM_PATHS
     health_path = "/health"
     metrics_path = "/metrics"
 
     def build_request(self, endpoint: Endpoint, body: dict[str, Any], served_model: str) -> bytes:
-        if endpoint == "embeddings":
-            return build_embeddings_request(body, served_model, "vllm")
+        other = BUILDERS.get(endpoint)
+        if other is not None:
+            return other(body, served_model, "vllm")
         out = base_request(endpoint, body, served_model)
         found = pop_constraints(out, native_regex=False)
         c = check_constraint_conflicts(out, found)

@@ -224,6 +224,9 @@ class Gateway:
                 proxy,
             ],
         }
+        any_task = ParseStage(self.models, s.server.max_body_bytes, permits, task=None)
+        pipelines["tokenize"] = [*auth, any_task, apis.tokenize_intake(features), media, *admit, route, proxy]
+        pipelines["detokenize"] = [*auth, any_task, apis.detokenize_intake(features), *admit, route, proxy]
         for lookup in ("responses.get", "responses.delete", "responses.input_items"):
             pipelines[lookup] = [*auth, apis.lookup(lookup)]
         tracing = self.tracing

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from engines.base import INPUT_ONLY
 from engines.errors import ApiError
 from gateway.admission.limits import FailoverLimiter, LimiterUnavailable, Meter, Spend, Ticket
 from gateway.admission.principals import Principals
@@ -195,9 +196,9 @@ class AdmitStage:
         model = ctx.model
         assert model is not None, "the parse stage resolves the model"
         prompt = _prompt_tokens(ctx)
-        # an embedding generates nothing: its reservation is its input alone
+        # an embedding, a tokenization or a score generates nothing: its reservation is its input alone
         completion = (
-            0 if ctx.endpoint == "embeddings" else completion_budget(ctx.body, model.default_max_tokens)
+            0 if ctx.endpoint in INPUT_ONLY else completion_budget(ctx.body, model.default_max_tokens)
         )
         cost = max(1, prompt + completion)
         id = self._id_prefix + str(next(self._ids))

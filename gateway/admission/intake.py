@@ -2,8 +2,8 @@
 
 After `ParseStage`, `ctx.raw_body`, `ctx.body`, `ctx.model`, `ctx.stream` and `ctx.include_usage` are
 set. A model whose `task` is not the endpoint's (an embedding model on chat, a chat model on
-embeddings) is a 400 naming the model. `ValidateStage` applies the OpenAI semantics both engines disagree on (engines.validate), so both
-pools answer alike.
+embeddings) is a 400 naming the model; tokenizing takes a model of any task. `ValidateStage`
+applies the OpenAI semantics both engines disagree on (engines.validate), so both pools answer alike.
 """
 
 from __future__ import annotations
@@ -54,13 +54,17 @@ def _too_large(max_bytes: int) -> ApiError:
     )
 
 
+#: what a model of each task is, and where it is used (a refusal's words)
+_TASKS = {
+    "generate": ("a text generation model", "chat, completions, /v1/responses or /v1/messages"),
+    "embed": ("an embedding model", "/v1/embeddings"),
+}
+
+
 def wrong_task(model: str, task: str) -> ApiError:
-    """A model that exists but does another task than the endpoint's."""
-    if task == "embed":
-        text = f"The model `{model}` does not support the Embeddings API: it is a text generation model."
-    else:
-        text = f"The model `{model}` is an embedding model: use it with /v1/embeddings."
-    return invalid_request(text, param="model")
+    """A model that exists but does another task (`task`, the model's) than the endpoint's."""
+    what, where = _TASKS[task]
+    return invalid_request(f"The model `{model}` is {what}: use it with {where}.", param="model")
 
 
 #: (principal, public model name) → may the principal use the model (gateway/admission/access.py)
@@ -70,7 +74,7 @@ Permits = Callable[[Principal, str], bool]
 class ParseStage:
     """`permits`, when given, is asked right after the model is resolved: a model the caller may not
     use is answered exactly like one that does not exist (404 `model_not_found`, before any other
-    check could reveal that it exists)."""
+    check could reveal that it exists). `task` None takes a model of any task (tokenizing)."""
 
     name = "parse"
 
@@ -79,11 +83,10 @@ class ParseStage:
         models: dict[str, ModelSettings],
         max_body_bytes: int,
         permits: Permits | None = None,
-        task: str = "generate",
+        task: str | None = "generate",
     ) -> None:
-        # the models of another task are looked up only to word the refusal (no cost per request)
-        self._models = {name: m for name, m in models.items() if m.task == task}
-        self._other_task = {name for name, m in models.items() if m.task != task}
+        # the gateway's own mapping, which a reload changes in place
+        self._all = models
         self._task = task
         self._max = max_body_bytes
         self._permits = permits
@@ -101,21 +104,24 @@ class ParseStage:
             raise invalid_request(_BAD_JSON) from None
         if not isinstance(body, dict):
             raise invalid_request("The request body must be a JSON object.")
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise invalid_request("you must provide a model parameter", param="model")
-        spec = self._models.get(model)
-        if spec is None or (self._permits is not None and not self._permits(ctx.principal, model)):
-            # a model the caller may not use is the same 404 as an unknown one (no existence leak);
-            # only a usable model of another task is told so
-            if model in self._other_task and (self._permits is None or self._permits(ctx.principal, model)):
-                raise wrong_task(model, self._task)
-            raise model_not_found(model)
         ctx.body = body
-        ctx.model = spec
+        ctx.model = self.resolve(ctx, body.get("model"))
         ctx.stream = body.get("stream") is True
         ctx.include_usage = ctx.stream and _asks_usage(body.get("stream_options"))
         return None
+
+    def resolve(self, ctx: RequestContext, model: Any) -> ModelSettings:
+        """The settings of the model a request names: 400 without one, 404 for a model that does not
+        exist or that the caller may not use, 400 for one of another task."""
+        if not isinstance(model, str) or not model:
+            raise invalid_request("you must provide a model parameter", param="model")
+        spec = self._all.get(model)
+        if spec is None or (self._permits is not None and not self._permits(ctx.principal, model)):
+            # a model the caller may not use is the same 404 as an unknown one (no existence leak)
+            raise model_not_found(model)
+        if self._task is not None and spec.task != self._task:
+            raise wrong_task(model, spec.task)
+        return spec
 
 
 def _asks_usage(options: Any) -> bool:

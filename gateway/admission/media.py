@@ -102,12 +102,12 @@ _TEXT_KEYS = frozenset(("type", "text", "refusal", "cache_control"))
 
 
 def _refusal(ctx: RequestContext, param: str, why: str, url: str | None) -> ApiError:
-    """A 400 naming the part: by its path in a chat body; in the APIs translated to chat (Responses,
-    Messages), whose paths differ, by its kind and URL."""
+    """A 400 naming the part: by its path in a chat-shaped body (chat, tokenize); in the APIs
+    translated to chat (Responses, Messages), whose paths differ, by its kind and URL."""
     key = param.rsplit(".", 1)[-1]
     code = "invalid_image_url" if key == "image_url" else "invalid_media_url"
     shown = f" ({url[:200]})" if url else ""
-    if ctx.api in ("chat", "completions"):
+    if ctx.api in ("chat", "completions", "tokenize"):
         return invalid_request(f"Invalid '{param}'{shown}: {why}.", param=param, code=code)
     kind = key.partition("_")[0] if key != INLINE_AUDIO_KEY else "audio"
     return invalid_request(f"Invalid {kind}{shown or ' in the request'}: {why}.", param=None, code=code)

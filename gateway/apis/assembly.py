@@ -8,6 +8,8 @@ it), and for the wing's stages of each API, which it places in that API's pipeli
     messages                [auth] parse  MessagesIntake   validate sanitise [admit] route proxy
     messages.count_tokens   [auth] parse  MessagesIntake   validate sanitise [admit] CountTokens
     embeddings              [auth] parse(task embed) EmbeddingsIntake        [admit] route proxy
+    tokenize                [auth] parse(any task)   TokenizeIntake   media   [admit] route proxy
+    detokenize              [auth] parse(any task)   DetokenizeIntake         [admit] route proxy
     responses.get|delete|input_items   [auth] ResponseLookup
 
 `start(redis)` binds the Responses store: Redis when the process has a client, else memory.
@@ -28,6 +30,7 @@ from gateway.apis.messages import CountTokens, MessagesIntake, credentials
 from gateway.apis.responses import QUERY, RESPONSE_ID, ResponseLookup, ResponsesIntake
 from gateway.apis.responses_store import MemoryResponseStore, RedisResponseStore, ResponseStore
 from gateway.apis.settings import ApisSettings
+from gateway.apis.tokenize import DetokenizeIntake, TokenizeIntake
 from gateway.core.context import Api, RequestContext
 from gateway.core.responses import ErrorRenderer, openai_error
 from policies.features import FeatureConfig
@@ -78,6 +81,10 @@ _POST: dict[str, ApiRoute] = {
     "/v1/embeddings": ApiRoute("embeddings", "embeddings"),
     "/v1/messages": ApiRoute("messages", "chat", anthropic_error),
     "/v1/messages/count_tokens": ApiRoute("messages.count_tokens", "chat", anthropic_error),
+    "/tokenize": ApiRoute("tokenize", "tokenize"),
+    "/v1/tokenize": ApiRoute("tokenize", "tokenize"),
+    "/detokenize": ApiRoute("detokenize", "detokenize"),
+    "/v1/detokenize": ApiRoute("detokenize", "detokenize"),
 }
 
 
@@ -130,6 +137,12 @@ class Apis:
 
     def embeddings_intake(self, features: FeatureConfig, context_slack: float) -> EmbeddingsIntake:
         return EmbeddingsIntake(features, context_slack)
+
+    def tokenize_intake(self, features: FeatureConfig) -> TokenizeIntake:
+        return TokenizeIntake(features)
+
+    def detokenize_intake(self, features: FeatureConfig) -> DetokenizeIntake:
+        return DetokenizeIntake(features)
 
     def lookup(self, api: Api) -> ResponseLookup:
         kind = {"responses.get": "get", "responses.delete": "delete", "responses.input_items": "input_items"}[

@@ -35,6 +35,8 @@ Api = Literal[
     "embeddings",
     "messages",
     "messages.count_tokens",
+    "tokenize",
+    "detokenize",
 ]
 
 Finalizer = Callable[["RequestContext"], Awaitable[None] | None]

@@ -109,7 +109,8 @@ class ModelSettings(SettingsModel):
     #: the most output tokens anyone's request may ask of this model (`limits.over_max_tokens`)
     max_tokens: int | None = Field(None, ge=1)
     #: what the model does: `generate` (chat, completions, responses, messages) or `embed`
-    #: (/v1/embeddings only); the other endpoints answer it with a 400
+    #: (/v1/embeddings); the other endpoints answer it with a 400 (/tokenize and /detokenize take
+    #: every model)
     task: Literal["generate", "embed"] = "generate"
     #: USD per million tokens; absent: the model costs nothing against money budgets
     price: PriceSettings | None = None

@@ -41,6 +41,7 @@ import orjson
 from opentelemetry.trace import SpanContext, SpanKind, TraceState, get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from engines.base import INPUT_ONLY
 from engines.errors import ApiError
 from gateway.core.context import RequestContext
 from gateway.core.responses import Response
@@ -387,7 +388,7 @@ class Tracing:
             if isinstance(model, str):
                 attributes["gen_ai.response.model"] = model
             attributes["gen_ai.usage.input_tokens"] = usage.prompt_tokens
-            if ctx.endpoint != "embeddings":  # an embedding has no output tokens
+            if ctx.endpoint not in INPUT_ONLY:  # an embedding or a score has no output tokens
                 attributes["gen_ai.usage.output_tokens"] = usage.completion_tokens
             if usage.cached_tokens is not None:
                 attributes["gen_ai.usage.cache_read.input_tokens"] = usage.cached_tokens

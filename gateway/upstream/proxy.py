@@ -48,7 +48,6 @@ _GONE = frozenset({"connect", "error"})
 #: seconds between two log lines about one misconfigured backend
 _MISCONFIGURED_LOG_S = 30.0
 _BACKEND_FAULTS_MID_STREAM = frozenset({"upstream_broken", "idle_timeout"})
-_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
 UpstreamHeaders = dict[str, str]
 
 #: picks another backend for a retry, never one in `exclude`; raises ApiError when none is left
@@ -105,19 +104,20 @@ class ProxyStage:
 
     async def _attempts(self, ctx: RequestContext) -> Response:
         assert ctx.pool is not None and ctx.backend is not None and ctx.model is not None
-        path = _PATHS[ctx.endpoint]
         tried: set[str] = set()
         self._budget.on_request(time.monotonic())
         last_error: ApiError = overloaded()
         first = 0  # attempts made before the current model's (a fallback model starts afresh)
         built_for = None
         upstream_body = b""
+        path = ""
         while True:
             pool = ctx.pool
             if pool is not built_for:  # the first attempt, or a failover to another pool
                 upstream_body = pool.dialect.build_request(
                     ctx.endpoint, ctx.body, pool.models[ctx.model.name]
                 )
+                path = pool.dialect.paths[ctx.endpoint]
                 built_for = pool
             backend = ctx.backend
             tried.add(backend.name)

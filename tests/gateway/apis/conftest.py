@@ -87,3 +87,45 @@ def _embeds(rig: Rig) -> bool:
         trust_env=False,
     )
     return r.status_code == 200
+
+
+#: the tier of `EngineRig.tight`: a few hundred tokens a minute
+TIGHT_TOKENS_PER_MINUTE = 400
+
+
+@dataclass
+class EngineRig:
+    """A gateway in front of one chat simulator and one embedding simulator of `engine`, for the
+    engines' own APIs (tokenize, detokenize); `tight` is a user whose tier allows
+    `TIGHT_TOKENS_PER_MINUTE`."""
+
+    engine: str
+    gw: GatewayProcess
+    alice: str
+    tight: str
+
+    @property
+    def base_url(self) -> str:
+        return self.gw.base_url
+
+    def post(self, path: str, body: dict[str, Any], user: str | None = None) -> httpx.Response:
+        return httpx.post(
+            self.base_url + path,
+            json=body,
+            headers={"authorization": f"Bearer {user or self.alice}"},
+            timeout=30,
+            trust_env=False,
+        )
+
+
+@pytest.fixture(scope="module")
+def engine_rig(engine: str) -> Iterator[EngineRig]:
+    with contextlib.ExitStack() as stack:
+        chat = stack.enter_context(fast_sim(engine))
+        e = stack.enter_context(embed_sim(engine))
+        limits = {"tiers": {"default": {}, "tight": {"tokens_per_minute": TIGHT_TOKENS_PER_MINUTE}}}
+        config = apis_config(engine, [chat.base_url], e.base_url, limits=limits)
+        gw = stack.enter_context(GatewayProcess(config))
+        rig = EngineRig(engine, gw, token("alice"), mint_token(SECRET, "carol", tier="tight"))
+        wait_until(lambda: _embeds(Rig(engine, gw, rig.alice, rig.alice)), 30, 0.2, "the embedding pool")
+        yield rig

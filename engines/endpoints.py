@@ -1,0 +1,33 @@
+"""The engine endpoints beyond chat and completions: each one's request builder, the same call for
+both dialects (the engine's name picks its field rules: `engines.embeddings`, `engines.tokenize`),
+and each engine's paths.
+
+A dialect hands a request for one of these endpoints to its builder here; their answers are read by
+the client API's own answer (gateway/apis/), through the functions of the same modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from engines.base import Endpoint
+from engines.embeddings import build_embeddings_request
+from engines.tokenize import build_detokenize_request, build_tokenize_request
+
+#: (validated body, served model name, engine name) → the engine's request body
+Builder = Callable[[dict[str, Any], str, Any], bytes]
+
+BUILDERS: dict[Endpoint, Builder] = {
+    "embeddings": build_embeddings_request,
+    "tokenize": build_tokenize_request,
+    "detokenize": build_detokenize_request,
+}
+
+_OPENAI: dict[Endpoint, str] = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "embeddings": "/v1/embeddings",
+}
+VLLM_PATHS: dict[Endpoint, str] = {**_OPENAI, "tokenize": "/tokenize", "detokenize": "/detokenize"}
+SGLANG_PATHS: dict[Endpoint, str] = {**_OPENAI, "tokenize": "/v1/tokenize", "detokenize": "/v1/detokenize"}
