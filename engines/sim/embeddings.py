@@ -20,33 +20,29 @@ Wire shapes (read from each engine's `/v1/embeddings` server):
   "reasoning_tokens": 0, "completion_tokens_details": null}}` (no id, no created); any model name
   is served; empty or whitespace-only input: 400 "Input cannot be empty or whitespace only";
   `dimensions` > N: "Provided dimensions are greater than max embedding dimension: N".
-Both: `encoding_format` float or base64 (little-endian float32); the cost is one prefill. The fault
-flags apply as on chat: `--startup-delay` (503), `--stall` (no answer until the client goes away),
-`--fault-rate` / `--fault-kind` (an error answer).
+Both: `encoding_format` float or base64 (little-endian float32); the cost is one prefill; the fault
+flags apply as on chat (`engines.sim.pooling`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import math
 import random
 import struct
 import time
-from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from engines.sim import asgi, tokenizer
-from engines.sim.asgi import Disconnect, Receive, Scope, Send
+from engines.sim.asgi import Receive, Scope, Send
 from engines.sim.config import SimConfig
 from engines.sim.engine import Engine
 from engines.sim.plan import hex_id
+from engines.sim.pooling import ErrorBody, PoolingEndpoint
 from engines.sim.request import RequestError
 
-ErrorBody = Callable[[int, str, str | None, str | None], bytes]
-_NOT_FOUND = b'{"detail":"Not Found"}'
 _VECTORS_MAX = 200_000
 
 
@@ -91,29 +87,22 @@ def _inputs(raw: Any) -> list[list[int]] | None:
     return None
 
 
-class EmbeddingsEndpoint:
-    """The `/v1/embeddings` handler of one simulator app (`engine` is "vllm" or "sglang")."""
+class EmbeddingsEndpoint(PoolingEndpoint):
+    """The `/v1/embeddings` handler of one simulator app."""
 
     def __init__(self, cfg: SimConfig, engine: Engine, error_body: ErrorBody) -> None:
-        self.cfg = cfg
-        self._engine = engine
-        self._error_body = error_body
+        super().__init__(cfg, engine, error_body)
         self._vectors = _Vectors(cfg.embedding_dim) if cfg.embedding_dim > 0 else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        raw = await asgi.read_body(receive)
-        eng = self._engine
-        eng.stats.requests_total += 1
-        eng.stats.record(scope["method"], scope["path"], scope["headers"], raw)
-        vllm = self.cfg.engine == "vllm"
-        if await self._fault(receive, send):
+        raw = await self.begin(scope, receive, send)
+        if raw is None:
             return
         if self._vectors is None:
-            eng.stats.errors_total += 1
-            if vllm:
-                await asgi.send_bytes(send, 404, _NOT_FOUND)
+            if self.cfg.engine == "vllm":
+                await self.not_found(send)
             else:
-                await self._error(
+                await self.refuse(
                     send,
                     RequestError(
                         "This model does not appear to be an embedding model by default. Please add "
@@ -129,62 +118,16 @@ class EmbeddingsEndpoint:
                 )
             ids, fmt, dims = self._check(body)
         except orjson.JSONDecodeError as exc:
-            eng.stats.errors_total += 1
-            await self._error(send, RequestError(f"JSON decode error: {exc}", err_type="Bad Request"))
+            await self.refuse(send, RequestError(f"JSON decode error: {exc}", err_type="Bad Request"))
             return
         except RequestError as err:
-            eng.stats.errors_total += 1
-            await self._error(send, err)
+            await self.refuse(send, err)
             return
         flat = [t for one in ids for t in one]
-        watcher = Disconnect(receive)
-        try:
-            async with eng.run(flat, 0) as run:
-                await run.prefill()
-                run.finish(0, "stop")
-        except asyncio.CancelledError:
-            if not watcher.disconnected:
-                raise
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
+        if not await self.prefill(receive, flat):
             return
-        finally:
-            watcher.stop()
         vectors = [self._vectors.embed(one, dims) for one in ids]
         await asgi.send_bytes(send, 200, self._body(body, vectors, fmt, len(flat)))
-
-    async def _fault(self, receive: Receive, send: Send) -> bool:
-        """Apply the fault flags (as the chat endpoints do); True when the request was answered."""
-        eng = self._engine
-        faults = eng.faults
-        if faults.starting():
-            eng.stats.errors_total += 1
-            await self._error(
-                send, RequestError("The server is starting up. Please retry later.", status=503)
-            )
-            return True
-        if faults.stall:
-            watcher = Disconnect(receive)
-            try:
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                if not watcher.disconnected:
-                    raise
-                eng.stats.cancelled_total += 1
-                task = asyncio.current_task()
-                if task is not None:
-                    task.uncancel()
-            finally:
-                watcher.stop()
-            return True
-        kind = faults.draw_error()
-        if kind is None:
-            return False
-        eng.stats.faults_injected_total += 1
-        status = {"429": 429, "503": 503, "context": 400}.get(kind, 500)
-        await self._error(send, RequestError(f"Simulated fault ({kind}).", status=status))
-        return True
 
     def _check(self, body: dict[str, Any]) -> tuple[list[list[int]], str, int | None]:
         cfg = self.cfg
@@ -256,11 +199,6 @@ class EmbeddingsEndpoint:
             )
         usage.update(reasoning_tokens=0, completion_tokens_details=None)
         return orjson.dumps({"data": data, "model": self.cfg.model, "object": "list", "usage": usage})
-
-    async def _error(self, send: Send, err: RequestError) -> None:
-        await asgi.send_bytes(
-            send, err.status, self._error_body(err.status, err.message, err.param, err.err_type)
-        )
 
 
 def _b64(vector: list[float]) -> str:
