@@ -90,6 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="an embedding model: /v1/embeddings vectors of N floats",
     )
+    _add(g, "--reranker", action="store_true", help="a cross-encoder: rerank and score")
 
     g = parser.add_argument_group("scheduler and KV cache (the engines' own flag names)")
     _add(
@@ -238,6 +239,8 @@ class SimConfig:
     eos_token_id: int = 2
     #: > 0: an embedding model serving /v1/embeddings with vectors of this size (engines/sim/embeddings.py)
     embedding_dim: int = 0
+    #: a cross-encoder serving rerank and score (engines/sim/scoring.py)
+    reranker: bool = False
     scheduler: SchedulerKind = "batching"
     max_num_seqs: int = 1024
     max_num_batched_tokens: int = 8192
@@ -320,6 +323,7 @@ class SimConfig:
             lora_modules=_lora_modules(engine, a.enable_lora, a.lora_modules),
             eos_token_id=a.eos_token_id,
             embedding_dim=max(0, a.embedding_dim),
+            reranker=a.reranker,
             scheduler=scheduler,
             max_num_seqs=max(1, seqs),
             max_num_batched_tokens=max(1, a.max_num_batched_tokens),

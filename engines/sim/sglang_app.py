@@ -44,6 +44,7 @@ from engines.sim.request import (
     prompt_validation_error,
     response_format_constraint,
 )
+from engines.sim.scoring import ScoringEndpoints
 from engines.sim.sglang_extras import SglangEndpoints
 from engines.sim.tools import choose_calls, named_function, tool_name
 
@@ -88,6 +89,7 @@ class SglangApp(SimApp):
     def __init__(self, cfg: SimConfig) -> None:
         super().__init__(cfg)
         ext = self._ext = SglangEndpoints(cfg, self.engine)
+        scoring = ScoringEndpoints(cfg, self.engine, self.error_body)
         self.routes.update(
             {
                 ("GET", "/health"): ext.health,
@@ -106,6 +108,9 @@ class SglangApp(SimApp):
                 ("POST", "/flush_cache"): ext.flush_cache,
                 ("GET", "/flush_cache"): ext.flush_cache,
                 ("POST", "/v1/embeddings"): EmbeddingsEndpoint(cfg, self.engine, self.error_body),
+                ("POST", "/v1/rerank"): scoring.rerank,
+                ("PUT", "/v1/rerank"): scoring.rerank,
+                ("POST", "/v1/score"): scoring.score,
             }
         )
         if cfg.enable_metrics:

@@ -47,6 +47,7 @@ from engines.sim.request import (
     prompt_validation_error,
     response_format_constraint,
 )
+from engines.sim.scoring import ScoringEndpoints
 from engines.sim.tools import choose_calls, named_function, tool_name
 from engines.sim.vllm_extras import VllmEndpoints
 
@@ -106,6 +107,7 @@ class VllmApp(SimApp):
     def __init__(self, cfg: SimConfig) -> None:
         super().__init__(cfg)
         ext = VllmEndpoints(cfg, self.engine)
+        scoring = ScoringEndpoints(cfg, self.engine, self.error_body)
         self.routes.update(
             {
                 ("GET", "/health"): ext.health,
@@ -117,6 +119,8 @@ class VllmApp(SimApp):
                 ("POST", "/tokenize"): ext.tokenize,
                 ("POST", "/detokenize"): ext.detokenize,
                 ("POST", "/v1/embeddings"): EmbeddingsEndpoint(cfg, self.engine, self.error_body),
+                **{("POST", p): scoring.rerank for p in ("/rerank", "/v1/rerank", "/v2/rerank")},
+                **{("POST", p): scoring.score for p in ("/score", "/v1/score")},
                 ("GET", "/kv_event_sources"): ext.kv_event_sources,
                 ("POST", "/reset_prefix_cache"): ext.reset_prefix_cache,
             }
