@@ -34,9 +34,11 @@ Endpoint = Literal[
     "embeddings",
     "tokenize",
     "detokenize",
+    "rerank",
+    "score",
 ]
 #: the endpoints that generate no tokens: their cost is their input alone
-INPUT_ONLY: frozenset[Endpoint] = frozenset({"embeddings", "tokenize", "detokenize"})
+INPUT_ONLY: frozenset[Endpoint] = frozenset({"embeddings", "tokenize", "detokenize", "rerank", "score"})
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
 
 

@@ -1,6 +1,6 @@
 """The engine endpoints beyond chat and completions: each one's request builder, the same call for
-both dialects (the engine's name picks its field rules: `engines.embeddings`, `engines.tokenize`),
-and each engine's paths.
+both dialects (the engine's name picks its field rules: `engines.embeddings`, `engines.tokenize`,
+`engines.scoring`), and each engine's paths.
 
 A dialect hands a request for one of these endpoints to its builder here; their answers are read by
 the client API's own answer (gateway/apis/), through the functions of the same modules.
@@ -13,6 +13,7 @@ from typing import Any
 
 from engines.base import Endpoint
 from engines.embeddings import build_embeddings_request
+from engines.scoring import build_rerank_request, build_score_request
 from engines.tokenize import build_detokenize_request, build_tokenize_request
 
 #: (validated body, served model name, engine name) → the engine's request body
@@ -22,6 +23,8 @@ BUILDERS: dict[Endpoint, Builder] = {
     "embeddings": build_embeddings_request,
     "tokenize": build_tokenize_request,
     "detokenize": build_detokenize_request,
+    "rerank": build_rerank_request,
+    "score": build_score_request,
 }
 
 _OPENAI: dict[Endpoint, str] = {
@@ -29,5 +32,18 @@ _OPENAI: dict[Endpoint, str] = {
     "completions": "/v1/completions",
     "embeddings": "/v1/embeddings",
 }
-VLLM_PATHS: dict[Endpoint, str] = {**_OPENAI, "tokenize": "/tokenize", "detokenize": "/detokenize"}
-SGLANG_PATHS: dict[Endpoint, str] = {**_OPENAI, "tokenize": "/v1/tokenize", "detokenize": "/v1/detokenize"}
+# vLLM's canonical paths (it logs a deprecation warning for each request to its /v1/score)
+VLLM_PATHS: dict[Endpoint, str] = {
+    **_OPENAI,
+    "tokenize": "/tokenize",
+    "detokenize": "/detokenize",
+    "rerank": "/rerank",
+    "score": "/score",
+}
+SGLANG_PATHS: dict[Endpoint, str] = {
+    **_OPENAI,
+    "tokenize": "/v1/tokenize",
+    "detokenize": "/v1/detokenize",
+    "rerank": "/v1/rerank",
+    "score": "/v1/score",
+}

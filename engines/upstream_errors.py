@@ -57,6 +57,8 @@ _PROMPT_PARAM: dict[Endpoint, str] = {
     "embeddings": "input",
     "tokenize": "prompt",
     "detokenize": "tokens",
+    "rerank": "documents",
+    "score": "text_2",
 }
 
 GENERIC_UPSTREAM = "The server had an error while processing your request. Sorry about that!"

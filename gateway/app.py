@@ -227,6 +227,10 @@ class Gateway:
         any_task = ParseStage(self.models, s.server.max_body_bytes, permits, task=None)
         pipelines["tokenize"] = [*auth, any_task, apis.tokenize_intake(features), media, *admit, route, proxy]
         pipelines["detokenize"] = [*auth, any_task, apis.detokenize_intake(features), *admit, route, proxy]
+        scores = ParseStage(self.models, s.server.max_body_bytes, permits, task="score")
+        slack = BOUNDS.context_slack
+        pipelines["rerank"] = [*auth, scores, apis.rerank_intake(features, slack), *admit, route, proxy]
+        pipelines["score"] = [*auth, scores, apis.score_intake(features, slack), *admit, route, proxy]
         for lookup in ("responses.get", "responses.delete", "responses.input_items"):
             pipelines[lookup] = [*auth, apis.lookup(lookup)]
         tracing = self.tracing

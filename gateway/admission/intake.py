@@ -58,6 +58,7 @@ def _too_large(max_bytes: int) -> ApiError:
 _TASKS = {
     "generate": ("a text generation model", "chat, completions, /v1/responses or /v1/messages"),
     "embed": ("an embedding model", "/v1/embeddings"),
+    "score": ("a scoring model", "/v1/rerank or /v1/score"),
 }
 
 

@@ -10,6 +10,7 @@ it), and for the wing's stages of each API, which it places in that API's pipeli
     embeddings              [auth] parse(task embed) EmbeddingsIntake        [admit] route proxy
     tokenize                [auth] parse(any task)   TokenizeIntake   media   [admit] route proxy
     detokenize              [auth] parse(any task)   DetokenizeIntake         [admit] route proxy
+    rerank, score           [auth] parse(task score) RerankIntake|ScoreIntake [admit] route proxy
     responses.get|delete|input_items   [auth] ResponseLookup
 
 `start(redis)` binds the Responses store: Redis when the process has a client, else memory.
@@ -29,6 +30,7 @@ from gateway.apis.embeddings import EmbeddingsIntake
 from gateway.apis.messages import CountTokens, MessagesIntake, credentials
 from gateway.apis.responses import QUERY, RESPONSE_ID, ResponseLookup, ResponsesIntake
 from gateway.apis.responses_store import MemoryResponseStore, RedisResponseStore, ResponseStore
+from gateway.apis.scoring import RerankIntake, ScoreIntake
 from gateway.apis.settings import ApisSettings
 from gateway.apis.tokenize import DetokenizeIntake, TokenizeIntake
 from gateway.core.context import Api, RequestContext
@@ -85,6 +87,9 @@ _POST: dict[str, ApiRoute] = {
     "/v1/tokenize": ApiRoute("tokenize", "tokenize"),
     "/detokenize": ApiRoute("detokenize", "detokenize"),
     "/v1/detokenize": ApiRoute("detokenize", "detokenize"),
+    "/rerank": ApiRoute("rerank", "rerank"),
+    "/v1/rerank": ApiRoute("rerank", "rerank"),
+    "/v1/score": ApiRoute("score", "score"),
 }
 
 
@@ -143,6 +148,12 @@ class Apis:
 
     def detokenize_intake(self, features: FeatureConfig) -> DetokenizeIntake:
         return DetokenizeIntake(features)
+
+    def rerank_intake(self, features: FeatureConfig, context_slack: float) -> RerankIntake:
+        return RerankIntake(features, context_slack)
+
+    def score_intake(self, features: FeatureConfig, context_slack: float) -> ScoreIntake:
+        return ScoreIntake(features, context_slack)
 
     def lookup(self, api: Api) -> ResponseLookup:
         kind = {"responses.get": "get", "responses.delete": "delete", "responses.input_items": "input_items"}[

@@ -57,7 +57,7 @@ class EmbeddingsAnswer:
         return None
 
 
-def _too_long(context_length: int, tokens: int, param: str) -> ApiError:
+def too_long(context_length: int, tokens: int, param: str) -> ApiError:
     return ApiError(
         400,
         f"This model's maximum context length is {context_length} tokens, however you requested about "
@@ -142,7 +142,7 @@ class EmbeddingsIntake:
         allowed = model.context_length * (1 + self._slack)
         for i, n in enumerate(counts):
             if n > allowed:
-                raise _too_long(model.context_length, n, "input" if len(counts) == 1 else f"input[{i}]")
+                raise too_long(model.context_length, n, "input" if len(counts) == 1 else f"input[{i}]")
         total = sum(counts)
         if total > MAX_TOKENS_PER_REQUEST:
             raise invalid_request(

@@ -37,6 +37,8 @@ Api = Literal[
     "messages.count_tokens",
     "tokenize",
     "detokenize",
+    "rerank",
+    "score",
 ]
 
 Finalizer = Callable[["RequestContext"], Awaitable[None] | None]

@@ -108,10 +108,10 @@ class ModelSettings(SettingsModel):
     default_max_tokens: int = Field(1024, ge=1)
     #: the most output tokens anyone's request may ask of this model (`limits.over_max_tokens`)
     max_tokens: int | None = Field(None, ge=1)
-    #: what the model does: `generate` (chat, completions, responses, messages) or `embed`
-    #: (/v1/embeddings); the other endpoints answer it with a 400 (/tokenize and /detokenize take
-    #: every model)
-    task: Literal["generate", "embed"] = "generate"
+    #: what the model does: `generate` (chat, completions, responses, messages), `embed`
+    #: (/v1/embeddings) or `score` (a cross-encoder: /v1/rerank, /v1/score); the other endpoints
+    #: answer it with a 400 (/tokenize and /detokenize take every model)
+    task: Literal["generate", "embed", "score"] = "generate"
     #: USD per million tokens; absent: the model costs nothing against money budgets
     price: PriceSettings | None = None
     #: the model's tokenizer for KV-event routing: a directory with `tokenizer.json` and

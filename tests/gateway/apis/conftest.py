@@ -91,12 +91,14 @@ def _embeds(rig: Rig) -> bool:
 
 #: the tier of `EngineRig.tight`: a few hundred tokens a minute
 TIGHT_TOKENS_PER_MINUTE = 400
+RERANK_MODEL = "test-rerank"
+RERANK_SERVED = "BAAI/bge-reranker-base"
 
 
 @dataclass
 class EngineRig:
-    """A gateway in front of one chat simulator and one embedding simulator of `engine`, for the
-    engines' own APIs (tokenize, detokenize); `tight` is a user whose tier allows
+    """A gateway in front of a chat, an embedding and a reranker simulator of `engine`, for the
+    engines' own APIs (tokenize, detokenize, rerank, score); `tight` is a user whose tier allows
     `TIGHT_TOKENS_PER_MINUTE`."""
 
     engine: str
@@ -118,13 +120,29 @@ class EngineRig:
         )
 
 
+def _pool(name: str, engine: str, models: dict[str, str], url: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "dialect": engine,
+        "models": models,
+        "backends": [{"name": f"{name}-0", "url": url}],
+    }
+
+
 @pytest.fixture(scope="module")
 def engine_rig(engine: str) -> Iterator[EngineRig]:
     with contextlib.ExitStack() as stack:
         chat = stack.enter_context(fast_sim(engine))
         e = stack.enter_context(embed_sim(engine))
         limits = {"tiers": {"default": {}, "tight": {"tokens_per_minute": TIGHT_TOKENS_PER_MINUTE}}}
+        rerank = stack.enter_context(
+            fast_sim(engine, "--model", RERANK_SERVED, "--reranker", "--max-model-len", "512")
+        )
         config = apis_config(engine, [chat.base_url], e.base_url, limits=limits)
+        config["models"].append({"name": RERANK_MODEL, "task": "score", "context_length": 512})
+        config["pools"].append(
+            _pool(f"{engine}-rerank", engine, {RERANK_MODEL: RERANK_SERVED}, rerank.base_url)
+        )
         gw = stack.enter_context(GatewayProcess(config))
         rig = EngineRig(engine, gw, token("alice"), mint_token(SECRET, "carol", tier="tight"))
         wait_until(lambda: _embeds(Rig(engine, gw, rig.alice, rig.alice)), 30, 0.2, "the embedding pool")
