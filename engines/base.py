@@ -36,6 +36,8 @@ Endpoint = Literal[
     "detokenize",
     "rerank",
     "score",
+    "transcriptions",
+    "translations",
 ]
 #: the endpoints that generate no tokens: their cost is their input alone
 INPUT_ONLY: frozenset[Endpoint] = frozenset({"embeddings", "tokenize", "detokenize", "rerank", "score"})

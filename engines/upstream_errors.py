@@ -59,6 +59,8 @@ _PROMPT_PARAM: dict[Endpoint, str] = {
     "detokenize": "tokens",
     "rerank": "documents",
     "score": "text_2",
+    "transcriptions": "file",
+    "translations": "file",
 }
 
 GENERIC_UPSTREAM = "The server had an error while processing your request. Sorry about that!"

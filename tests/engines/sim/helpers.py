@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import httpx
@@ -94,3 +95,11 @@ def metric(text: str, name: str) -> float:
             found = True
     assert found, f"{name} not in metrics"
     return total
+
+
+def wav(seconds: float, rate: int = 16_000) -> bytes:
+    """A silent 16-bit mono PCM WAV file of `seconds`."""
+    data = b"\0\0" * int(seconds * rate)
+    fmt = struct.pack("<HHIIHH", 1, 1, rate, rate * 2, 2, 16)
+    chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+    return b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks
