@@ -91,6 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="an embedding model: /v1/embeddings vectors of N floats",
     )
     _add(g, "--reranker", action="store_true", help="a cross-encoder: rerank and score")
+    _add(g, "--speech-to-text", action="store_true", help="a Whisper-like model: /v1/audio/*")
 
     g = parser.add_argument_group("scheduler and KV cache (the engines' own flag names)")
     _add(
@@ -241,6 +242,8 @@ class SimConfig:
     embedding_dim: int = 0
     #: a cross-encoder serving rerank and score (engines/sim/scoring.py)
     reranker: bool = False
+    #: a speech-to-text model serving /v1/audio/* (engines/sim/audio.py)
+    speech_to_text: bool = False
     scheduler: SchedulerKind = "batching"
     max_num_seqs: int = 1024
     max_num_batched_tokens: int = 8192
@@ -324,6 +327,7 @@ class SimConfig:
             eos_token_id=a.eos_token_id,
             embedding_dim=max(0, a.embedding_dim),
             reranker=a.reranker,
+            speech_to_text=a.speech_to_text,
             scheduler=scheduler,
             max_num_seqs=max(1, seqs),
             max_num_batched_tokens=max(1, a.max_num_batched_tokens),

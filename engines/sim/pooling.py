@@ -35,13 +35,16 @@ class PoolingEndpoint:
         eng.stats.record(scope["method"], scope["path"], scope["headers"], raw)
         return None if await self._fault(receive, send) else raw
 
-    async def prefill(self, receive: Receive, tokens: list[int]) -> bool:
-        """Run `tokens` through the engine as one prefill; False when the client left meanwhile."""
+    async def prefill(self, receive: Receive, tokens: list[int], decode: int = 0) -> bool:
+        """Run `tokens` through the engine as one prefill (and `decode` steps after it); False when
+        the client left meanwhile."""
         watcher = Disconnect(receive)
         try:
-            async with self._engine.run(tokens, 0) as run:
+            async with self._engine.run(tokens, decode) as run:
                 await run.prefill()
-                run.finish(0, "stop")
+                if decode:
+                    await run.decode(decode)
+                run.finish(decode, "stop")
         except asyncio.CancelledError:
             if not watcher.disconnected:
                 raise

@@ -20,6 +20,7 @@ import orjson
 from engines.sim import asgi, tokenizer
 from engines.sim.app_base import Emit, Handler, Prepared, SimApp
 from engines.sim.asgi import Scope
+from engines.sim.audio import SpeechEndpoints
 from engines.sim.config import SimConfig
 from engines.sim.embeddings import EmbeddingsEndpoint
 from engines.sim.engine import Run
@@ -90,6 +91,7 @@ class SglangApp(SimApp):
         super().__init__(cfg)
         ext = self._ext = SglangEndpoints(cfg, self.engine)
         scoring = ScoringEndpoints(cfg, self.engine, self.error_body)
+        speech = SpeechEndpoints(cfg, self.engine, self.error_body)
         self.routes.update(
             {
                 ("GET", "/health"): ext.health,
@@ -111,6 +113,7 @@ class SglangApp(SimApp):
                 ("POST", "/v1/rerank"): scoring.rerank,
                 ("PUT", "/v1/rerank"): scoring.rerank,
                 ("POST", "/v1/score"): scoring.score,
+                ("POST", "/v1/audio/transcriptions"): speech.transcriptions,
             }
         )
         if cfg.enable_metrics:

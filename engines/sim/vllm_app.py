@@ -23,6 +23,7 @@ import orjson
 from engines.sim import asgi, tokenizer
 from engines.sim.app_base import Emit, Prepared, SimApp
 from engines.sim.asgi import Scope
+from engines.sim.audio import SpeechEndpoints
 from engines.sim.config import SimConfig
 from engines.sim.embeddings import EmbeddingsEndpoint
 from engines.sim.engine import Run
@@ -108,6 +109,7 @@ class VllmApp(SimApp):
         super().__init__(cfg)
         ext = VllmEndpoints(cfg, self.engine)
         scoring = ScoringEndpoints(cfg, self.engine, self.error_body)
+        speech = SpeechEndpoints(cfg, self.engine, self.error_body)
         self.routes.update(
             {
                 ("GET", "/health"): ext.health,
@@ -121,6 +123,8 @@ class VllmApp(SimApp):
                 ("POST", "/v1/embeddings"): EmbeddingsEndpoint(cfg, self.engine, self.error_body),
                 **{("POST", p): scoring.rerank for p in ("/rerank", "/v1/rerank", "/v2/rerank")},
                 **{("POST", p): scoring.score for p in ("/score", "/v1/score")},
+                ("POST", "/v1/audio/transcriptions"): speech.transcriptions,
+                ("POST", "/v1/audio/translations"): speech.translations,
                 ("GET", "/kv_event_sources"): ext.kv_event_sources,
                 ("POST", "/reset_prefix_cache"): ext.reset_prefix_cache,
             }
