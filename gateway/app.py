@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 from engines.base import Endpoint
 from engines.errors import ApiError, model_not_found
 from gateway.admission import Admission
-from gateway.admission.intake import ParseStage, ValidateStage
+from gateway.admission.intake import FormParseStage, ParseStage, ValidateStage
 from gateway.admission.sanitise import BOUNDS
 from gateway.apis import ApiRoute, Apis
 from gateway.control.admin import build_admin_app
@@ -231,6 +231,13 @@ class Gateway:
         slack = BOUNDS.context_slack
         pipelines["rerank"] = [*auth, scores, apis.rerank_intake(features, slack), *admit, route, proxy]
         pipelines["score"] = [*auth, scores, apis.score_intake(features, slack), *admit, route, proxy]
+        # an uploaded audio file is a media item: the media cap is its cap
+        media_max = s.sanitise.media.max_bytes
+        form = FormParseStage(self.models, apis.audio_body_bytes(media_max), permits, task="transcribe")
+        transcribe = apis.audio_intake("transcribe", features, media_max)
+        translate = apis.audio_intake("translate", features, media_max)
+        pipelines["audio.transcriptions"] = [*auth, form, transcribe, *admit, route, proxy]
+        pipelines["audio.translations"] = [*auth, form, translate, *admit, route, proxy]
         for lookup in ("responses.get", "responses.delete", "responses.input_items"):
             pipelines[lookup] = [*auth, apis.lookup(lookup)]
         tracing = self.tracing

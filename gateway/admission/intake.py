@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from engines import multipart
 from engines.base import Endpoint
 from engines.errors import ApiError, invalid_request, model_not_found
 from engines.validate import validate_request
@@ -59,6 +60,7 @@ _TASKS = {
     "generate": ("a text generation model", "chat, completions, /v1/responses or /v1/messages"),
     "embed": ("an embedding model", "/v1/embeddings"),
     "score": ("a scoring model", "/v1/rerank or /v1/score"),
+    "transcribe": ("a speech-to-text model", "/v1/audio/transcriptions or /v1/audio/translations"),
 }
 
 
@@ -123,6 +125,33 @@ class ParseStage:
         if self._task is not None and spec.task != self._task:
             raise wrong_task(model, spec.task)
         return spec
+
+
+class FormParseStage(ParseStage):
+    """`ParseStage` for a `multipart/form-data` upload (speech to text) instead of JSON: `ctx.body`
+    holds each text field (a list for a repeated `name[]` field) and each file as an
+    `engines.multipart.Part`. Another content type, a malformed form or a field given twice is a 400."""
+
+    async def __call__(self, ctx: RequestContext) -> Response | None:
+        boundary = multipart.boundary(ctx.headers.get(b"content-type", b"").decode("latin-1"))
+        if boundary is None:
+            raise invalid_request("The request body must be multipart/form-data with a file part.")
+        raw = await read_body(ctx.receive, self._max)
+        body: dict[str, Any] = {}
+        try:
+            for part in multipart.parse(raw, boundary):
+                value: Any = part if part.filename is not None else part.text
+                if part.name.endswith("[]"):
+                    body.setdefault(part.name, []).append(value)
+                elif part.name in body:
+                    raise invalid_request(f"The form gives '{part.name}' more than once.", param=part.name)
+                else:
+                    body[part.name] = value
+        except ValueError as exc:
+            raise invalid_request(f"The request body is not a valid multipart form: {exc}.") from None
+        ctx.body = body
+        ctx.model = self.resolve(ctx, body.get("model"))
+        return None
 
 
 def _asks_usage(options: Any) -> bool:

@@ -11,6 +11,8 @@ it), and for the wing's stages of each API, which it places in that API's pipeli
     tokenize                [auth] parse(any task)   TokenizeIntake   media   [admit] route proxy
     detokenize              [auth] parse(any task)   DetokenizeIntake         [admit] route proxy
     rerank, score           [auth] parse(task score) RerankIntake|ScoreIntake [admit] route proxy
+    audio.transcriptions, audio.translations
+                            [auth] form parse(task transcribe) AudioIntake   [admit] route proxy
     responses.get|delete|input_items   [auth] ResponseLookup
 
 `start(redis)` binds the Responses store: Redis when the process has a client, else memory.
@@ -24,8 +26,10 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 
 from engines.anthropic import render_error as anthropic_error
+from engines.audio import Task
 from engines.base import Endpoint
 from engines.errors import ApiError
+from gateway.apis.audio import FORM_BYTES, AudioIntake
 from gateway.apis.embeddings import EmbeddingsIntake
 from gateway.apis.messages import CountTokens, MessagesIntake, credentials
 from gateway.apis.responses import QUERY, RESPONSE_ID, ResponseLookup, ResponsesIntake
@@ -90,6 +94,8 @@ _POST: dict[str, ApiRoute] = {
     "/rerank": ApiRoute("rerank", "rerank"),
     "/v1/rerank": ApiRoute("rerank", "rerank"),
     "/v1/score": ApiRoute("score", "score"),
+    "/v1/audio/transcriptions": ApiRoute("audio.transcriptions", "transcriptions"),
+    "/v1/audio/translations": ApiRoute("audio.translations", "translations"),
 }
 
 
@@ -154,6 +160,13 @@ class Apis:
 
     def score_intake(self, features: FeatureConfig, context_slack: float) -> ScoreIntake:
         return ScoreIntake(features, context_slack)
+
+    def audio_intake(self, task: Task, features: FeatureConfig, max_file_bytes: int) -> AudioIntake:
+        return AudioIntake(task, max_file_bytes, features)
+
+    def audio_body_bytes(self, max_file_bytes: int) -> int:
+        """The cap of a speech-to-text request's body: the file's and its text fields'."""
+        return max_file_bytes + FORM_BYTES
 
     def lookup(self, api: Api) -> ResponseLookup:
         kind = {"responses.get": "get", "responses.delete": "delete", "responses.input_items": "input_items"}[

@@ -25,7 +25,7 @@ from engines.upstream_errors import GENERIC_UPSTREAM
 from engines.validate import token_ids
 from gateway.apis.checks import integer, invalid_value, missing, type_error
 from gateway.core.context import RequestContext, session_header
-from gateway.core.responses import Response
+from gateway.core.responses import JSON, Response
 from policies.features import FeatureConfig, extract_features
 
 MAX_INPUTS = 2048
@@ -38,6 +38,7 @@ class EmbeddingsAnswer:
     __slots__ = ("_format", "_model")
     #: an embedding has no finish reason
     finish_reasons: tuple[str, ...] = ()
+    content_type = JSON
 
     def __init__(self, model: str, encoding_format: str) -> None:
         self._model = model

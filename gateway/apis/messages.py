@@ -22,7 +22,7 @@ from engines.anthropic import MessagesStream, encode_message, new_message_id
 from engines.base import Dialect, StreamWriter, Usage
 from gateway.apis.messages_request import translate
 from gateway.core.context import RequestContext
-from gateway.core.responses import BytesResponse, Response
+from gateway.core.responses import JSON, BytesResponse, Response
 
 
 def credentials(headers: dict[bytes, bytes]) -> None:
@@ -41,6 +41,7 @@ class MessagesAnswer:
     """`gateway.core.answer.Answer` for one Messages request."""
 
     __slots__ = ("_ctx", "_model", "finish_reasons")
+    content_type = JSON
 
     def __init__(self, ctx: RequestContext, model: str) -> None:
         self._ctx = ctx

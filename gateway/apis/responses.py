@@ -28,7 +28,7 @@ from engines.responses import ResponsesStream, encode_response, new_id
 from gateway.apis.responses_request import Translation, translate
 from gateway.apis.responses_store import ResponseStore, StoredResponse, owner_of
 from gateway.core.context import RequestContext
-from gateway.core.responses import BytesResponse, Response
+from gateway.core.responses import JSON, BytesResponse, Response
 
 log = logging.getLogger("gateway.apis")
 
@@ -53,6 +53,7 @@ class ResponsesAnswer:
     """`gateway.core.answer.Answer` for one Responses request."""
 
     __slots__ = ("_max_bytes", "_owner", "_response", "_store", "_t", "_writer", "finish_reasons")
+    content_type = JSON
 
     def __init__(self, t: Translation, store: ResponseStore, owner: str, max_record_bytes: int) -> None:
         self._t = t

@@ -27,7 +27,7 @@ from gateway.apis.checks import boolean, integer, missing, string, type_error, u
 from gateway.apis.embeddings import MAX_INPUTS, MAX_TOKENS_PER_REQUEST, too_long
 from gateway.apis.plain import hand_over
 from gateway.core.context import RequestContext, session_header
-from gateway.core.responses import Response
+from gateway.core.responses import JSON, Response
 from gateway.core.settings import ModelSettings
 from policies.features import FeatureConfig, extract_features
 
@@ -51,6 +51,7 @@ class RerankAnswer:
 
     __slots__ = ("_documents", "_estimate", "_model", "_top_n", "_with_documents")
     finish_reasons: tuple[str, ...] = ()
+    content_type = JSON
 
     def __init__(
         self, model: str, documents: list[str], top_n: int, with_documents: bool, estimate: int
@@ -86,6 +87,7 @@ class ScoreAnswer:
 
     __slots__ = ("_estimate", "_model", "_pairs")
     finish_reasons: tuple[str, ...] = ()
+    content_type = JSON
 
     def __init__(self, model: str, pairs: int, estimate: int) -> None:
         self._model = model

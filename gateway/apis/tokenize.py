@@ -22,7 +22,7 @@ from engines.validate import token_ids, validate_request
 from gateway.apis.checks import boolean, missing, type_error
 from gateway.apis.plain import hand_over
 from gateway.core.context import RequestContext, session_header
-from gateway.core.responses import Response
+from gateway.core.responses import JSON, Response
 from policies.features import FeatureConfig, extract_features
 
 _FLAGS = ("add_special_tokens", "add_generation_prompt", "continue_final_message", "return_token_strs")
@@ -33,6 +33,7 @@ class TokenizeAnswer:
 
     __slots__ = ("_max_len",)
     finish_reasons: tuple[str, ...] = ()
+    content_type = JSON
 
     def __init__(self, max_model_len: int) -> None:
         self._max_len = max_model_len
@@ -53,6 +54,7 @@ class DetokenizeAnswer:
 
     __slots__ = ("_count",)
     finish_reasons: tuple[str, ...] = ()
+    content_type = JSON
 
     def __init__(self, count: int) -> None:
         self._count = count

@@ -20,6 +20,8 @@ class Answer(Protocol):
     #: the engine's finish reasons of the non-streamed answer once `body` has read it (for traces;
     #: empty before, and for answers without any, e.g. embeddings). Streams: `StreamWriter`'s own.
     finish_reasons: tuple[str, ...]
+    #: the content type of the non-streamed body (`gateway.core.responses.JSON` but for plain text)
+    content_type: bytes
 
     def body(self, dialect: Dialect, data: bytes) -> tuple[bytes, Usage]:
         """The client's body for the engine's non-streamed 200 body `data`, and the usage to bill;

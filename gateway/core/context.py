@@ -39,6 +39,8 @@ Api = Literal[
     "detokenize",
     "rerank",
     "score",
+    "audio.transcriptions",
+    "audio.translations",
 ]
 
 Finalizer = Callable[["RequestContext"], Awaitable[None] | None]
@@ -108,6 +110,8 @@ class RequestContext:
     api: Api = "chat"
     render_error: ErrorRenderer = openai_error
     answer: Answer | None = None
+    #: the engine request's content type when it is not JSON (a multipart audio upload)
+    upstream_type: str | None = None
     #: this request's trace when tracing is on (gateway/core/trace.py); None when it is off
     trace: RequestTrace | None = None
 

@@ -109,9 +109,10 @@ class ModelSettings(SettingsModel):
     #: the most output tokens anyone's request may ask of this model (`limits.over_max_tokens`)
     max_tokens: int | None = Field(None, ge=1)
     #: what the model does: `generate` (chat, completions, responses, messages), `embed`
-    #: (/v1/embeddings) or `score` (a cross-encoder: /v1/rerank, /v1/score); the other endpoints
-    #: answer it with a 400 (/tokenize and /detokenize take every model)
-    task: Literal["generate", "embed", "score"] = "generate"
+    #: (/v1/embeddings), `score` (a cross-encoder: /v1/rerank, /v1/score) or `transcribe` (speech
+    #: to text: /v1/audio/*); the other endpoints answer it with a 400 (/tokenize and /detokenize
+    #: take every model)
+    task: Literal["generate", "embed", "score", "transcribe"] = "generate"
     #: USD per million tokens; absent: the model costs nothing against money budgets
     price: PriceSettings | None = None
     #: the model's tokenizer for KV-event routing: a directory with `tokenizer.json` and

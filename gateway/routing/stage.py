@@ -15,7 +15,9 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from engines.errors import ApiError, model_not_found
+from engines.base import Endpoint
+from engines.errors import ApiError, invalid_request, model_not_found
+from engines.registry import DIALECTS
 from gateway.core.context import Principal, RequestContext, session_header
 from gateway.core.fleet import Fleet, Pool
 from gateway.core.responses import Response, safe_header_value
@@ -30,6 +32,8 @@ from policies.types import Decision, FleetSnapshot, RequestFeatures, RoutingErro
 PIN_HEADER = b"x-gateway-pool"
 #: an admin's pin to one backend (`gateway check` reaches every engine through the gateway)
 BACKEND_PIN_HEADER = b"x-gateway-backend"
+#: the endpoints every dialect serves (the others are routed only to the pools whose engine does)
+_EVERYWHERE = frozenset.intersection(*(frozenset(d.paths) for d in DIALECTS.values()))
 
 #: observer of every decision (metrics); pool, reason, affinity
 DecisionHook = Callable[[Decision], None]
@@ -160,10 +164,18 @@ class RouteStage:
                 continue
             if features.longest_prompt_tokens >= model.context_length:
                 continue
+            if model.task != ctx.model.task:  # a model of another task cannot answer this API
+                continue
+            unserved: set[str] = set()
+            if ctx.endpoint not in _EVERYWHERE:
+                found = self._unserved(model.name, ctx.endpoint)
+                if found is None:
+                    continue
+                unserved = found
             candidate = dataclasses.replace(features, model=model.name, prompt=None)
             try:
                 decision = self.router.decide(
-                    snapshot, candidate, self._random.random(), pin=ctx.extras.get("pin")
+                    snapshot, candidate, self._random.random(), pin=ctx.extras.get("pin"), exclude=unserved
                 )
             except RoutingError:
                 continue
@@ -188,6 +200,14 @@ class RouteStage:
         exclude: Collection[str] = (),
         prefer: str | None = None,
     ) -> Decision:
+        if ctx.endpoint not in _EVERYWHERE:
+            assert ctx.model is not None
+            unserved = self._unserved(ctx.model.name, ctx.endpoint)
+            if unserved is None:
+                raise invalid_request(
+                    f"The model `{ctx.model.name}` has no engine that serves this endpoint.", param="model"
+                )
+            exclude = {*exclude, *unserved}
         try:
             return self.router.decide(
                 snapshot,
@@ -199,6 +219,19 @@ class RouteStage:
             )
         except RoutingError as exc:
             raise _routing_error(exc, ctx, self._fleet) from None
+
+    def _unserved(self, model: str, endpoint: Endpoint) -> set[str] | None:
+        """The backends of `model`'s pools whose engine has no path for `endpoint` (SGLang serves
+        no translations); None when that is every pool serving the model."""
+        out: set[str] = set()
+        served = False
+        for pool in self._fleet.pools.values():
+            if model in pool.models:
+                if endpoint in pool.dialect.paths:
+                    served = True
+                else:
+                    out.update(pool.backends)
+        return out if served else None
 
     def explain(self, body: dict[str, Any], pin: str | None) -> dict[str, Any]:
         """Where `body` would be routed now, and why (a dry run: no routing state changes)."""

@@ -33,7 +33,7 @@ from engines.openai import StreamEncoder, encode_completion, new_completion_id
 from gateway.core.context import RequestContext
 from gateway.core.disconnect import ClientWatch
 from gateway.core.fleet import Backend
-from gateway.core.responses import BytesResponse, Response, error_response
+from gateway.core.responses import JSON, BytesResponse, Response, error_response
 from gateway.upstream.lease import Lease, OnFailure
 from gateway.upstream.relay import SSESplitter, StreamRelay
 from gateway.upstream.retry import RetryBudget
@@ -132,9 +132,11 @@ class ProxyStage:
             ctx.attempts += 1
             lease = Lease(backend, ctx.prefill, self._on_upstream_error)
             headers = None
+            if ctx.upstream_type is not None:  # not JSON: a multipart audio upload
+                headers = {**JSON_HEADERS, "content-type": ctx.upstream_type}
             if ctx.trace is not None:  # tracing on: this attempt's span, its traceparent to the engine
                 headers = {
-                    **JSON_HEADERS,
+                    **(headers or JSON_HEADERS),
                     **ctx.trace.attempt_start(pool.name, backend.name, pool.dialect.name),
                 }
             try:
@@ -216,10 +218,12 @@ class ProxyStage:
             ctx.error_kind = "engine_bad_response"
             await self._end(ctx, lease, False)
             return error_response(err, ctx.response_headers, ctx.render_error)
+        content_type = JSON
         if answer is not None:
             await answer.complete()
+            content_type = answer.content_type
         await self._end(ctx, lease, True)
-        return BytesResponse(200, out, ctx.response_headers)
+        return BytesResponse(200, out, ctx.response_headers, content_type)
 
     # -- streamed ---------------------------------------------------------------------------------
     async def _stream(

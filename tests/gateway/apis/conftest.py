@@ -93,13 +93,15 @@ def _embeds(rig: Rig) -> bool:
 TIGHT_TOKENS_PER_MINUTE = 400
 RERANK_MODEL = "test-rerank"
 RERANK_SERVED = "BAAI/bge-reranker-base"
+WHISPER_MODEL = "test-whisper"
+WHISPER_SERVED = "openai/whisper-large-v3"
 
 
 @dataclass
 class EngineRig:
-    """A gateway in front of a chat, an embedding and a reranker simulator of `engine`, for the
-    engines' own APIs (tokenize, detokenize, rerank, score); `tight` is a user whose tier allows
-    `TIGHT_TOKENS_PER_MINUTE`."""
+    """A gateway in front of a chat, an embedding, a reranker and a speech-to-text simulator of
+    `engine`, for the engines' own APIs (tokenize, detokenize, rerank, score, audio); `tight` is a
+    user whose tier allows `TIGHT_TOKENS_PER_MINUTE`."""
 
     engine: str
     gw: GatewayProcess
@@ -142,6 +144,11 @@ def engine_rig(engine: str) -> Iterator[EngineRig]:
         config["models"].append({"name": RERANK_MODEL, "task": "score", "context_length": 512})
         config["pools"].append(
             _pool(f"{engine}-rerank", engine, {RERANK_MODEL: RERANK_SERVED}, rerank.base_url)
+        )
+        speech = stack.enter_context(fast_sim(engine, "--model", WHISPER_SERVED, "--speech-to-text"))
+        config["models"].append({"name": WHISPER_MODEL, "task": "transcribe", "default_max_tokens": 448})
+        config["pools"].append(
+            _pool(f"{engine}-audio", engine, {WHISPER_MODEL: WHISPER_SERVED}, speech.base_url)
         )
         gw = stack.enter_context(GatewayProcess(config))
         rig = EngineRig(engine, gw, token("alice"), mint_token(SECRET, "carol", tier="tight"))
