@@ -94,9 +94,9 @@ async def _check_backend(http: httpx.AsyncClient, pool: dict[str, Any], backend:
     headers = {"x-gateway-backend": backend}
     results: dict[str, Outcome] = {}
     model = ""
-    for candidate in pool["models"]:  # the first model that chats (an embedding model does not)
+    for candidate in pool["models"]:  # the first model that chats (one of another task does not)
         r = await _chat(http, headers, candidate, {"messages": _ask("Say hello."), "max_tokens": 16})
-        if r.status_code == 400 and "embed" in _message(r):
+        if r.status_code == 400 and _param(r) == "model":
             continue
         model = candidate
         results["chat"] = _chat_outcome(r)
@@ -125,6 +125,13 @@ async def _chat(
     http: httpx.AsyncClient, headers: dict[str, str], model: str, body: dict[str, Any]
 ) -> httpx.Response:
     return await http.post("/v1/chat/completions", json={"model": model, **body}, headers=headers)
+
+
+def _param(r: httpx.Response) -> object:
+    try:
+        return r.json()["error"]["param"]
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _message(r: httpx.Response) -> str:

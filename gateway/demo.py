@@ -1,7 +1,8 @@
 """`gateway demo`: the embedded default.
 
-Starts two vLLM-dialect and two SGLang-dialect simulators on free loopback ports (plus one embedding
-simulator of each dialect, for /v1/embeddings) and a gateway in front of them, with in-memory state (Redis when `REDIS_URL` is set) and a JWT secret from
+Starts two vLLM-dialect and two SGLang-dialect simulators on free loopback ports (plus one simulator
+of each dialect for each side model: embeddings, a reranker, speech to text) and a gateway in front
+of them, with in-memory state (Redis when `REDIS_URL` is set) and a JWT secret from
 `GATEWAY_JWT_SECRET` (generated when unset). Prints the base URL, a user token (tier `default`: 60
 requests/min, 100k tokens/min, 8 concurrent — the `x-ratelimit-*` headers show them), a tight token
 (tier `tight`: 3 requests/min, so a few quick requests get 429), an admin token, and ready-to-paste
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -26,6 +28,50 @@ SERVED = {"vllm": "meta-llama/Llama-3.1-8B-Instruct", "sglang": "meta-llama/Llam
 EMBED_MODEL = "demo-embed"
 EMBED_SERVED = "BAAI/bge-small-en-v1.5"
 EMBED_DIM = 384
+RERANK_MODEL = "demo-rerank"
+AUDIO_MODEL = "demo-whisper"
+
+
+@dataclass(frozen=True)
+class SideModel:
+    """A model beside the chat model, served by one simulator of each dialect."""
+
+    name: str
+    task: str
+    served: str
+    #: the pools' name after their dialect's (`vllm-embed`)
+    pool: str
+    #: what makes a simulator this model
+    flags: tuple[str, ...]
+    settings: tuple[tuple[str, int], ...] = ()
+
+
+SIDE_MODELS = (
+    SideModel(
+        EMBED_MODEL,
+        "embed",
+        EMBED_SERVED,
+        "embed",
+        ("--embedding-dim", str(EMBED_DIM), "--max-model-len", "512"),
+        (("context_length", 512),),
+    ),
+    SideModel(
+        RERANK_MODEL,
+        "score",
+        "BAAI/bge-reranker-v2-m3",
+        "rerank",
+        ("--reranker", "--max-model-len", "512"),
+        (("context_length", 512),),
+    ),
+    SideModel(
+        AUDIO_MODEL,
+        "transcribe",
+        "openai/whisper-large-v3",
+        "audio",
+        ("--speech-to-text",),
+        (("default_max_tokens", 448),),
+    ),
+)
 #: the demo user's tier: limits whose x-ratelimit-* headers show on every answer
 USER_LIMITS = {"requests_per_minute": 60, "tokens_per_minute": 100_000, "concurrent_requests": 8}
 #: the tight tier: a few quick requests hit 429
@@ -36,10 +82,10 @@ def demo_config(
     backend_urls: dict[str, list[str]],
     port: int,
     host: str = "127.0.0.1",
-    embed_urls: dict[str, str] | None = None,
+    side_urls: dict[str, dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """The demo's settings as a plain mapping (also used by tests): two pools of two backends, and
-    with `embed_urls` (dialect → URL) an embedding model served by one pool of each dialect."""
+    for each side model in `side_urls` (its name → dialect → URL) one pool of each dialect."""
     config: dict[str, Any] = {
         "server": {"host": host, "port": port, "graceful_shutdown_s": 5},
         "models": [
@@ -73,25 +119,28 @@ def demo_config(
             # the admin token has no tier: the default tier's limits apply to it as well
         },
     }
-    if embed_urls:
+    for side in SIDE_MODELS:
+        urls = (side_urls or {}).get(side.name)
+        if not urls:
+            continue
         config["models"].append(
-            {"name": EMBED_MODEL, "task": "embed", "context_length": 512, "owned_by": "demo"}
+            {"name": side.name, "task": side.task, "owned_by": "demo", **dict(side.settings)}
         )
         config["pools"].extend(
             {
-                "name": f"{name}-embed",
+                "name": f"{name}-{side.pool}",
                 "dialect": name,
                 "weight": 0.5,
-                "models": {EMBED_MODEL: EMBED_SERVED},
-                "backends": [{"name": f"{name}-embed-0", "url": url}],
+                "models": {side.name: side.served},
+                "backends": [{"name": f"{name}-{side.pool}-0", "url": url}],
             }
-            for name, url in embed_urls.items()
+            for name, url in urls.items()
         )
     return config
 
 
-def embed_sim_flags() -> list[str]:
-    return ["--model", EMBED_SERVED, "--embedding-dim", str(EMBED_DIM), "--max-model-len", "512"]
+def side_sim_flags(side: SideModel) -> list[str]:
+    return ["--model", side.served, *side.flags]
 
 
 def sim_flags(engine: str) -> list[str]:
@@ -133,11 +182,12 @@ Limits per user (every answer's x-ratelimit-* headers show them):
         else ""
     )
     return f"""
-LLM gateway demo — 2 vLLM-dialect + 2 SGLang-dialect simulators (and an embedding simulator of
-each dialect) behind one gateway
+LLM gateway demo — 2 vLLM-dialect + 2 SGLang-dialect simulators (and one of each dialect for the
+embedding, rerank and speech-to-text models) behind one gateway
 
-  base URL     {base}/v1   (OpenAI: chat, completions, responses, embeddings; Anthropic: /v1/messages)
+  base URL     {base}/v1   (OpenAI: chat, completions, responses, embeddings, audio; Anthropic: /v1/messages)
   model        {MODEL}   embeddings: {EMBED_MODEL}
+  also         rerank and score: {RERANK_MODEL}   speech to text: {AUDIO_MODEL}   (and /tokenize)
   user token   {user_token}
   admin token  {admin_token}
   console      {base}/admin/ui   (the admin console: sign in with the admin token)
@@ -157,6 +207,9 @@ curl:
 
   curl -s {base}/v1/embeddings {auth}-H "Content-Type: application/json" \\
     -d '{{"model": "{EMBED_MODEL}", "input": ["Hello!", "How are you?"]}}'
+
+  curl -s {base}/v1/rerank {auth}-H "Content-Type: application/json" \\
+    -d '{{"model": "{RERANK_MODEL}", "query": "Where is Paris?", "documents": ["Paris is in France.", "Bananas are yellow."]}}'
 
 OpenAI SDK (Python):
   from openai import OpenAI
@@ -188,8 +241,14 @@ def run_demo(port: int = 8080, host: str = "127.0.0.1") -> None:
         for engine in ("vllm", "vllm", "sglang", "sglang"):
             sim = stack.enter_context(SimProcess(engine, free_port(), sim_flags(engine)))
             urls[engine].append(sim.base_url)
-        embed = {e: stack.enter_context(SimProcess(e, free_port(), embed_sim_flags())).base_url for e in urls}
-        settings: Settings = parse_settings(demo_config(urls, port, host, embed))
+        sides = {
+            side.name: {
+                e: stack.enter_context(SimProcess(e, free_port(), side_sim_flags(side))).base_url
+                for e in urls
+            }
+            for side in SIDE_MODELS
+        }
+        settings: Settings = parse_settings(demo_config(urls, port, host, sides))
         configure_logging(settings.server.log_level)
         banner = _banner(
             f"http://{host}:{port}",

@@ -19,6 +19,7 @@ from openai import OpenAI
 
 from engines.sim.launcher import free_port
 from gateway.demo import MODEL
+from tests.engines.sim.helpers import wav
 from tests.support import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,6 +122,15 @@ def test_the_banner_tokens_answer_on_both_pools(demo: Demo) -> None:
         assert raw.parse().choices[0].message.content
     vectors = user.embeddings.create(model=model.group(2), input=["Hello!", "How are you?"])
     assert len(vectors.data) == 2 and vectors.data[0].embedding
+    also = re.search(r"^\s*also\s+rerank and score: (\S+)\s+speech to text: (\S+)", demo.text(), re.M)
+    assert also, demo.text()
+    rerank = re.search(r"curl -s (\S+/v1/rerank) .*?-d '([^']+)'", demo.text(), re.S)
+    assert rerank, demo.text()
+    headers = {"authorization": f"Bearer {demo.token('user token')}"}
+    ranked = httpx.post(rerank.group(1), content=rerank.group(2), headers=headers, timeout=10)
+    assert ranked.status_code == 200 and ranked.json()["results"][0]["index"] == 0
+    heard = user.audio.transcriptions.create(model=also.group(2), file=("a.wav", wav(1.0)))
+    assert heard.text
     # the post-deploy check passes on the demo, every chat backend checked
     url, admin_token = f"http://127.0.0.1:{demo.port}", demo.token("admin token")
     check = subprocess.run(
@@ -146,7 +156,7 @@ def _ready(port: int) -> bool:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_a_signal_stops_the_gateway_and_every_simulator(demo: Demo, sig: signal.Signals) -> None:
     sims = _children(demo.proc.pid)
-    assert len(sims) == 6, demo.text()  # two chat simulators per dialect, one embedding simulator each
+    assert len(sims) == 10, demo.text()  # two chat simulators per dialect, one per side model each
     demo.proc.send_signal(sig)
     try:
         demo.proc.wait(30)
