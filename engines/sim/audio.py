@@ -14,7 +14,8 @@ Wire shapes (read from each engine's server):
   route exists (404). Unknown model: 404.
 - SGLang: transcriptions only; `json` as vLLM's, `text` plain text, `verbose_json` `{"task",
   "language", "duration", "text", "segments": [{"id", "start", "end", "text"}], "usage"}`; another
-  format: 400 `{"error": {"message"}}`. Streaming is not simulated (a 400).
+  format: 400 `{"error": {"message"}}`; without `--speech-to-text`, the 500 SGLang answers for a
+  model without audio input. Streaming is not simulated (a 400).
 """
 
 from __future__ import annotations
@@ -108,8 +109,9 @@ class SpeechEndpoints(PoolingEndpoint):
         if not self.cfg.speech_to_text:
             if vllm:
                 await self.not_found(send)
-            else:
-                await self.refuse(send, RequestError("This model does not support audio input."))
+            else:  # what SGLang 0.5.23 answers for a model without audio input
+                err = "Internal server error: Unexpected keyword argument '_detect_language'"
+                await self.refuse(send, RequestError(err, status=500, err_type="InternalServerError"))
             return
         try:
             form = self._form(scope, raw)

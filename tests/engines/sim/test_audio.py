@@ -74,7 +74,7 @@ def test_translations_are_vllms(sims: dict[str, str]) -> None:
 
 def test_each_dialects_refusals(sims: dict[str, str]) -> None:
     assert _post(sims["plain_vllm"] + "/v1/audio/transcriptions").status_code == 404
-    assert _post(sims["plain_sglang"] + "/v1/audio/transcriptions").status_code == 400
+    assert _post(sims["plain_sglang"] + "/v1/audio/transcriptions").status_code == 500
     r = _post(sims["vllm"] + "/v1/audio/transcriptions", {"response_format": "srt"})
     assert r.status_code == 400 and "only support response_format" in r.json()["error"]["message"]
     r = _post(sims["sglang"] + "/v1/audio/transcriptions", {"response_format": "vtt"})
