@@ -73,6 +73,16 @@ def build_tiny_lora(model_dir: Path, timeout: float = 120.0) -> Path:
     return out
 
 
+def build_tiny_reranker(model_dir: Path, timeout: float = 120.0) -> Path:
+    """A cross-encoder of the tiny model (`build_reranker.py`), built once beside it:
+    `<model dir>.reranker-<key>`, the key a hash of the script."""
+    key = hashlib.sha256((HERE / "build_reranker.py").read_bytes()).hexdigest()[:12]
+    out = model_dir.parent / f"{model_dir.name}.reranker-{key}"
+    if not (out / "config.json").exists():
+        _build("build_reranker.py", "--model", str(model_dir), "--out", str(out), timeout=timeout)
+    return out
+
+
 def _build(script: str, *args: str, timeout: float) -> str:
     """Runs one of this folder's build scripts with the vLLM environment's python (it has torch,
     transformers, safetensors; the gateway's own environment does not); its last output line."""
