@@ -1,6 +1,7 @@
-# make demo · make test · make lint · make bench
+# make demo · make check · make test · make lint · make bench
 # Everything runs from .venv, created on first use. `make demo` installs what the gateway needs to run
-# (the package, and mypy to compile policies/); `make test`, `make lint`, `make bench` and `make soak`
+# (the package, and mypy to compile policies/); `make check`, `make test`, `make lint`, `make bench` and
+# `make soak`
 # also install the `dev` extra (test, lint, benchmark and client libraries). pip's output goes to
 # .venv/install.log, shown only when an install fails (scripts/quiet.sh).
 VENV    ?= .venv
@@ -11,7 +12,7 @@ RUNTIME := $(VENV)/.installed-runtime
 NATIVE  := $(VENV)/.installed-native-tools
 DEV     := $(VENV)/.installed-dev
 
-.PHONY: demo test lint bench soak services engines venv native clean
+.PHONY: demo check test lint bench soak services engines venv native clean
 
 venv: $(DEV)
 
@@ -42,11 +43,21 @@ native: $(NATIVE)
 demo: native
 	@$(VENV)/bin/gateway demo
 
-# Installs the servers the tests need (redis-server, prometheus) when missing, and the real engines
-# (vLLM, SGLang: one cached environment each in .engines/), then runs the suite: tests/real_engines/
-# and the rest side by side (scripts/test.sh; PYTEST_ARGS go to both).
+# The unit and in-process tests: no subprocess, no real engine, no browser (tests/conftest.py fails a
+# test outside `make test` that starts a process). What to run on every change: under a minute.
+check: $(DEV)
+	$(VENV)/bin/pytest -m "not processes" -n 2 $(PYTEST_ARGS)
+
+# Everything: installs the servers the tests need (redis-server, prometheus, Chromium's driver) when
+# missing, and the real engines (vLLM, SGLang: one cached environment each in .engines/), then runs the
+# suite on pytest-xdist workers. Most tests wait on other processes (gateways, simulators, the engines),
+# so there are more workers than cores; tests that share a server stay on one worker (tests/conftest.py).
+# The suite starts hundreds of Python processes: with PYTHONDONTWRITEBYTECODE set, each would compile
+# this project's modules again, so their bytecode goes to the git-ignored __pycache__/ directories.
+TEST_WORKERS ?= 4
 test: $(DEV) native services engines
-	VENV=$(VENV) GATEWAY_POLICIES=native scripts/test.sh $(PYTEST_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE GATEWAY_POLICIES=native \
+		$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 services:
 	scripts/ensure-services.sh

@@ -1,10 +1,22 @@
-"""Shared fixtures: real engine simulators, real gateways and a real redis-server on loopback."""
+"""Shared fixtures: real engine simulators, real gateways and a real redis-server on loopback; the two
+tiers of the suite.
+
+`make check` runs the tests without the `processes` mark: units and in-process tests, no subprocess.
+`make test` runs everything, on pytest-xdist workers: a test marked `processes` starts gateways,
+simulators, redis-server, Prometheus, Chromium or the real engines. A test without the mark that
+starts a process fails (`_no_processes`), so nothing slow slips into the check tier. Tests that share
+a server are kept on one worker (`xdist_group`, set below): a module's own servers with its module,
+the real engines with every test that uses them.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing.util
 import os
-from collections.abc import Iterator
+import subprocess
+import threading
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import pytest
@@ -15,6 +27,90 @@ from tests.support import GatewayProcess, RedisServer
 
 MODEL = "test-model"
 ENGINES = ("vllm", "sglang")
+PROCESSES = "processes"  # the mark of a test that starts processes: `make test` only
+# the fixtures that start the real vLLM and SGLang servers (tests/real_engines/conftest.py): every test
+# that uses one runs on the same xdist worker, which starts each server once
+REAL_ENGINE_FIXTURES = frozenset(
+    {"real_engine", "real_vllm", "real_sglang", "real_vllm_spare", "vllm_traces"}
+)
+
+
+class ProcessStarted(Exception):
+    """A test without the `processes` mark started a process."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects and xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if REAL_ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.processes)
+            item.add_marker(pytest.mark.xdist_group("real_engines"))
+        elif item.get_closest_marker(PROCESSES) and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # a run without a process at all (`make check`): a process started from any thread fails the test;
+    # beside servers that start their own in threads, only one started from the test's thread does
+    _everywhere[:] = [not any(item.get_closest_marker(PROCESSES) for item in session.items)]
+
+
+_everywhere: list[bool] = [True]
+_started: list[str] = []
+
+
+def _refuse(what: str, real: Callable[..., Any]) -> Callable[..., Any]:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        if _everywhere[0] or threading.current_thread() is threading.main_thread():
+            _started.append(what)
+            raise ProcessStarted(f"{what} in a test without the `{PROCESSES}` mark")
+        return real(*args, **kwargs)
+
+    return refuse
+
+
+@contextlib.contextmanager
+def _no_processes(item: pytest.Item) -> Iterator[None]:
+    """Within an unmarked test's setup, call and teardown: every way a process starts raises."""
+    if item.get_closest_marker(PROCESSES):
+        yield
+        return
+    patched: list[tuple[Any, str, Any]] = [
+        (subprocess.Popen, "_execute_child", subprocess.Popen._execute_child),  # type: ignore[attr-defined]
+        (os, "fork", os.fork),
+        (os, "posix_spawn", os.posix_spawn),
+        (os, "posix_spawnp", os.posix_spawnp),
+        (os, "system", os.system),
+        (multiprocessing.util, "spawnv_passfds", multiprocessing.util.spawnv_passfds),
+    ]
+    for owner, name, real in patched:
+        setattr(owner, name, _refuse(f"{getattr(owner, '__name__', owner)}.{name}", real))
+    _started.clear()
+    try:
+        yield
+    finally:
+        for owner, name, real in patched:
+            setattr(owner, name, real)
+    if _started:  # raised where it was called, perhaps in a thread or a task that swallowed it
+        raise ProcessStarted(f"{', '.join(_started)} in a test without the `{PROCESSES}` mark")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    with _no_processes(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    with _no_processes(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+    with _no_processes(item):
+        return (yield)
 
 
 def single_pool_config(engine: str, urls: list[str], **overrides: Any) -> dict[str, Any]:

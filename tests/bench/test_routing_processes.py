@@ -6,11 +6,14 @@ figures (bench/serving.py); no timing is asserted."""
 
 from __future__ import annotations
 
+import pytest
+
 from bench.routing import PRICE, FleetSpec, Matrix, Setup, processes_md, run_processes
 
 TWO = "ours prefix_affinity x2, events + shared"
 
 
+@pytest.mark.processes
 def test_two_routing_processes_with_events_produce_rows_with_hit_rates() -> None:
     matrix = Matrix(
         workloads=("shared_prefix",), loads=(0.8,), routers=(TWO,), seconds=2.0, uniform_routers=()

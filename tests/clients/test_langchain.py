@@ -19,6 +19,8 @@ from tests.clients.recording import Recorder
 from tests.conftest import MODEL
 from tests.support import GatewayProcess
 
+pytestmark = pytest.mark.processes
+
 
 @pytest.fixture
 def recorder() -> Recorder:

@@ -22,6 +22,8 @@ from tests.clients.recording import Recorder
 from tests.conftest import MODEL
 from tests.support import GatewayProcess
 
+pytestmark = pytest.mark.processes
+
 LIMITS = UsageLimits(request_limit=5)
 
 

@@ -17,6 +17,8 @@ from gateway.settings import load_settings
 from tests.deploy.manifests import ROOT, Stage, dockerfile_stages, exec_form, pip_commands
 from tests.support import GatewayProcess, free_port
 
+pytestmark = pytest.mark.processes
+
 ARGS, STAGES = dockerfile_stages()
 RUNTIME = STAGES[-1]
 BUILDER = next(s for s in STAGES if s.name == "builder")

@@ -14,6 +14,8 @@ import yaml
 from gateway.settings import parse_settings
 from tests.deploy.manifests import OVERLAYS, by_kind, kustomize, pod_templates
 
+pytestmark = pytest.mark.processes
+
 K8S_VERSION = "1.30.0"  # the oldest version the manifests promise (HPA v2 behavior, PDB v1)
 GATEWAY_LABELS = {"app.kubernetes.io/name": "llm-gateway", "app.kubernetes.io/component": "gateway"}
 

@@ -25,6 +25,8 @@ from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.deploy.manifests import COMPOSE_DIR
 from tests.support import GatewayProcess, free_port, wait_until
 
+pytestmark = pytest.mark.processes
+
 NGINX = shutil.which("nginx") or (Path("/usr/sbin/nginx") if Path("/usr/sbin/nginx").exists() else None)
 if NGINX is None:  # a failure, never a skip: `make test` installs nginx (scripts/ensure-services.sh)
     raise RuntimeError("nginx is not installed: run `make test` (it installs it) or apt-get install nginx")

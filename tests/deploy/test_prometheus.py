@@ -41,6 +41,8 @@ from engines.sim.launcher import SimProcess, free_port
 from gateway.demo import SERVED, sim_flags
 from tests.support import GatewayProcess, RedisServer, wait_until
 
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parents[2]
 PROM_DIR = ROOT / "deploy" / "prometheus"
 DASH_DIR = ROOT / "deploy" / "grafana" / "dashboards"

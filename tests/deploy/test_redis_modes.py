@@ -26,6 +26,8 @@ from tests.conftest import fast_sim
 from tests.deploy.redis_topologies import ClusterSetup, SentinelSetup, _Processes
 from tests.support import GatewayProcess, RedisServer, free_port
 
+pytestmark = pytest.mark.processes
+
 # ------------------------------------------------------------------ settings
 
 

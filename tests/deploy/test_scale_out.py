@@ -27,6 +27,8 @@ from gateway.demo import SERVED
 from tests.conftest import MODEL, fast_sim
 from tests.support import GatewayProcess, RedisServer, wait_until
 
+pytestmark = pytest.mark.processes
+
 SECRET = "scale-out-secret-" + "s" * 48
 RPM = 30
 LEASE_S = 3

@@ -32,6 +32,8 @@ from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.real_engines.rig import real_pool_config
 from tests.support import GatewayProcess
 
+pytestmark = pytest.mark.processes
+
 ENGINE_EXTRAS = (
     "matched_stop",
     "metadata",

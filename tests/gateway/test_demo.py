@@ -22,6 +22,8 @@ from gateway.demo import MODEL
 from tests.engines.sim.helpers import wav
 from tests.support import wait_until
 
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

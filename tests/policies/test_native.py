@@ -8,8 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import policies
 import policies.prefix_affinity
+
+pytestmark = pytest.mark.processes
 
 ROOT = Path(__file__).resolve().parents[2]
 

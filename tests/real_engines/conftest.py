@@ -147,18 +147,36 @@ def _watch(engine: str, server: EngineServer) -> None:
 _last_user: dict[str, str] = {}  # engine -> node id of the last collected test that uses it
 
 
+_deferred: set[str] = set()  # on an xdist worker: launched when its first test that uses one starts
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     wanted = _wanted(session.items)
     _last_user.clear()
     for item in session.items:
         for engine in _wanted([item]):
             _last_user[engine] = item.nodeid
-    if wanted:
-        first = wanted - LATER or wanted
-        _launch(first)
-        if later := wanted - first:
-            others = [_watchers[engine] for engine in first if engine in _watchers]
-            threading.Thread(target=_launch_after, args=(later, others), daemon=True).start()
+    if hasattr(session.config, "workerinput"):
+        # every xdist worker collects the whole suite, and one runs the tests that use the engines
+        # (their `xdist_group`, tests/conftest.py): that one starts them
+        _deferred.update(wanted)
+    elif wanted:
+        _launch_all(wanted)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _deferred and _wanted([item]):
+        wanted = set(_deferred)
+        _deferred.clear()
+        _launch_all(wanted)
+
+
+def _launch_all(wanted: set[str]) -> None:
+    first = wanted - LATER or wanted
+    _launch(first)
+    if later := wanted - first:
+        others = [_watchers[engine] for engine in first if engine in _watchers]
+        threading.Thread(target=_launch_after, args=(later, others), daemon=True).start()
 
 
 def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:

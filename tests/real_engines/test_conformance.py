@@ -14,7 +14,10 @@ from tests.gateway.test_conformance import *  # noqa: F403  # the same tests, co
 from tests.gateway.test_conformance import Pool
 from tests.real_engines.servers import EngineServer
 
-pytestmark = pytest.mark.timeout(300)  # the first test may wait for a server's startup
+pytestmark = [
+    pytest.mark.processes,
+    pytest.mark.timeout(300),
+]  # the first test may wait for a server's startup
 
 
 @pytest.fixture(scope="module")

@@ -52,7 +52,10 @@ from tests.real_engines.rig import aborted, chat, engine_connections, engine_met
 from tests.real_engines.servers import EngineServer
 from tests.support import GatewayProcess, wait_until
 
-pytestmark = pytest.mark.timeout(300)  # the first test may wait for a server's startup
+pytestmark = [
+    pytest.mark.processes,
+    pytest.mark.timeout(300),
+]  # the first test may wait for a server's startup
 
 LONG = 3800  # tokens: with a short prompt, near the 4096 context; seconds of decoding on a CPU
 ATTEMPTS = 4

@@ -30,7 +30,10 @@ from tests.real_engines.rig import ENGINE_HEADERS, kv_event_batches, metric, rea
 from tests.real_engines.servers import VllmServer
 from tests.support import GatewayProcess, wait_until
 
-pytestmark = pytest.mark.timeout(300)  # the first test may wait for the spare's startup
+pytestmark = [
+    pytest.mark.processes,
+    pytest.mark.timeout(300),
+]  # the first test may wait for the spare's startup
 
 SECRET = "test-secret-for-the-real-lora-0123456789ab"
 ADMIN = {"Authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}

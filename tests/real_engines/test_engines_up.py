@@ -24,7 +24,10 @@ from engines.sim.block_hashes import SglangBlockHasher
 from tests.real_engines.rig import kv_event_batches
 from tests.real_engines.servers import EngineServer, SglangServer, VllmServer
 
-pytestmark = pytest.mark.timeout(300)  # the first test may wait for a server's startup
+pytestmark = [
+    pytest.mark.processes,
+    pytest.mark.timeout(300),
+]  # the first test may wait for a server's startup
 
 RUNNING_METRIC = {"vllm": "vllm:num_requests_running", "sglang": "sglang:num_running_reqs"}
 GENERATED_METRIC = {"vllm": "vllm:generation_tokens_total", "sglang": "sglang:generation_tokens_total"}

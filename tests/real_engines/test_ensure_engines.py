@@ -41,6 +41,7 @@ def recipe(module: ModuleType, check: str) -> object:
     )
 
 
+@pytest.mark.processes  # real venvs
 def test_stamp_makes_a_rerun_a_no_op_and_a_new_recipe_rebuilds(
     ensure: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -62,6 +63,7 @@ def test_stamp_makes_a_rerun_a_no_op_and_a_new_recipe_rebuilds(
     assert (venv / ensure.STAMP).read_text().strip() != stamp
 
 
+@pytest.mark.processes
 def test_a_failing_step_fails_loudly_and_leaves_no_stamp(
     ensure: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

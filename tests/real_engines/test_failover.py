@@ -26,7 +26,10 @@ from tests.real_engines.rig import chat, metric, real_pool_config
 from tests.real_engines.servers import EngineServer, VllmServer, group_members
 from tests.support import GatewayProcess, free_port, wait_until
 
-pytestmark = pytest.mark.timeout(300)  # the first test may wait for a server's startup
+pytestmark = [
+    pytest.mark.processes,
+    pytest.mark.timeout(300),
+]  # the first test may wait for a server's startup
 
 REQUESTS = 8
 SLOW_PROBES = {"health": {"interval_s": 30, "failure_threshold": 2, "open_s": 30}}

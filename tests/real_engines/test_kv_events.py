@@ -48,7 +48,10 @@ from tests.real_engines.rig import metric, real_pool_config
 from tests.real_engines.servers import EngineServer
 from tests.support import GatewayProcess, wait_until
 
-pytestmark = pytest.mark.timeout(300)  # the first test may wait for the server's startup
+pytestmark = [
+    pytest.mark.processes,
+    pytest.mark.timeout(300),
+]  # the first test may wait for the server's startup
 
 SECRET = "test-secret-for-the-real-kv-events-0123456789"
 ADMIN = {"Authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}

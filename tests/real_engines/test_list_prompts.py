@@ -27,7 +27,10 @@ from tests.real_engines.rig import ENGINE_HEADERS
 from tests.real_engines.servers import EngineServer
 from tests.real_engines.test_sim_vs_real import SIM_FLAGS
 
-pytestmark = pytest.mark.timeout(300)  # the first test may wait for a server's startup
+pytestmark = [
+    pytest.mark.processes,
+    pytest.mark.timeout(300),
+]  # the first test may wait for a server's startup
 
 TWO = ["Once upon a time", "The quick brown fox jumps"]
 IDS = [[10, 20, 30], [40, 50]]

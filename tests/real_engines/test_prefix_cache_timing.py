@@ -24,7 +24,10 @@ from tests.real_engines.rig import ENGINE_HEADERS, engine_metric, running
 from tests.real_engines.servers import VllmServer
 from tests.support import wait_until
 
-pytestmark = pytest.mark.timeout(300)  # the first test may wait for the server's startup
+pytestmark = [
+    pytest.mark.processes,
+    pytest.mark.timeout(300),
+]  # the first test may wait for the server's startup
 
 BLOCK = 32  # the real server's --block-size (the CPU attention backend wants a multiple of 32)
 

@@ -28,7 +28,10 @@ from tests.real_engines.rig import metric, real_pool_config
 from tests.real_engines.servers import EngineServer
 from tests.support import GatewayProcess, wait_until
 
-pytestmark = pytest.mark.timeout(300)  # the first test may wait for a server's startup
+pytestmark = [
+    pytest.mark.processes,
+    pytest.mark.timeout(300),
+]  # the first test may wait for a server's startup
 
 # (prompt, the `param` the gateway's error names)
 REFUSED: list[tuple[Any, str]] = [

@@ -25,7 +25,10 @@ from tests.real_engines.rig import chat, metric, real_pool_config, running
 from tests.real_engines.servers import EngineServer
 from tests.support import GatewayProcess, wait_until
 
-pytestmark = pytest.mark.timeout(300)  # the first test may wait for a server's startup
+pytestmark = [
+    pytest.mark.processes,
+    pytest.mark.timeout(300),
+]  # the first test may wait for a server's startup
 
 SECRET = "test-secret-for-the-real-engine-scraper-0123"
 ADMIN = {"Authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}

@@ -8,7 +8,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.real_engines.servers import STAND_IN_KERNELS
+
+pytestmark = pytest.mark.processes
 
 PROBE = """
 import importlib, json, sgl_kernel

@@ -31,7 +31,10 @@ from tests.real_engines.rig import ENGINE_HEADERS
 from tests.real_engines.servers import EngineServer
 from tests.real_engines.shapes import differences, shape_of
 
-pytestmark = pytest.mark.timeout(300)  # the first test may wait for a server's startup
+pytestmark = [
+    pytest.mark.processes,
+    pytest.mark.timeout(300),
+]  # the first test may wait for a server's startup
 
 VALIDATION_WORDING = (
     "pydantic's validation messages: the simulator writes one line per field in pydantic's style; "

@@ -13,7 +13,7 @@ import pytest
 
 from tests.real_engines.servers import HERE, OFFLINE_ENV, build_tiny_model, engine_bin
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")

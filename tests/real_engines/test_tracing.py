@@ -19,6 +19,8 @@ from tests.real_engines.rig import chat, real_pool_config
 from tests.real_engines.servers import VllmServer
 from tests.support import GatewayProcess
 
+pytestmark = pytest.mark.processes
+
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
 UNSAMPLED_TRACE = "5bf92f3577b34da6a3ce929d0e0e4737"

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.reliability.support import (
     RawClient,
@@ -25,6 +27,8 @@ from tests.reliability.support import (
     wait_for,
 )
 from tests.support import GatewayProcess
+
+pytestmark = pytest.mark.processes
 
 TOKENS = 60_000
 

@@ -36,6 +36,8 @@ from tests.reliability.support import (
 )
 from tests.support import GatewayProcess
 
+pytestmark = pytest.mark.processes
+
 SLOW_MODEL = "slow-first-model"
 
 

@@ -26,6 +26,8 @@ from tests.conftest import MODEL, fast_sim
 from tests.reliability.support import SECRET, bearer, token
 from tests.support import GatewayProcess
 
+pytestmark = pytest.mark.processes
+
 EXAMPLES = {GenerationMode.POSITIVE: 20, GenerationMode.NEGATIVE: 12}
 EMBED_MODEL = "fuzz-embed"
 

@@ -38,6 +38,8 @@ from gateway.upstream.lease import Lease
 from gateway.upstream.relay import SSESplitter, StreamRelay
 from tests.conftest import fast_sim
 
+pytestmark = pytest.mark.processes
+
 # -- SSESplitter --------------------------------------------------------------------------------
 
 _payload = st.text(

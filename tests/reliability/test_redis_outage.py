@@ -19,10 +19,13 @@ from collections import Counter
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.conftest import fast_sim, single_pool_config
 from tests.reliability.support import SECRET, bearer, chat, token, wait_for
 from tests.support import GatewayProcess, free_port
+
+pytestmark = pytest.mark.processes
 
 
 class PersistentRedis:

@@ -29,6 +29,8 @@ from tests.conftest import MODEL, fast_sim
 from tests.reliability.support import SECRET, RawClient, bearer, chat, http_request, sim_stats, token
 from tests.support import GatewayProcess, RedisServer, free_port
 
+pytestmark = pytest.mark.processes
+
 HEADER_TIMEOUT_S = 1.5
 CANARY = "CANARY-7f3a9c-the-users-private-prompt"
 SAFE_RID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")

@@ -23,6 +23,8 @@ from tests.conftest import fast_sim, single_pool_config
 from tests.reliability.support import chat, events, metric, sim_faults, sim_stats, wait_for
 from tests.support import GatewayProcess
 
+pytestmark = pytest.mark.processes
+
 BURST = 60
 RATIO, MIN_PER_S = 0.1, 1.0
 BUCKET = max(10 * MIN_PER_S, 10.0)  # gateway/upstream/retry.py: the bucket starts full

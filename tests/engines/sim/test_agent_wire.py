@@ -13,6 +13,8 @@ from engines.sim.launcher import start_all, stop_all
 from tests.engines.sim.agent_loop import TOOLS, USER, step
 from tests.engines.sim.helpers import post, sim, stream
 
+pytestmark = pytest.mark.processes
+
 CHAT = "/v1/chat/completions"
 PERSON = TOOLS[1]["function"]["parameters"]  # type: ignore[index]
 SIMS = {

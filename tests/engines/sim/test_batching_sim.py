@@ -18,6 +18,8 @@ from gateway.cli import build_parser
 from tests.engines.sim.helpers import metric, stats
 from tests.support import measured_async
 
+pytestmark = pytest.mark.processes
+
 CHAT = "/v1/chat/completions"
 
 

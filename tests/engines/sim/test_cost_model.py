@@ -13,6 +13,8 @@ from engines.sim.launcher import SimProcess
 from tests.engines.sim.helpers import metric, stats
 from tests.support import measured
 
+pytestmark = pytest.mark.processes
+
 CHAT = "/v1/chat/completions"
 SYSTEM = "You are a meticulous assistant. " + " ".join(f"rule{i} applies to case{i}." for i in range(300))
 

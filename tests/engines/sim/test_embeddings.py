@@ -11,6 +11,8 @@ import pytest
 
 from tests.conftest import fast_sim
 
+pytestmark = pytest.mark.processes
+
 
 @pytest.fixture(scope="module")
 def sims() -> object:

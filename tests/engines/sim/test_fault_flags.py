@@ -11,6 +11,8 @@ import pytest
 from engines.sim.launcher import SimProcess
 from tests.engines.sim.helpers import USER, post, sim
 
+pytestmark = pytest.mark.processes
+
 CHAT = "/v1/chat/completions"
 
 

@@ -10,6 +10,8 @@ import pytest
 
 from tests.engines.sim.helpers import USER, events, post, sim, stats
 
+pytestmark = pytest.mark.processes
+
 CHAT = "/v1/chat/completions"
 
 

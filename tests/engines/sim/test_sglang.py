@@ -15,6 +15,8 @@ import pytest
 from engines.sim.launcher import start_all, stop_all
 from tests.engines.sim.helpers import TIME_TOOL, USER, WEATHER_TOOL, metric, post, sim, stream
 
+pytestmark = pytest.mark.processes
+
 CHAT = "/v1/chat/completions"
 NULL_DELTA = {"role": None, "content": None, "reasoning_content": None, "tool_calls": None}
 

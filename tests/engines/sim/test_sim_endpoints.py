@@ -11,6 +11,8 @@ import pytest
 
 from tests.engines.sim.helpers import USER, post, sim, stats
 
+pytestmark = pytest.mark.processes
+
 CHAT = "/v1/chat/completions"
 
 

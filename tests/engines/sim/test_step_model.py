@@ -17,6 +17,8 @@ from engines.sim.step_model import (
     StoredBlocks,
 )
 
+pytestmark = pytest.mark.processes
+
 COSTS = StepCosts(fixed_s=0.010, prefill_token_s=1e-4, decode_seq_s=1e-3, context_token_s=1e-6)
 
 

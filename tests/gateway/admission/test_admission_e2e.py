@@ -34,6 +34,8 @@ from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.gateway.admission.jwt_support import JwksServer, Keys, hostile_catalogue
 from tests.support import GatewayProcess, RedisServer, wait_until
 
+pytestmark = pytest.mark.processes
+
 SECRET = "e2e-secret-" + "k" * 64
 TPM = 2000
 LEASE_S = 3

@@ -14,6 +14,8 @@ from gateway.admission.auth import Authenticator
 from gateway.core.redis_client import open_redis
 from tests.support import RedisServer
 
+pytestmark = pytest.mark.processes
+
 
 @pytest.fixture
 async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:

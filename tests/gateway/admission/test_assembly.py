@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gateway.admission.assembly import Admission
 from gateway.admission.limits_redis import WireScript
 from gateway.core.redis_client import connect_redis
 from gateway.observability.metrics import Metrics
 from gateway.settings import Settings, parse_settings
 from tests.support import RedisServer
+
+pytestmark = pytest.mark.processes
 
 
 def _settings(redis_url: str) -> Settings:

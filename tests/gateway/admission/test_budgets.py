@@ -22,6 +22,8 @@ from policies.admission import Outcome, ScopeLimits, Verdict
 from policies.budgets import Budget, Charge, calendar_span, expires_at_s
 from tests.support import RedisServer
 
+pytestmark = pytest.mark.processes
+
 DAY = calendar_span("day", time.time())
 MONTH = calendar_span("month", time.time())
 PREFIX = "gw:sp:{u:alice}:u"

@@ -32,6 +32,8 @@ from policies.features import extract_features
 from tests.conftest import MODEL, fast_sim
 from tests.support import GatewayProcess, RedisServer, wait_until
 
+pytestmark = pytest.mark.processes
+
 SECRET = "budget-secret-" + "b" * 40
 # USD per million tokens; cached prompt tokens at half price
 PRICE = {"prompt": 1.0, "cached_prompt": 0.5, "completion": 2.0}

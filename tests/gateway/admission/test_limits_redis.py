@@ -20,6 +20,8 @@ from gateway.core.redis_wire import RespClient
 from policies.admission import Outcome, ScopeLimits, Verdict
 from tests.support import RedisServer
 
+pytestmark = pytest.mark.processes
+
 WINDOW_S = 60.0
 
 

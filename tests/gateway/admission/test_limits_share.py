@@ -24,6 +24,8 @@ from policies.shared_load import PREFILL, SETS, PlacedBlocks
 from tests.gateway.admission.test_budgets import calendar_meter, spend
 from tests.support import RedisServer
 
+pytestmark = pytest.mark.processes
+
 
 class Share:
     """A routing process's side as the limiter sees it (`LoadShare`), with counts set by the test."""

@@ -23,6 +23,8 @@ from gateway.demo import SERVED
 from tests.conftest import fast_sim
 from tests.support import GatewayProcess, RedisServer
 
+pytestmark = pytest.mark.processes
+
 SECRET = "access-secret-" + "a" * 40
 MODELS = ("small", "medium", "large")
 

@@ -13,6 +13,8 @@ from openai import AsyncOpenAI
 
 from tests.gateway.apis.conftest import AGENTS_DEFAULT_MODEL, Rig
 
+pytestmark = pytest.mark.processes
+
 CALLS: list[str] = []
 
 

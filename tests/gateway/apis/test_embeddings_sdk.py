@@ -15,6 +15,8 @@ import pytest
 from tests.conftest import MODEL
 from tests.gateway.apis.conftest import EMBED_DIM, EMBED_MODEL, Rig
 
+pytestmark = pytest.mark.processes
+
 
 @pytest.fixture(scope="module")
 def client(rig: Rig) -> openai.OpenAI:

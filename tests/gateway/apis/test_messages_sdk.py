@@ -13,6 +13,8 @@ import pytest
 from tests.conftest import MODEL
 from tests.gateway.apis.conftest import Rig
 
+pytestmark = pytest.mark.processes
+
 WEATHER: dict[str, Any] = {
     "name": "get_weather",
     "description": "Weather for a city",

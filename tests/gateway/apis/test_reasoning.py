@@ -13,6 +13,8 @@ import pytest
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.support import GatewayProcess
 
+pytestmark = pytest.mark.processes
+
 
 @pytest.fixture(scope="module")
 def thinking_gw(engine: str) -> Iterator[GatewayProcess]:

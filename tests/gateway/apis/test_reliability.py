@@ -21,6 +21,8 @@ from tests.gateway.apis.conftest import EMBED_SERVED, embed_sim
 from tests.reliability.support import RawClient, http_request, metric, sim_faults, sim_stats, wait_for
 from tests.support import GatewayProcess
 
+pytestmark = pytest.mark.processes
+
 SLOW = "slow-model"
 SLOW_EMBED = "slow-embed"
 CRASHY = "crashy-model"

@@ -14,6 +14,8 @@ import pytest
 from tests.conftest import MODEL
 from tests.gateway.apis.conftest import Rig
 
+pytestmark = pytest.mark.processes
+
 WEATHER: dict[str, Any] = {
     "type": "function",
     "name": "get_weather",

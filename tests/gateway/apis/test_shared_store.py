@@ -17,6 +17,8 @@ from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.gateway.apis.conftest import SECRET
 from tests.support import GatewayProcess, RedisServer
 
+pytestmark = pytest.mark.processes
+
 
 @pytest.fixture(scope="module")
 def replicas(redis_server: RedisServer) -> Iterator[tuple[GatewayProcess, GatewayProcess]]:

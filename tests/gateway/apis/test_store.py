@@ -11,6 +11,8 @@ from gateway.apis.responses_store import MemoryResponseStore, RedisResponseStore
 from gateway.core.context import Principal
 from tests.support import RedisServer
 
+pytestmark = pytest.mark.processes
+
 
 def _record(id: str, owner: str = "/alice") -> StoredResponse:
     return StoredResponse(owner, {"id": id, "output": []}, [{"id": "msg_1"}], [{"id": "msg_1"}])

@@ -25,6 +25,8 @@ from gateway.demo import SERVED, demo_config
 from tests.conftest import MODEL, fast_sim
 from tests.support import GatewayProcess, RedisServer, wait_until
 
+pytestmark = pytest.mark.processes
+
 SECRET = "test-secret-for-admin-suite-0123456789"
 ENV = {"GATEWAY_JWT_SECRET": SECRET}
 ADMIN = {"Authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}

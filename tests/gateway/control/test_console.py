@@ -38,6 +38,8 @@ from gateway.demo import SERVED, demo_config
 from tests.conftest import MODEL, fast_sim
 from tests.support import GatewayProcess
 
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parents[3]
 ASSETS = ROOT / "gateway" / "control" / "ui"
 SHOTS = ROOT / "artifacts" / "console"

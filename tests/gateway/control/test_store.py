@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from redis.asyncio import Redis
 
 from gateway.control.store import MemoryStore, Overrides, RedisStore, audit_entry
 from gateway.core.fleet import Fleet
 from gateway.settings import HealthSettings, PoolSettings
 from tests.support import RedisServer
+
+pytestmark = pytest.mark.processes
 
 
 def _pools() -> list[PoolSettings]:

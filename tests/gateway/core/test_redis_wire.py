@@ -12,6 +12,8 @@ import pytest
 from gateway.core.redis_wire import ReplyError, RespClient, WireDown, encode
 from tests.support import RedisServer
 
+pytestmark = pytest.mark.processes
+
 
 def test_encode() -> None:
     assert encode(("SET", "k", 5, b"\x00v")) == b"*4\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\n5\r\n$2\r\n\x00v\r\n"

@@ -24,6 +24,8 @@ from gateway.observability.metrics_sampler import MetricsSampler
 from gateway.settings import AccessLogSettings, MetricsSettings, Settings, parse_settings
 from policies.types import Decision
 
+pytestmark = pytest.mark.processes
+
 
 def _settings() -> Settings:
     return parse_settings(

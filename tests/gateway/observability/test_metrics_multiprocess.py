@@ -10,10 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.support import GatewayProcess, wait_until
+
+pytestmark = pytest.mark.processes
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

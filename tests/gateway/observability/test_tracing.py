@@ -27,6 +27,8 @@ from tests.gateway.apis.conftest import EMBED_MODEL, EMBED_SERVED, embed_sim
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.support import GatewayProcess, wait_until
 
+pytestmark = pytest.mark.processes
+
 SECRET = "tracing-secret-" + "t" * 48
 USER = {"authorization": "Bearer " + mint_token(SECRET, "alice")}
 PROMPT = "The secret prompt text zq-7781 must not be in any span."

@@ -7,7 +7,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from gateway.routing.kv_discovery import DISCOVERY, KvSource, discover_sglang, discover_vllm
+
+pytestmark = pytest.mark.processes
 
 
 def test_vllm_kv_event_sources() -> None:

@@ -28,6 +28,8 @@ from tests.conftest import fast_sim, single_pool_config
 from tests.gateway.routing.kv_publisher import Publisher
 from tests.support import GatewayProcess, wait_until
 
+pytestmark = pytest.mark.processes
+
 SECRET = "test-secret-for-kv-sync-0123456789abcdef"
 ADMIN = {"Authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}
 

@@ -24,6 +24,8 @@ from gateway.demo import SERVED
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.support import GatewayProcess, wait_until
 
+pytestmark = pytest.mark.processes
+
 SECRET = "test-secret-for-the-late-start-0123456789"
 USER = {"Authorization": "Bearer " + mint_token(SECRET, "alice")}
 ADMIN = {"Authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}

@@ -14,11 +14,14 @@ import re
 from typing import Any
 
 import httpx
+import pytest
 
 from engines.sim.launcher import free_port
 from gateway.admission.tokens import mint_token
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.support import GatewayProcess, wait_until
+
+pytestmark = pytest.mark.processes
 
 SECRET = "test-secret-for-the-lora-routing-0123456789"
 ADMIN = {"Authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}

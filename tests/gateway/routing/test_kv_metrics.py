@@ -9,10 +9,13 @@ import re
 import time
 
 import httpx
+import pytest
 
 from tests.conftest import fast_sim, single_pool_config
 from tests.gateway.routing.kv_publisher import Publisher, stored
 from tests.support import GatewayProcess
+
+pytestmark = pytest.mark.processes
 
 
 def _series(text: str, name: str, backend: str) -> float | None:

@@ -25,6 +25,8 @@ from tests.gateway.routing.kv_publisher import Publisher, stored
 from tests.gateway.routing.local_tokenizer import save_tokenizer
 from tests.support import GatewayProcess
 
+pytestmark = pytest.mark.processes
+
 
 class Load:
     """Client threads sending chat requests (conversations of growing length) until stopped."""

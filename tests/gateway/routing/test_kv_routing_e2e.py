@@ -25,6 +25,8 @@ from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.gateway.routing.kv_publisher import EngineEvents, Publisher
 from tests.support import GatewayProcess, received_chat
 
+pytestmark = pytest.mark.processes
+
 WORKERS = 4
 TOOLS = [
     {

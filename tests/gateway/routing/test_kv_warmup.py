@@ -23,6 +23,8 @@ from gateway.admission.tokens import mint_token
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.support import GatewayProcess, wait_until
 
+pytestmark = pytest.mark.processes
+
 SECRET = "test-secret-for-the-warm-ups-0123456789abc"
 #: vLLM publishes only with `enable_kv_cache_events`; SGLang whenever the flag is given
 ENABLE: dict[str, dict[str, Any]] = {"vllm": {"enable_kv_cache_events": True}, "sglang": {}}

@@ -12,10 +12,13 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 
 from gateway.admission.tokens import mint_token
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.support import GatewayProcess, wait_until
+
+pytestmark = pytest.mark.processes
 
 SECRET = "test-secret-for-the-queued-prefill-0123456789"
 ADMIN = {"Authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}

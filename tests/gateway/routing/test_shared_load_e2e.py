@@ -33,6 +33,8 @@ from policies.types import BackendView, FleetSnapshot, PoolView
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.support import GatewayProcess, RedisServer, received_chat, wait_until
 
+pytestmark = pytest.mark.processes
+
 NAMES = ["vllm-0", "vllm-1"]
 
 

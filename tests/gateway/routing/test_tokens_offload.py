@@ -22,6 +22,8 @@ from tests.gateway.routing.local_tokenizer import save_tokenizer
 from tests.gateway.routing.test_kv_routing_e2e import home_of
 from tests.support import GatewayProcess
 
+pytestmark = pytest.mark.processes
+
 SECRET = "test-secret-for-tokenize-offload-0123456789"
 ADMIN = {"Authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}
 CHATML = (

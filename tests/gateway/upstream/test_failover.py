@@ -35,6 +35,8 @@ from gateway.demo import SERVED
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.support import GatewayProcess, wait_until
 
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parents[3]
 SECRET = "failover-secret-" + "f" * 40
 ADMIN = {"authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}

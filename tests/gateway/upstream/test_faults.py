@@ -14,6 +14,8 @@ import pytest
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.support import GatewayProcess, wait_until
 
+pytestmark = pytest.mark.processes
+
 
 def _chat(i: int, **extra: Any) -> dict[str, Any]:
     return {

@@ -22,6 +22,8 @@ from gateway.upstream.health import HELD_S, HealthChecker
 from gateway.upstream.transport import ConnectFailed
 from tests.conftest import fast_sim
 
+pytestmark = pytest.mark.processes
+
 
 class _Dialect:
     health_path = "/health"
