@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import os
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -209,9 +210,9 @@ def _serialised(emit: Emit) -> Emit:
 class SimApp(ABC):
     """Base ASGI application of one simulated engine."""
 
-    def __init__(self, cfg: SimConfig) -> None:
+    def __init__(self, cfg: SimConfig, clock: Callable[[], float] = time.perf_counter) -> None:
         self.cfg = cfg
-        self.engine = Engine(cfg)
+        self.engine = Engine(cfg, clock)
         self.zero_latency = (
             cfg.ttft_s == 0
             and cfg.prefill_s_per_token == 0

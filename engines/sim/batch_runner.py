@@ -39,7 +39,7 @@ class Ticket:
         self.produced = 0
         self.want = 0
         self.waiter: asyncio.Future[None] | None = None
-        self.admitted_at = 0.0  # perf_counter when it was first scheduled
+        self.admitted_at = 0.0  # the runner's `clock` when it was first scheduled
 
     def wait(self, tokens: int) -> Awaitable[None]:
         """Until `tokens` tokens have been produced (or the sequence ended)."""
@@ -64,15 +64,17 @@ class BatchRunner:
         self,
         model: StepEngine,
         *,
+        clock: Callable[[], float] = time.perf_counter,
         on_admit: Callable[[Ticket], None] | None = None,
         on_events: Callable[[list[BlockEvent]], None] | None = None,
     ) -> None:
         self.model = model
+        self._clock = clock
         self._on_admit = on_admit
         self._on_events = on_events
         self._busy = False  # a step is scheduled or running
         self._free_at = float("-inf")  # loop time the last step ended (the grid)
-        self.last_output = float("-inf")  # perf_counter of the last step that emitted a token
+        self.last_output = float("-inf")  # `clock` time of the last step that emitted a token
         self._next_id = 0
 
     def submit(self, prompt: list[int], out_len: int, *, account: bool = True, **kw: object) -> Ticket:
@@ -101,7 +103,7 @@ class BatchRunner:
         if batch is None:
             self._busy = False
             return
-        now = time.perf_counter()
+        now = self._clock()
         for seq in batch.admitted:
             ticket = seq.tag
             assert isinstance(ticket, Ticket)
@@ -116,7 +118,7 @@ class BatchRunner:
     def _end_step(self, batch: Batch) -> None:
         result = self.model.complete(batch)
         if result.emitted:
-            self.last_output = time.perf_counter()
+            self.last_output = self._clock()
         for seq in result.emitted:
             ticket = seq.tag
             assert isinstance(ticket, Ticket)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Protocol
 
@@ -59,10 +59,13 @@ class Run(Protocol):
 class Engine:
     """Shared state of one simulator process."""
 
-    def __init__(self, cfg: SimConfig) -> None:
+    def __init__(self, cfg: SimConfig, clock: Callable[[], float] = time.perf_counter) -> None:
         self.cfg = cfg
+        #: what the metrics' latencies and the health check's last output are read on (tests pass
+        #: the event loop's own clock)
+        self.clock = clock
         self.batching = cfg.scheduler == "batching"
-        self.scheduler = Scheduler(cfg)
+        self.scheduler = Scheduler(cfg, clock)
         self.model: StepEngine | None = None
         self.runner: BatchRunner | None = None
         # batching: the requests inside a Run (queued, running, or still streaming)
@@ -71,7 +74,9 @@ class Engine:
         if self.batching:
             self.model = StepEngine(cfg.batch_config())
             self.cache = self.model.cache
-            self.runner = BatchRunner(self.model, on_admit=self._admitted, on_events=self._publish)
+            self.runner = BatchRunner(
+                self.model, clock=clock, on_admit=self._admitted, on_events=self._publish
+            )
         else:
             self.cache = PrefixCache(cfg.block_size, cfg.num_cache_blocks, cfg.prefix_caching)
             if cfg.kv_events is not None:
@@ -139,7 +144,7 @@ class Engine:
 
     @property
     def last_output(self) -> float:
-        """perf_counter of the engine's last token (SGLang's health check looks at it)."""
+        """`clock` time of the engine's last token (SGLang's health check looks at it)."""
         return self.runner.last_output if self.runner else self.scheduler.last_output
 
     def kv_usage(self) -> float:
@@ -218,7 +223,7 @@ class Engine:
         stats.generation_tokens_total += generation_tokens
         if exc_type is None:
             stats.completed_total += 1
-            now = time.perf_counter()
+            now = self.clock()
             gen = generation_tokens
             self.metrics.observe(
                 prompt_tokens=prompt_tokens,
@@ -288,7 +293,7 @@ class BatchRun:
         self._out_len = max(1, budget_tokens)
         self._kw = kw
         self._ticket: Ticket | None = None
-        self._t0 = time.perf_counter()
+        self._t0 = engine.clock()
         self._first = self._t0
         self._seen = 0
         self._gen = 0
@@ -321,7 +326,7 @@ class BatchRun:
         self._seen = 1
         assert self._ticket is not None
         self.cached_tokens = self._ticket.seq.cached_tokens
-        self._first = time.perf_counter()
+        self._first = self._engine.clock()
 
     def step(self) -> Awaitable[None]:
         """Until the next token (at once if the engine has produced it), plus any drip delay."""
@@ -414,7 +419,7 @@ class SerialRun:
         self._lora = lora
         self._budget = len(prompt_ids) + budget_tokens
         self._lease: Lease | None = None
-        self._t0 = time.perf_counter()
+        self._t0 = engine.clock()
         self._t_admit = self._t0
         self._first = self._t0
         self._gen = 0
@@ -429,7 +434,7 @@ class SerialRun:
             if self._account:
                 eng.stats.cancelled_total += 1
             raise
-        self._t_admit = time.perf_counter()
+        self._t_admit = eng.clock()
         eng.scheduler.running_tokens += self._budget
         lease = eng.cache.acquire(self._prompt, self._salt, self._lora) if self._account else Lease([], 0)
         self._lease = lease
@@ -451,7 +456,7 @@ class SerialRun:
         delay = self._engine.scheduler.prefill_time(len(self._prompt) - self.cached_tokens)
         if delay > 0:
             await asyncio.sleep(delay)
-        self._first = self._engine.scheduler.last_output = time.perf_counter()
+        self._first = self._engine.scheduler.last_output = self._engine.clock()
 
     def step(self) -> Awaitable[None]:
         """Wait one inter-token gap (the shared decode tick), plus any injected drip delay."""

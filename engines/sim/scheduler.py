@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 
 from engines.sim.config import SimConfig
 
@@ -24,7 +25,8 @@ from engines.sim.config import SimConfig
 class Scheduler:
     """Running/waiting bookkeeping and latency arithmetic for one simulator."""
 
-    def __init__(self, cfg: SimConfig) -> None:
+    def __init__(self, cfg: SimConfig, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
         self.max_running = cfg.max_num_seqs
         self.ttft_s = cfg.ttft_s
         self.prefill_s_per_token = cfg.prefill_s_per_token
@@ -36,7 +38,7 @@ class Scheduler:
         self._tick_waiters: list[asyncio.Future[None]] = []
         self._tick_armed = False
         self._tick_at = float("-inf")  # loop time the last tick was due
-        self.last_output = float("-inf")  # perf_counter of the last prefill end or decode tick
+        self.last_output = float("-inf")  # `clock` time of the last prefill end or decode tick
 
     @property
     def waiting(self) -> int:
@@ -101,7 +103,7 @@ class Scheduler:
     def _fire_tick(self) -> None:
         waiters, self._tick_waiters = self._tick_waiters, []
         self._tick_armed = False
-        self.last_output = time.perf_counter()
+        self.last_output = self._clock()
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)

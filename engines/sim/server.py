@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -25,9 +26,9 @@ from engines.sim.vllm_app import VllmApp
 APPS: dict[str, type[SimApp]] = {"vllm": VllmApp, "sglang": SglangApp}
 
 
-def build_app(cfg: SimConfig) -> SimApp:
-    """The ASGI app of the configured dialect."""
-    return APPS[cfg.engine](cfg)
+def build_app(cfg: SimConfig, clock: Callable[[], float] = time.perf_counter) -> SimApp:
+    """The ASGI app of the configured dialect; its latencies are read on `clock`."""
+    return APPS[cfg.engine](cfg, clock)
 
 
 def protocol_class(faults: FaultState) -> type[asyncio.Protocol]:

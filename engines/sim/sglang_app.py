@@ -13,6 +13,7 @@ Shapes checked against a real SGLang 0.5.23 server by `tests/real_engines/test_s
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -87,8 +88,8 @@ class SglangApp(SimApp):
         """SGLang's `--api-key` guards every path but health, readiness and metrics."""
         return not path.startswith(("/health", "/ready", "/metrics", "/sim/"))
 
-    def __init__(self, cfg: SimConfig) -> None:
-        super().__init__(cfg)
+    def __init__(self, cfg: SimConfig, clock: Callable[[], float] = time.perf_counter) -> None:
+        super().__init__(cfg, clock)
         ext = self._ext = SglangEndpoints(cfg, self.engine)
         scoring = ScoringEndpoints(cfg, self.engine, self.error_body)
         speech = SpeechEndpoints(cfg, self.engine, self.error_body)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 from engines.sim import asgi, tokenizer
@@ -35,7 +34,7 @@ class SglangEndpoints:
         if eng.faults.starting() or eng.faults.stall:
             await asgi.send_bytes(send, 503, b"", [])
             return
-        tic = time.perf_counter()
+        tic = eng.clock()
         probe = asyncio.ensure_future(self._generate_one())
         try:
             async with asyncio.timeout(20):

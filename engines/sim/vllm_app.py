@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import time
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -105,8 +106,8 @@ class VllmApp(SimApp):
         """vLLM's `--api-key` guards `/v1`, `/v2`, `/inference` and `/cohere` (not health or metrics)."""
         return path.startswith(_GUARDED)
 
-    def __init__(self, cfg: SimConfig) -> None:
-        super().__init__(cfg)
+    def __init__(self, cfg: SimConfig, clock: Callable[[], float] = time.perf_counter) -> None:
+        super().__init__(cfg, clock)
         ext = VllmEndpoints(cfg, self.engine)
         scoring = ScoringEndpoints(cfg, self.engine, self.error_body)
         speech = SpeechEndpoints(cfg, self.engine, self.error_body)
