@@ -5,6 +5,7 @@ Every wait here is bounded; a process that does not come up fails the test with 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -13,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,49 +31,40 @@ START_S = 40.0
 START_CPU_S = 10.0
 START_MAX_S = 120.0
 
-#: how many times a wall-clock measurement is taken before its test fails (`measured`)
-TIMING_TRIES = 6
+#: how long a test waits for another process to do its part before it fails
+WAIT_S = 10.0
+#: how often it looks meanwhile
+POLL_S = 0.02
 
 T = TypeVar("T")
 
-__all__ = ["GatewayProcess", "RedisServer", "free_port", "measured", "measured_async", "wait_until"]
+__all__ = ["WAIT_S", "GatewayProcess", "RedisServer", "free_port", "until", "wait_until"]
 
 
-def wait_until(
-    predicate: Any, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"
-) -> None:
-    """Polls `predicate` until it holds, for `timeout` seconds, then looks once more: a predicate that
-    is slow to evaluate on a loaded machine (an `ss`, a scrape) still gets a look after the deadline."""
+def wait_until(check: Callable[[], T], timeout: float = WAIT_S, what: str = "condition") -> T:
+    """The suite's one wait, for what only another process changes (a gateway's metrics, a simulator's
+    stats, a socket's state): polls `check` until it returns something truthy and returns that, for
+    at most `timeout` seconds, then looks once more (a check that is slow to evaluate on a loaded
+    machine, an `ss` or a scrape, still gets a look after the deadline). Whatever this process can
+    signal is awaited instead (an `asyncio.Event` or `Condition`); `until` is this wait in a
+    coroutine."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    if predicate():
-        return
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    while not (value := check()):
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(POLL_S)  # the other side is another process: nothing here can signal it
+    return value
 
 
-def measured(measure: Callable[[], T], ok: Callable[[T], bool], tries: int = TIMING_TRIES) -> list[T]:
-    """A wall-clock measurement of another process (a simulator's step period, its time to a first
-    token), taken until `ok` accepts one, at most `tries` times; every one taken, for the assertion's
-    message (`assert ok(taken[-1]), taken`). Under `make test` the machine now and then stops every
-    process for a moment, and a stall of the test's process or the measured one moves whatever it
-    overlaps, either way (a first chunk read late shortens a span); a wrong model fails every try."""
-    taken = [measure()]
-    while not ok(taken[-1]) and len(taken) < tries:
-        taken.append(measure())
-    return taken
-
-
-async def measured_async(
-    measure: Callable[[], Awaitable[T]], ok: Callable[[T], bool], tries: int = TIMING_TRIES
-) -> list[T]:
-    """`measured` for a measurement made by a coroutine."""
-    taken = [await measure()]
-    while not ok(taken[-1]) and len(taken) < tries:
-        taken.append(await measure())
-    return taken
+async def until(check: Callable[[], T], within: float = WAIT_S, what: str = "condition") -> T:
+    """`wait_until` in a coroutine, for a peer served on another thread or process (a ZMQ socket, a
+    server): the loop runs between looks."""
+    deadline = time.monotonic() + within
+    while not (value := check()):
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(POLL_S)  # the other side is a socket's peer: nothing here can signal it
+    return value
 
 
 def _stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
@@ -187,7 +179,7 @@ class GatewayProcess:
                     seen = f"/readyz answered {status}"
                 except httpx.HTTPError as e:
                     seen = f"/readyz failed: {e!r}"
-            time.sleep(0.05)
+            time.sleep(0.05)  # its start: another process, whose readiness is only seen by asking
         cpu = tree_cpu(proc.pid)
         # where it is: PYTHONFAULTHANDLER (set at the start) prints every thread's stack on SIGABRT
         proc.send_signal(signal.SIGABRT)
@@ -249,7 +241,7 @@ class RedisServer:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-            wait_until(lambda: port_open("127.0.0.1", self.port), 10, what="redis-server")
+            wait_until(lambda: port_open("127.0.0.1", self.port), what="redis-server")
             if not taken_by_another(self.port, (proc.pid,), proc.poll() is not None):
                 return self
             _stop(proc)

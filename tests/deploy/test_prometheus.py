@@ -179,7 +179,7 @@ class Prometheus:
                 return httpx.get(self.url + "/-/ready", timeout=1).status_code == 200
             return False
 
-        wait_until(ready, 20, 0.1, "prometheus ready")
+        wait_until(ready, 20, "prometheus ready")
         return self
 
     def stop(self) -> None:
@@ -591,7 +591,7 @@ def test_every_alert_rule_evaluates_and_the_real_conditions_fire(stack: Stack) -
         groups = prom.api("/api/v1/rules")["groups"]
         return all(r.get("lastEvaluation", "").startswith("20") for g in groups for r in g["rules"])
 
-    wait_until(loaded, 10, 0.25, "every rule evaluated once")
+    wait_until(loaded, 10, "every rule evaluated once")
     for group in prom.api("/api/v1/rules")["groups"]:
         for r in group["rules"]:
             assert r["health"] == "ok", f"{r['name']}: {r.get('lastError')}"
@@ -610,6 +610,6 @@ def test_every_alert_rule_evaluates_and_the_real_conditions_fire(stack: Stack) -
         now = active()
         return all(name in now and (not who or who in now[name]) for name, who in wanted.items())
 
-    wait_until(fired, 10, 0.25, f"alerts {sorted(wanted)} pending or firing")
+    wait_until(fired, 10, f"alerts {sorted(wanted)} pending or firing")
     print(f"{len(rules)} alert rules evaluated; active: {active()}")
     assert "GatewayRedisUnreachable" not in active()

@@ -214,7 +214,7 @@ def test_a_killed_replica_leaves_the_others_serving_and_its_slots_come_back(
             assert _status(gw, user("after-kill")) == 200
     # … the dead replica's leased slots come back within one lease (renewed every lease/3 until the
     # kill), on any survivor …
-    wait_until(lambda: _status(survivors[0], conc) == 200, LEASE_S * 3, interval=0.1, what="slots back")
+    wait_until(lambda: _status(survivors[0], conc) == 200, LEASE_S * 3, what="slots back")
     assert time.monotonic() - killed <= LEASE_S + 2
     # … and the stream in flight on a survivor all along finishes intact
     rest = [line for line in events if line]

@@ -115,13 +115,13 @@ def _finished_before_first_event(engine: EngineServer, result: Attempt, generate
     attempt whose first event came at once is not excused."""
     if result.first_event_s < LONG * 0.001:
         return False
-    wait_until(lambda: running(engine) == 0, 30.0, 0.05, "the running gauge at 0 within 30 s of the close")
+    wait_until(lambda: running(engine) == 0, 30.0, "the running gauge at 0 within 30 s of the close")
     return engine_metric(engine, GENERATED[engine.engine]) - generated_before >= LONG
 
 
 def _attempt(gateway: GatewayProcess, engine: EngineServer) -> Attempt:
     """One long stream, closed at its first event."""
-    wait_until(lambda: running(engine) == 0, 30, 0.1, "the engine idle before the attempt")
+    wait_until(lambda: running(engine) == 0, 30, "the engine idle before the attempt")
     aborted_before = aborted(engine)
     logged_before = _vllm_aborts(engine) if engine.engine == "vllm" else 0
     generated_before = engine_metric(engine, GENERATED[engine.engine])
@@ -153,7 +153,7 @@ def _attempt(gateway: GatewayProcess, engine: EngineServer) -> Attempt:
             return any(now.get(port, "gone") in ("CLOSE-WAIT", "LAST-ACK", "gone") for port in streams)
 
         try:
-            wait_until(gateway_closed, 3.0, 0.01, "the gateway's close of its upstream connection (3 s)")
+            wait_until(gateway_closed, 3.0, "the gateway's close of its upstream connection (3 s)")
         except AssertionError:
             if not _finished_before_first_event(engine, result, generated_before):
                 raise
@@ -161,11 +161,11 @@ def _attempt(gateway: GatewayProcess, engine: EngineServer) -> Attempt:
             return result
         result.upstream_closed_s = round(time.monotonic() - closed, 3)
     # a starved vLLM may decode to the end first: up to 3,800 tokens at a few ms each
-    wait_until(lambda: running(engine) == 0, 30.0, 0.05, "the running gauge at 0 within 30 s of the close")
+    wait_until(lambda: running(engine) == 0, 30.0, "the running gauge at 0 within 30 s of the close")
     result.idle_s = time.monotonic() - closed
     if engine.engine == "sglang":
         if not result.ended_first:
-            wait_until(lambda: aborted(engine) == aborted_before + 1, 5, 0.05, "SGLang's abort counter")
+            wait_until(lambda: aborted(engine) == aborted_before + 1, 5, "SGLang's abort counter")
             result.engine_aborted = True
         result.generated = engine_metric(engine, GENERATED["sglang"]) - generated_before
     else:

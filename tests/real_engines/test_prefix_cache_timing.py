@@ -78,7 +78,6 @@ def wait_idle(server: VllmServer) -> None:
     wait_until(
         lambda: running(server) + engine_metric(server, "vllm:num_requests_waiting") == 0,
         timeout=30,
-        interval=0.2,
         what="the real vLLM idle",
     )
 

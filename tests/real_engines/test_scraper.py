@@ -65,7 +65,7 @@ def load(gateway: GatewayProcess) -> dict[str, Any]:
 
 def test_health_probes_pass_and_idle_load_is_read(gateway: GatewayProcess, real_engine: EngineServer) -> None:
     assert httpx.get(gateway.base_url + "/readyz", timeout=10).status_code == 200
-    wait_until(lambda: running(real_engine) == 0, 10, 0.1, "the engine idle")
+    wait_until(lambda: running(real_engine) == 0, 10, "the engine idle")
     wait_until(
         lambda: backend(gateway)["load"] is not None and load(gateway)["running"] == 0, 5, 0.1, "a scrape"
     )
@@ -90,7 +90,7 @@ async def test_running_waiting_and_kv_use_are_scraped(
     loaded runs of the whole suite — an upstream connection failure with no other backend to try —
     which made the engine's queue never fill; that is recorded in the session note to be taken apart.)"""
     seen: dict[str, float] = {"running": 0, "waiting": 0, "kv_usage": 0}
-    wait_until(lambda: running(real_engine) == 0, 15, 0.1, "the engine idle before the load")
+    wait_until(lambda: running(real_engine) == 0, 15, "the engine idle before the load")
     async with (
         httpx.AsyncClient(base_url=gateway.base_url, timeout=60, headers=USER) as client,
         httpx.AsyncClient(
@@ -142,14 +142,14 @@ async def test_running_waiting_and_kv_use_are_scraped(
     # the engine itself idle (it aborts the cancelled requests when it notices their connections
     # closed: on a loaded machine seconds later), then the scrape showing it, so that the next test's
     # first request does not meet this load and a 503
-    wait_until(lambda: running(real_engine) == 0, 90, 0.2, "the engine idle after the cancelled load")
-    wait_until(lambda: load(gateway)["running"] == 0 and load(gateway)["waiting"] == 0, 15, 0.1, "idle again")
+    wait_until(lambda: running(real_engine) == 0, 90, "the engine idle after the cancelled load")
+    wait_until(lambda: load(gateway)["running"] == 0 and load(gateway)["waiting"] == 0, 15, "idle again")
 
 
 def test_repeated_long_prompt_shows_cached_tokens(gateway: GatewayProcess, real_engine: EngineServer) -> None:
     # ~1.5k tokens, unique per run so earlier runs' cache entries do not count
     prompt = f"{uuid.uuid4()} " + " ".join(f"cache block {i} of the repeated prompt." for i in range(100))
-    wait_until(lambda: running(real_engine) == 0, 90, 0.2, "the engine idle")
+    wait_until(lambda: running(real_engine) == 0, 90, "the engine idle")
     with httpx.Client(base_url=gateway.base_url, timeout=60, headers=USER) as client:
         answer = client.post("/v1/chat/completions", json=chat(prompt))
         assert answer.status_code == 200, (answer.status_code, answer.headers, answer.text)
@@ -179,9 +179,9 @@ def test_repeated_long_prompt_shows_cached_tokens(gateway: GatewayProcess, real_
     # the scraper's prefix-cache hit rate moved off zero: lifetime hits / queries on both engines (SGLang's
     # `cache_hit_rate` gauge is the last prefill batch's, and the gateway's own /health probe, a one-token
     # generation on SGLang, sets it back to 0: read that way, this failed in CI once)
-    wait_until(lambda: (load(gateway)["prefix_cache_hit_rate"] or 0) > 0, 5, 0.1, "a prefix-cache hit rate")
+    wait_until(lambda: (load(gateway)["prefix_cache_hit_rate"] or 0) > 0, 5, "a prefix-cache hit rate")
     if real_engine.engine == "sglang":  # and it stays there through a health probe and a scrape after it
         assert httpx.get(real_engine.base_url + "/health", timeout=30, trust_env=False).status_code == 200
         probed = time.monotonic()
-        wait_until(lambda: load(gateway)["age_s"] < time.monotonic() - probed, 10, 0.1, "a scrape after it")
+        wait_until(lambda: load(gateway)["age_s"] < time.monotonic() - probed, 10, "a scrape after it")
         assert load(gateway)["prefix_cache_hit_rate"] > 0

@@ -10,7 +10,6 @@ import contextlib
 import os
 import re
 import socket
-import time
 from typing import Any
 
 import httpx
@@ -177,15 +176,3 @@ def http_request(
         lines.append(f"{k}: {v}")
     lines.append(f"content-length: {len(raw)}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + raw
-
-
-def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.02, what: str = "condition") -> Any:
-    """Like tests.support.wait_until, returning the predicate's last truthy value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)

@@ -24,9 +24,8 @@ from tests.reliability.support import (
     kernel_queued_bytes,
     rss_mb,
     sim_stats,
-    wait_for,
 )
-from tests.support import GatewayProcess
+from tests.support import GatewayProcess, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -62,7 +61,7 @@ def test_slow_reader_pauses_the_engine_and_bounds_gateway_memory() -> None:
             rss_before = rss_mb(gw.pid)
             with RawClient(gw.port, rcvbuf=4096, timeout=30) as client:
                 client.send(http_request("/v1/chat/completions", body))
-                wait_for(lambda: sim_stats(sim.base_url)["running"] == 1, timeout=5, what="stream started")
+                wait_until(lambda: sim_stats(sim.base_url)["running"] == 1, timeout=5, what="stream started")
                 queued_early = settled_queued_bytes({gw.port, sim.port})
                 time.sleep(2.5)
                 queued_late = kernel_queued_bytes({gw.port, sim.port})
@@ -84,4 +83,4 @@ def test_slow_reader_pauses_the_engine_and_bounds_gateway_memory() -> None:
             assert data.startswith(b"HTTP/1.1 200")
             assert b"data: [DONE]" in data[-100:]
             assert data.count(b'"chat.completion.chunk"') >= TOKENS
-            wait_for(lambda: sim_stats(sim.base_url)["completed_total"] == 1, timeout=5, what="completion")
+            wait_until(lambda: sim_stats(sim.base_url)["completed_total"] == 1, timeout=5, what="completion")

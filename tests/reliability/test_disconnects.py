@@ -32,9 +32,8 @@ from tests.reliability.support import (
     sim_faults,
     sim_stats,
     token,
-    wait_for,
 )
-from tests.support import GatewayProcess
+from tests.support import GatewayProcess, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -92,7 +91,7 @@ class Rig:
 
     def assert_settled(self, completed_before: int) -> None:
         """Nothing runs, nothing leaked, nothing was generated to its end, the user is admitted."""
-        wait_for(lambda: self.running() == 0, timeout=3, what="engines idle")
+        wait_until(lambda: self.running() == 0, timeout=3, what="engines idle")
         assert self.completed() == completed_before, "an abandoned engine request ran to its end"
         text = httpx.get(self.gw.base_url + "/metrics", timeout=5).text
         assert metric(text, "gateway_in_flight_requests") == 0
@@ -108,7 +107,7 @@ class Rig:
             assert r.status_code in (200, 429), r.text
             return r.status_code == 200
 
-        wait_for(admitted, timeout=3, interval=0.05, what="the user's concurrency slot to be released")
+        wait_until(admitted, timeout=3, what="the user's concurrency slot to be released")
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +184,7 @@ def test_gone_while_waiting_for_the_first_token(rig: Rig) -> None:
         # (`running` stays 0 meanwhile): wait for the request to reach it.
         rig.start(c, _long(True, SLOW_MODEL), arrived=True)
         closed = time.monotonic()
-    wait_for(lambda: rig.cancelled() > cancelled, timeout=2.5, what="engine request cancelled")
+    wait_until(lambda: rig.cancelled() > cancelled, timeout=2.5, what="engine request cancelled")
     # The engine's first token is due 3 s after the start: the cancel came well before it.
     assert time.monotonic() - closed < 2.5
     rig.assert_settled(before)
@@ -198,8 +197,8 @@ def test_gone_while_the_engine_stalls(rig: Rig) -> None:
         engine_before = rig.engine_requests()
         with RawClient(rig.gw.port) as c:
             c.send(http_request("/v1/chat/completions", _long(True), headers=rig.auth))
-            wait_for(lambda: rig.engine_requests() > engine_before, timeout=3, what="engine request")
-        wait_for(lambda: rig.cancelled() > cancelled, timeout=2, what="stalled request dropped")
+            wait_until(lambda: rig.engine_requests() > engine_before, timeout=3, what="engine request")
+        wait_until(lambda: rig.cancelled() > cancelled, timeout=2, what="stalled request dropped")
     finally:
         sim_faults(rig.fast.base_url, stall=False)
     rig.assert_settled(before)
@@ -212,7 +211,7 @@ def test_gone_mid_stream(rig: Rig) -> None:
         head = c.read_until(b"data: ")
         assert head.startswith(b"HTTP/1.1 200"), head[:200]
         time.sleep(0.1)
-    wait_for(lambda: rig.cancelled() > cancelled, timeout=2, what="engine request cancelled")
+    wait_until(lambda: rig.cancelled() > cancelled, timeout=2, what="engine request cancelled")
     rig.assert_settled(before)
 
 
@@ -223,7 +222,7 @@ def test_gone_during_a_non_streamed_generation(rig: Rig) -> None:
     with RawClient(rig.gw.port) as c:
         rig.start(c, _long(False))
         time.sleep(0.1)
-    wait_for(lambda: rig.cancelled() > cancelled, timeout=2, what="engine request cancelled")
+    wait_until(lambda: rig.cancelled() > cancelled, timeout=2, what="engine request cancelled")
     rig.assert_settled(before)
 
 
@@ -238,7 +237,7 @@ def test_many_abandoned_requests_leave_no_sockets_behind(rig: Rig) -> None:
                 rig.start(c, _long(i % 2 == 0))
             else:
                 c.send(http_request("/v1/chat/completions", _long(i % 2 == 0), headers=rig.auth))
-        wait_for(lambda: rig.running() == 0, timeout=3, what="engine idle")
+        wait_until(lambda: rig.running() == 0, timeout=3, what="engine idle")
     rig.assert_settled(before)
     # The upstream pool may keep a couple of idle keep-alive connections; no more.
-    wait_for(lambda: open_fds(rig.gw.pid) <= baseline + 2, timeout=5, what="descriptors back to baseline")
+    wait_until(lambda: open_fds(rig.gw.pid) <= baseline + 2, timeout=5, what="descriptors back to baseline")

@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from tests.conftest import fast_sim, single_pool_config
-from tests.reliability.support import SECRET, bearer, chat, token, wait_for
-from tests.support import GatewayProcess, free_port
+from tests.reliability.support import SECRET, bearer, chat, token
+from tests.support import GatewayProcess, free_port, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -72,7 +72,7 @@ class PersistentRedis:
                 return False
 
         if shutil.which("redis-cli"):
-            wait_for(up, timeout=10, interval=0.05, what="redis up")
+            wait_until(up, timeout=10, what="redis up")
         else:
             time.sleep(0.5)
 
@@ -136,7 +136,7 @@ class Traffic:
         the wait, a "before" request admitted only after Redis had been stopped was refused (CI, on a
         loaded machine)."""
         self.phase = phase
-        wait_for(lambda: self.started[phase] > 0, timeout=15, what=f"a request in phase {phase!r}")
+        wait_until(lambda: self.started[phase] > 0, timeout=15, what=f"a request in phase {phase!r}")
 
     def __enter__(self) -> Traffic:
         self._thread.start()
@@ -172,7 +172,7 @@ def test_redis_stopped_and_restarted_under_traffic() -> None:
         with sim, gw_open, gw_closed:
             pids = (gw_open.pid, gw_closed.pid)
             assert _set_weight(gw_open, admin, 0.25).status_code == 200
-            wait_for(lambda: _weight(gw_closed, admin) == 0.25, timeout=3, what="weight shared")
+            wait_until(lambda: _weight(gw_closed, admin) == 0.25, timeout=3, what="weight shared")
 
             with Traffic(gw_open.base_url) as t_open, Traffic(gw_closed.base_url) as t_closed:
                 time.sleep(0.5)
@@ -195,20 +195,22 @@ def test_redis_stopped_and_restarted_under_traffic() -> None:
 
                 t_open.phase = t_closed.phase = "restarting"
                 redis.start()
-                wait_for(
+                wait_until(
                     lambda: httpx.get(gw_closed.base_url + "/readyz", timeout=5).status_code == 200,
                     timeout=5,
                     what="readyz after Redis restart",
                 )
                 t_open.phase = t_closed.phase = "after"
-                wait_for(lambda: t_closed.seen.get("after", Counter())[200] >= 5, timeout=5, what="recovery")
+                wait_until(
+                    lambda: t_closed.seen.get("after", Counter())[200] >= 5, timeout=5, what="recovery"
+                )
                 time.sleep(0.5)
 
             # The outage's changes are written; one made after them reaches the other replica.
             for gw in (gw_open, gw_closed):
                 wait_for(lambda gw=gw: _pending(gw, admin) == [], timeout=5, what="outage changes written")
             assert _set_weight(gw_closed, admin, 0.75).status_code == 200
-            wait_for(lambda: _weight(gw_open, admin) == 0.75, timeout=3, what="weight shared again")
+            wait_until(lambda: _weight(gw_open, admin) == 0.75, timeout=3, what="weight shared again")
             assert (gw_open.pid, gw_closed.pid) == pids and all(
                 g.proc is not None and g.proc.poll() is None for g in (gw_open, gw_closed)
             )

@@ -20,8 +20,8 @@ import pytest
 
 from engines.sim.launcher import SimProcess
 from tests.conftest import fast_sim, single_pool_config
-from tests.reliability.support import chat, events, metric, sim_faults, sim_stats, wait_for
-from tests.support import GatewayProcess
+from tests.reliability.support import chat, events, metric, sim_faults, sim_stats
+from tests.support import GatewayProcess, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -105,7 +105,7 @@ def test_backend_that_dies_and_comes_back() -> None:
             def circuit_open() -> bool:
                 return metric(http.get("/metrics").text, "gateway_backend_circuit_open") == 1
 
-            wait_for(circuit_open, timeout=5, what="circuit open")
+            wait_until(circuit_open, timeout=5, what="circuit open")
             for i in range(6):
                 r = http.post("/v1/chat/completions", json=chat(i, stream=i % 2 == 0))
                 assert r.status_code == 503, r.text
@@ -118,7 +118,7 @@ def test_backend_that_dies_and_comes_back() -> None:
                 def serving() -> bool:
                     return http.post("/v1/chat/completions", json=chat()).status_code == 200
 
-                wait_for(serving, timeout=5, interval=0.1, what="traffic back on the revived backend")
+                wait_until(serving, timeout=5, what="traffic back on the revived backend")
                 assert not circuit_open()
                 assert http.get("/readyz").status_code == 200
                 r = http.post("/v1/chat/completions", json=chat(stream=True))

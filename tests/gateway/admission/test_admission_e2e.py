@@ -265,9 +265,7 @@ def test_concurrency_slot_of_a_killed_replica_expires(four: list[GatewayProcess]
     doomed.proc.wait(5)
     client.close()
     assert _status(survivor.base_url, headers) == 429  # the lease (3 s) still holds the slot
-    wait_until(
-        lambda: _status(survivor.base_url, headers) == 200, LEASE_S * 4, interval=0.1, what="lease expiry"
-    )
+    wait_until(lambda: _status(survivor.base_url, headers) == 200, LEASE_S * 4, what="lease expiry")
 
 
 def _metric(base_url: str, name: str) -> float:
@@ -299,9 +297,7 @@ def test_redis_outage_fail_open_and_fail_closed_then_recovery(sim: SimProcess) -
         own = RedisServer(port=own.port).start()
         back = time.monotonic()
         r = redis_sync.Redis.from_url(own.url)
-        wait_until(
-            lambda: _status(closed.base_url, headers) == 200, 5, interval=0.05, what="fail_closed recovery"
-        )
+        wait_until(lambda: _status(closed.base_url, headers) == 200, 5, what="fail_closed recovery")
         recovered_s = time.monotonic() - back
         wait_until(
             lambda: _metric(opened.base_url, "gateway_limiter_redis_down") == 0, 5, what="fail_open recovery"

@@ -74,7 +74,7 @@ def rig(engine: str) -> Iterator[Rig]:
         rig = Rig(engine, gw, token("alice"), token("bob"))
         # /readyz answers once any backend is healthy: the embedding pool's one backend may still be
         # unprobed, or out after a first probe that timed out on a busy machine (seen once, 503)
-        wait_until(lambda: _embeds(rig), 30, 0.2, "the embedding pool to answer")
+        wait_until(lambda: _embeds(rig), 30, "the embedding pool to answer")
         yield rig
 
 

@@ -18,8 +18,8 @@ from engines.sim.launcher import SimProcess
 from gateway.demo import SERVED
 from tests.conftest import MODEL, fast_sim
 from tests.gateway.apis.conftest import EMBED_SERVED, embed_sim
-from tests.reliability.support import RawClient, http_request, metric, sim_faults, sim_stats, wait_for
-from tests.support import GatewayProcess
+from tests.reliability.support import RawClient, http_request, metric, sim_faults, sim_stats
+from tests.support import GatewayProcess, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -131,11 +131,11 @@ def test_failover_before_the_first_byte(rig: Rig, api: str, stream: bool) -> Non
 
 def _settled(rig: Rig, sim: SimProcess, cancelled_before: int, completed_before: int) -> float:
     """Waits until the engine cancelled the request and went idle; returns when the cancel was seen."""
-    wait_for(
+    wait_until(
         lambda: sim_stats(sim.base_url)["cancelled_total"] > cancelled_before, timeout=2.5, what="cancel"
     )
     seen = time.monotonic()
-    wait_for(lambda: sim_stats(sim.base_url)["running"] == 0, timeout=3, what="engine idle")
+    wait_until(lambda: sim_stats(sim.base_url)["running"] == 0, timeout=3, what="engine idle")
     assert sim_stats(sim.base_url)["completed_total"] == completed_before, (
         "an abandoned request ran to its end"
     )
@@ -156,7 +156,7 @@ def test_a_client_that_leaves_cancels_the_engines_request(rig: Rig, api: str, st
         c.send(http_request(f"/v1/{api}", _body(api, model, stream)))
         # arrived at the engine (the batching engine counts it as running only once its 3 s
         # time-to-first-token delay has passed and it reaches the scheduler)
-        wait_for(
+        wait_until(
             lambda: sim_stats(sim.base_url)["requests_total"] > arrived,
             timeout=3,
             what="engine request started",

@@ -391,7 +391,6 @@ def test_three_replicas_converge_within_a_second_and_after_restart(
         wait_until(
             lambda: _weight(b, "vllm") == 0.123 and _weight(c, "vllm") == 0.123,
             timeout=1.0,
-            interval=0.02,
             what="replicas to converge",
         )
         assert time.monotonic() - changed < 1.0

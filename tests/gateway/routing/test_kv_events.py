@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -14,19 +14,12 @@ from gateway.routing.kv_events import KvEventSubscriber
 from policies.kv_blocks import PromptBlocks
 from policies.kv_index import KvIndex, KvIndexConfig
 from tests.gateway.routing.kv_publisher import CLEARED, Publisher, removed, stored, vllm_hashes
+from tests.support import until
 
 
 def doc(n: int, seed: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(1, 150000) for _ in range(n)]
-
-
-async def until(check: Callable[[], bool], within: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture
@@ -42,9 +35,12 @@ async def connected(sub: KvEventSubscriber, pub: Publisher, backend: str = "v0")
     stream = sub.stream(backend)
     assert stream is not None
     await until(lambda: stream.connected)
-    while stream.messages == 0:
+
+    def probed() -> bool:  # a probe batch each look, until one arrives (ZMQ drops what precedes a join)
         pub.publish([])
-        await asyncio.sleep(0.02)
+        return stream.messages > 0
+
+    await until(probed, what="a probe batch")
 
 
 def held(sub: KvEventSubscriber, tokens: list[int], backend: str = "v0") -> int | None:
@@ -136,9 +132,12 @@ async def test_joining_late_replays_the_buffer() -> None:
         stream = sub.stream("v0")
         assert stream is not None
         await until(lambda: stream.connected)
-        while stream.messages < 5:
+
+        def replayed() -> bool:
             pub.publish([])
-            await asyncio.sleep(0.02)
+            return stream.messages >= 5
+
+        await until(replayed, what="the replayed batches")
         assert held(sub, tokens) == 128
     finally:
         await sub.stop()

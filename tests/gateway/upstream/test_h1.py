@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from gateway.core.stalls import HELD_S
 from gateway.upstream.h1 import HIGH_WATER, H1Transport, _Connection, _Origin
 from gateway.upstream.transport import ConnectFailed, UpstreamError, UpstreamTimeout
+from tests.support import until
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
@@ -30,13 +31,6 @@ ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 
 # Overriding event_loop_policy is how this pytest-asyncio runs a module on two loops without a conftest hook.
 pytestmark = pytest.mark.filterwarnings('ignore:Overriding the "event_loop_policy":DeprecationWarning')
-
-
-async def until(predicate: Callable[[], bool]) -> None:
-    """Poll a condition no event signals (bounded: fails a hung test, asserts nothing on time)."""
-    async with asyncio.timeout(10):
-        while not predicate():  # noqa: ASYNC110
-            await asyncio.sleep(0.005)
 
 
 @pytest.fixture(params=["asyncio", "uvloop"])
