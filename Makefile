@@ -54,7 +54,7 @@ check: $(DEV)
 # so there are more workers than cores; tests that share a server stay on one worker (tests/conftest.py).
 # The suite starts hundreds of Python processes: with PYTHONDONTWRITEBYTECODE set, each would compile
 # this project's modules again, so their bytecode goes to the git-ignored __pycache__/ directories.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 3
 test: $(DEV) native services engines
 	env -u PYTHONDONTWRITEBYTECODE GATEWAY_POLICIES=native \
 		$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
