@@ -47,6 +47,7 @@ class HealthChecker:
         on_change: Callable[[Backend], None] | None = None,
         elsewhere: Callable[[str], int] | None = None,
         held_s: float | None = HELD_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._fleet = fleet
         self._transport = transport
@@ -61,6 +62,9 @@ class HealthChecker:
         self._timed_out: set[str] = set()
         #: a timeout this late is no verdict (None: every timeout is one)
         self._held = held_s
+        #: what a probe's start, its late timeout and a scrape's freshness are read on (the event
+        #: loop's own clock in tests)
+        self._clock = clock
 
     async def start(self) -> None:
         """Probe once (so readiness is known at once), then keep probing in the background."""
@@ -93,7 +97,7 @@ class HealthChecker:
         dialect = self._fleet.pools[backend.pool].dialect
         ok = False
         answered = backend.circuit.successes
-        tic = time.monotonic()
+        tic = self._clock()
         try:
             async with asyncio.timeout(self._timeout):
                 resp = await self._transport.request("GET", backend.url + dialect.health_path, headers={})
@@ -103,7 +107,7 @@ class HealthChecker:
                     resp.close()
                 ok = resp.status == 200
         except TimeoutError:
-            deadline, now = tic + self._timeout, time.monotonic()
+            deadline, now = tic + self._timeout, self._clock()
             if self._held is not None and held(deadline, now, self._held):
                 log.info(
                     "backend %s: health probe timed out %.1f s after its deadline: this process was"
@@ -126,7 +130,7 @@ class HealthChecker:
             self._timed_out.discard(backend.name)
         else:
             self._timed_out.discard(backend.name)
-        now = time.monotonic()
+        now = self._clock()
         if ok and backend.circuit.state == "open" and backend.healthy is False:
             # A backend that comes back is given its trial at once.
             backend.circuit.success()
@@ -167,4 +171,4 @@ class HealthChecker:
         if resp.status != 200:
             return
         backend.load = dialect.parse_metrics(text.decode("utf-8", "replace"))
-        backend.load_at = time.monotonic()
+        backend.load_at = self._clock()
