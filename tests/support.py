@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import shutil
 import signal
@@ -14,9 +15,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import httpx
 import yaml
@@ -38,7 +39,7 @@ POLL_S = 0.02
 
 T = TypeVar("T")
 
-__all__ = ["WAIT_S", "GatewayProcess", "RedisServer", "free_port", "until", "wait_until"]
+__all__ = ["WAIT_S", "GatewayProcess", "Recorder", "RedisServer", "free_port", "until", "wait_until"]
 
 
 def wait_until(check: Callable[[], T], timeout: float = WAIT_S, what: str = "condition") -> T:
@@ -56,15 +57,41 @@ def wait_until(check: Callable[[], T], timeout: float = WAIT_S, what: str = "con
     return value
 
 
-async def until(check: Callable[[], T], within: float = WAIT_S, what: str = "condition") -> T:
+async def until(
+    check: Callable[[], T] | Callable[[], Awaitable[T]], within: float = WAIT_S, what: str = "condition"
+) -> T:
     """`wait_until` in a coroutine, for a peer served on another thread or process (a ZMQ socket, a
-    server): the loop runs between looks."""
+    server): the loop runs between looks, and `check` may be a coroutine function."""
     deadline = time.monotonic() + within
-    while not (value := check()):
+    while True:
+        value = check()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value  # type: ignore[return-value]
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {within}s waiting for {what}")
         await asyncio.sleep(POLL_S)  # the other side is a socket's peer: nothing here can signal it
-    return value
+
+
+class Recorder(Generic[T]):
+    """A callback that records what it is given, and a coroutine that waits on a condition over the
+    records: woken by each call, never polling."""
+
+    def __init__(self) -> None:
+        self.items: list[T] = []
+        self._called = asyncio.Event()
+
+    def __call__(self, item: T) -> None:
+        self.items.append(item)
+        self._called.set()
+
+    async def wait_for(self, check: Callable[[list[T]], bool], within: float = WAIT_S) -> list[T]:
+        async with asyncio.timeout(within):
+            while not check(self.items):
+                self._called.clear()
+                await self._called.wait()
+        return self.items
 
 
 def _stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:

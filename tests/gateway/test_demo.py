@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -164,10 +163,7 @@ def test_a_signal_stops_the_gateway_and_every_simulator(demo: Demo, sig: signal.
         demo.proc.wait(30)
     except subprocess.TimeoutExpired:
         raise AssertionError(demo.text()) from None
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_alive(p) for p in sims):
-        time.sleep(0.1)
-    assert not [p for p in sims if _alive(p)], "simulators outlived the demo"
+    wait_until(lambda: not any(_alive(p) for p in sims), what="the simulators' exit with the demo's")
 
 
 def test_the_demo_enforces_limits_and_reports_spend(demo: Demo) -> None:

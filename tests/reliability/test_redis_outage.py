@@ -71,10 +71,7 @@ class PersistentRedis:
             except (OSError, subprocess.TimeoutExpired):
                 return False
 
-        if shutil.which("redis-cli"):
-            wait_until(up, timeout=10, what="redis up")
-        else:
-            time.sleep(0.5)
+        wait_until(up, timeout=10, what="redis up")  # redis-cli comes with redis-server
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -128,7 +125,7 @@ class Traffic:
                 if r.status_code != 200:
                     self.bodies.append(r.text)
                 i += 1
-                time.sleep(0.01)
+                time.sleep(0.01)  # pacing: a client, not a wait
 
     def switch(self, phase: str) -> None:
         """Label the requests sent from now on `phase`, and return once one has been sent: the
@@ -175,11 +172,18 @@ def test_redis_stopped_and_restarted_under_traffic() -> None:
             wait_until(lambda: _weight(gw_closed, admin) == 0.25, timeout=3, what="weight shared")
 
             with Traffic(gw_open.base_url) as t_open, Traffic(gw_closed.base_url) as t_closed:
-                time.sleep(0.5)
+                for t in (t_open, t_closed):
+                    wait_until(
+                        lambda t=t: t.seen.get("before", Counter()).total() >= 5, what="traffic before"
+                    )
                 t_open.switch("down")
                 t_closed.switch("down")
                 redis.stop()
-                time.sleep(2.0)
+                # the outage is seen: the fail_closed replica refuses (and leaves the load balancer)
+                wait_until(lambda: t_closed.seen.get("down", Counter())[503] > 0, what="the outage refused")
+                wait_until(
+                    lambda: t_open.seen.get("down", Counter()).total() >= 5, what="traffic in the outage"
+                )
 
                 # Shared admin state: the last known values; a weight applies on the replica asked,
                 # marked as not persisted (tests/reliability/test_admin_outage.py has the rest).
@@ -204,7 +208,6 @@ def test_redis_stopped_and_restarted_under_traffic() -> None:
                 wait_until(
                     lambda: t_closed.seen.get("after", Counter())[200] >= 5, timeout=5, what="recovery"
                 )
-                time.sleep(0.5)
 
             # The outage's changes are written; one made after them reaches the other replica.
             for gw in (gw_open, gw_closed):

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import socket
-import time
 
 import httpx
 import pytest
 
 from engines.sim.launcher import SimProcess
 from tests.engines.sim.helpers import USER, post, sim
+from tests.support import wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -33,10 +33,7 @@ def test_crash_exit_kills_the_process() -> None:
     with sim("vllm", "--crash-after", "2", "--crash-mode", "exit") as p:
         with pytest.raises(httpx.TransportError):
             post(p.base_url, CHAT, {"messages": USER, "stream": True, "max_tokens": 20})
-        deadline = time.monotonic() + 5
-        while p.alive() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert not p.alive()
+        wait_until(lambda: not p.alive(), what="the simulator's exit")
 
 
 def test_refuse_flag() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 
@@ -10,6 +9,7 @@ import httpx
 import pytest
 
 from tests.engines.sim.helpers import USER, post, sim, stats
+from tests.support import wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -51,23 +51,21 @@ def test_stats_counters(base: str) -> None:
     assert stats(base)["errors_total"] == 1
 
 
-def wait_cancelled(base: str, before: int) -> float:
-    t0 = time.monotonic()
-    while stats(base)["cancelled_total"] == before and time.monotonic() - t0 < 3:
-        time.sleep(0.005)
-    return time.monotonic() - t0
+def wait_cancelled(base: str, before: int) -> None:
+    wait_until(lambda: stats(base)["cancelled_total"] != before, what="the request cancelled")
 
 
 def test_stream_disconnect_is_cancelled_promptly(base: str) -> None:
-    before = stats(base)["cancelled_total"]
+    before, generated = stats(base)["cancelled_total"], stats(base)["generation_tokens_total"]
     with httpx.stream("POST", base + CHAT, json={"messages": USER, "stream": True, "max_tokens": 200}) as r:
         for i, _ in enumerate(r.iter_lines()):
             if i >= 3:
                 break
-    elapsed = wait_cancelled(base, before)
+    wait_cancelled(base, before)
     st = stats(base)
-    assert st["cancelled_total"] == before + 1 and elapsed < 1.0
-    assert st["running"] == 0 and st["generation_tokens_total"] < 5000
+    assert st["cancelled_total"] == before + 1
+    # promptly: it stopped generating long before the 200 tokens (nor went on for another request)
+    assert st["running"] == 0 and st["generation_tokens_total"] - generated < 200
 
 
 async def test_non_stream_disconnect_is_cancelled(base: str) -> None:
@@ -75,6 +73,6 @@ async def test_non_stream_disconnect_is_cancelled(base: str) -> None:
     async with httpx.AsyncClient(timeout=0.2) as client:
         with pytest.raises(httpx.ReadTimeout):
             await client.post(base + CHAT, json={"messages": USER, "max_tokens": 100})
-    await asyncio.sleep(0)
-    assert wait_cancelled(base, before) < 1.0
-    assert stats(base)["running"] == 0
+    wait_cancelled(base, before)
+    st = stats(base)
+    assert st["cancelled_total"] == before + 1 and st["running"] == 0

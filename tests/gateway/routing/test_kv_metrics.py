@@ -6,14 +6,13 @@ store under a parent never heard of — per backend, and nothing for a backend w
 from __future__ import annotations
 
 import re
-import time
 
 import httpx
 import pytest
 
 from tests.conftest import fast_sim, single_pool_config
 from tests.gateway.routing.kv_publisher import Publisher, stored
-from tests.support import GatewayProcess
+from tests.support import GatewayProcess, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -51,16 +50,12 @@ def test_a_streams_history_reads_off_the_metrics() -> None:
                     "gateway_kv_stores_orphaned_total": 1.0,
                     "gateway_kv_stores_anchored_total": 0.0,
                 }
-                seen: dict[str, float | None] = {}
-                text = ""
-                deadline = time.monotonic() + 10
-                while time.monotonic() < deadline:
+
+                def scrape() -> str | None:
                     text = httpx.get(gw.base_url + "/metrics").text
-                    seen = {name: _series(text, name, "vllm-0") for name in want}
-                    if seen == want:
-                        break
-                    time.sleep(0.1)
-                assert seen == want, text
+                    return text if {name: _series(text, name, "vllm-0") for name in want} == want else None
+
+                text = wait_until(scrape, what=f"the metrics {want}")
                 assert _series(text, "gateway_kv_stream_usable", "vllm-0") is not None
                 assert "vllm-1" not in "".join(re.findall(r"^gateway_kv_\S+", text, re.M))
     finally:

@@ -12,7 +12,6 @@ import random
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -23,7 +22,7 @@ import yaml
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.gateway.routing.kv_publisher import Publisher, stored
 from tests.gateway.routing.local_tokenizer import save_tokenizer
-from tests.support import GatewayProcess
+from tests.support import GatewayProcess, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -37,6 +36,11 @@ class Load:
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
+
+    def answered(self, more: int) -> None:
+        """Wait until `more` requests more have been answered (the chaos so far held for that many)."""
+        wanted = len(self.statuses) + more
+        wait_until(lambda: len(self.statuses) >= wanted, what=f"{more} more answers")
 
     def __enter__(self) -> Load:
         for t in self._threads:
@@ -120,16 +124,16 @@ def test_dying_and_garbled_event_streams_fail_no_request() -> None:
                     for _ in range(3):
                         garbage(pubs[0], rng)
                         pubs[1].publish([stored([rng.randrange(1, 5000) for _ in range(64)])])
-                        time.sleep(0.3)
+                        load.answered(2)
                     port = pubs[0].port
                     pubs[0].close()  # the engine's publisher dies
-                    time.sleep(1.0)
+                    load.answered(5)
                     pubs[1].close()
-                    time.sleep(1.0)
+                    load.answered(5)
                     pubs[0] = Publisher(port=port)  # and comes back, sequence from 0
                     pubs[0].wait_subscribers(2)
                     garbage(pubs[0], rng)
-                    time.sleep(1.0)
+                    load.answered(5)
                 assert len(load.statuses) >= 20, load.statuses
                 assert set(load.statuses) == {200}, load.errors[:5]
                 log = gw.log()
@@ -163,7 +167,7 @@ def test_a_template_that_raises_fails_no_request(tokenizer_dir: Path) -> None:
             with GatewayProcess(config) as gw:
                 with Load(gw.base_url, threads=2) as load:
                     pub.wait_subscribers(1)
-                    time.sleep(2.0)
+                    load.answered(10)
                 assert len(load.statuses) >= 10 and set(load.statuses) == {200}, load.errors[:5]
                 log = gw.log()
                 assert "this template takes one question" in log and "Traceback" not in log, log[-2000:]

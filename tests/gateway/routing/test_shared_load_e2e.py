@@ -99,6 +99,25 @@ def served_by(sims: list[SimProcess]) -> list[int]:
     return [int(httpx.get(s.base_url + "/sim/stats").json()["requests_total"]) for s in sims]
 
 
+def gauge(gw: GatewayProcess, name: str, backend: str) -> float | None:
+    """A per-backend gauge of the gateway's /metrics (over its workers, as the gauge combines them)."""
+    for line in httpx.get(gw.base_url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + "{") and f'backend="{backend}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def subscribed(gws: list[GatewayProcess], backends: list[str]) -> None:
+    """Every worker of every gateway is connected to every backend's event stream (the gauge is the
+    workers' minimum); what was published before is replayed to it."""
+    for gw in gws:
+        for name in backends:
+            wait_until(
+                lambda gw=gw, name=name: gauge(gw, "gateway_kv_stream_connected", name) == 1,
+                what=f"{gw.base_url} subscribed to {name}'s events",
+            )
+
+
 def post(url: str, b: dict[str, Any]) -> httpx.Response:
     # a new connection each time: the kernel hands it to any worker of that gateway
     with httpx.Client(timeout=30, limits=httpx.Limits(max_keepalive_connections=0)) as http:
@@ -133,7 +152,7 @@ def test_four_routing_processes_send_every_question_where_the_engine_holds_the_d
             gws = [
                 stack.enter_context(GatewayProcess(gateway_config(sims, redis, workers=2))) for _ in range(2)
             ]
-            time.sleep(1.5)  # every worker discovers the streams and subscribes (replay covers the rest)
+            subscribed(gws, NAMES)
             doc = document(11)
             holder = 1 - NAMES.index(home_of(body(f"{doc}\n\nQuestion 0?")))
             direct = dict(body(f"{doc}\n\nQuestion 0?"), model=SERVED["vllm"])
@@ -165,7 +184,7 @@ def test_a_new_group_follows_the_first_process_placement_before_any_event(
             GatewayProcess(gateway_config(sims, redis, shared=shared)) as a,
             GatewayProcess(gateway_config(sims, redis, shared=shared)) as b,
         ):
-            time.sleep(1.5)
+            subscribed([a, b], NAMES)
             # B's working set at vllm-0 grows by one document (opening groups go to the lightest),
             # A's at vllm-1 by a longer one
             assert where(sims, b.base_url, next(others))[0] == "vllm-0"
@@ -202,18 +221,22 @@ def test_another_process_streams_steer_the_choice_and_a_killed_process_counts_ex
         with GatewayProcess(gateway_config(sims, redis, lease_s=1.5)) as b:
             a = GatewayProcess(gateway_config(sims, redis, lease_s=1.5)).start()
             try:
-                time.sleep(1.5)  # the event streams
+                subscribed([a, b], NAMES)
                 for i in range(6):
                     req = body(f"{doc} {i}", 200, stream=True)
                     threading.Thread(target=_stream, args=(a.base_url, req), daemon=True).start()
                     wait_until(lambda i=i: served_by(sims)[0] > i, 10, what=f"A's stream {i} on vllm-0")
-                time.sleep(0.8)  # A's renewer (every lease / 3) has reported all six
+                # once A's renewer (every lease / 3) has reported its six streams, B steers away
+                wait_until(
+                    lambda: where(sims, b.base_url, next(conversations))[0] == "vllm-1", what="A heard"
+                )
                 steered = [where(sims, b.base_url, next(conversations)) for _ in range(3)]
                 assert a.proc is not None
                 a.proc.kill()
                 a.proc.wait()
                 lingering = where(sims, b.base_url, next(conversations))
-                time.sleep(2.0)  # past A's lease
+                # once A's lease (1.5 s) has passed without a renewal, its counts no longer count
+                wait_until(lambda: where(sims, b.base_url, next(conversations))[0] == "vllm-0", what="home")
                 home = [where(sims, b.base_url, next(conversations)) for _ in range(3)]
             finally:
                 a.stop()
@@ -251,11 +274,11 @@ def test_with_another_process_busy_a_new_document_may_be_placed_in_the_other_poo
         with contextlib.ExitStack() as stack:
             # (a config each: a gateway writes its port into it)
             a, b, c = (stack.enter_context(GatewayProcess(copy.deepcopy(config))) for _ in range(3))
-            time.sleep(1.0)
+            subscribed([a, b, c], ["a-0", "b-0"])
             placed = [_served(sims, a.base_url, x1)]
             # two leases: A's count for x1 has expired in Redis, and B's view of it (as its renewer
             # last heard it, kept for a lease) with it
-            time.sleep(2.2)
+            time.sleep(2.2)  # no signal: a count that expires in Redis is seen by its absence only
             placed.append(_served(sims, b.base_url, x2))
             threading.Thread(
                 target=_stream, args=(a.base_url, body("hello", 200, stream=True)), daemon=True
@@ -316,7 +339,10 @@ def test_a_redis_outage_fails_no_request_and_sharing_resumes_after_it() -> None:
                 server.stop()  # the outage
                 burst(30, 1000)
                 server = RedisServer(port).start()
-                time.sleep(1.0)  # the limiters' probes see Redis again
+                for gw in gws:  # every worker's probe has seen Redis again (the gauge is their minimum)
+                    wait_until(
+                        lambda gw=gw: "gateway_redis_up 1.0" in httpx.get(gw.base_url + "/metrics").text
+                    )
                 burst(30, 2000)
                 # the restarted (empty) Redis holds the placements the processes set after it came back
                 placed = redis_client.Redis.from_url(server.url).keys("gw:rt:{rt}:g:*")
@@ -354,7 +380,7 @@ def test_a_process_hears_the_working_sets_the_others_sent(redis: RedisServer) ->
             GatewayProcess(gateway_config(sims, redis), env=env) as a,
             GatewayProcess(gateway_config(sims, redis), env=env) as b,
         ):
-            time.sleep(1.0)  # the event streams
+            subscribed([a, b], NAMES)
             before = served_by(sims)
             send(a, body(f"{document(7)}\n\nQuestion?"))
             after = served_by(sims)
