@@ -22,7 +22,7 @@ from policies.admission import Outcome, ScopeLimits
 from policies.budgets import Budget, Charge
 from policies.shared_load import PREFILL, SETS, PlacedBlocks
 from tests.gateway.admission.test_budgets import calendar_meter, spend
-from tests.support import RedisServer
+from tests.support import RedisServer, until
 
 pytestmark = pytest.mark.processes
 
@@ -229,9 +229,12 @@ async def test_a_dead_process_counts_expire_after_one_lease(
     await la.aclose()
     _, ask = await admit(lb, b)
     assert ask.reply is not None and dict(ask.reply.others) == {"vllm-0": 7}
-    await asyncio.sleep(0.75)  # lease 0.6 s
-    _, ask = await admit(lb, b)
-    assert ask.reply is not None and dict(ask.reply.others) == {}
+
+    async def lapsed() -> bool:  # once its lease (0.6 s) has passed on Redis's clock
+        _, ask = await admit(lb, b)
+        return ask.reply is not None and dict(ask.reply.others) == {}
+
+    await until(lapsed, what="a's lease to lapse")
     assert await redis.hexists(LOAD_KEY, "a") == 0  # deleted by the reader
 
 
@@ -261,13 +264,16 @@ async def test_the_renewer_keeps_a_quiet_process_with_requests_in_flight_alive(
     (la, a), (lb, b), _ = processes
     a.in_flight = {"vllm-0": 2}  # one long stream, no other traffic on a
     await admit(la, a)
-    await asyncio.sleep(1.5)  # 2.5 leases: only the renewer's reports keep a's counts
+    await asyncio.sleep(1.5)  # 2.5 leases on Redis's clock: only the renewer's reports keep a's counts
     _, ask = await admit(lb, b)
     assert ask.reply is not None and dict(ask.reply.others) == {"vllm-0": 2}
     a.in_flight = {}
-    await asyncio.sleep(0.8)  # nothing in flight: the renewer stays quiet and the lease lapses
-    _, ask = await admit(lb, b)
-    assert ask.reply is not None and dict(ask.reply.others) == {}
+
+    async def lapsed() -> bool:  # nothing in flight: the renewer stays quiet and the lease lapses
+        _, ask = await admit(lb, b)
+        return ask.reply is not None and dict(ask.reply.others) == {}
+
+    await until(lapsed, what="a's lease to lapse")
 
 
 async def test_limits_and_budgets_decide_alike_with_the_share_riding_along(redis: Redis) -> None:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from redis.asyncio import Redis
 
 from gateway.apis.responses_store import MemoryResponseStore, RedisResponseStore, StoredResponse, owner_of
 from gateway.core.context import Principal
-from tests.support import RedisServer
+from tests.support import RedisServer, until
 
 pytestmark = pytest.mark.processes
 
@@ -54,8 +52,11 @@ async def test_redis_store(redis_server: RedisServer) -> None:
         assert await store.delete("/alice", "resp_r1")
         assert await store.get("/alice", "resp_r1") is None
         await store.put(_record("resp_r2"))
-        await asyncio.sleep(0.4)
-        assert await store.get("/alice", "resp_r2") is None
+
+        async def expired() -> bool:  # its TTL (0.3 s) passes on Redis's clock
+            return await store.get("/alice", "resp_r2") is None
+
+        await until(expired, what="the stored response's TTL")
         await redis.set("gw:resp:resp_bad", b"not json")
         assert await store.get("/alice", "resp_bad") is None
     finally:

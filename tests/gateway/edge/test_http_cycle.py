@@ -12,6 +12,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 
 from gateway.core.responses import COALESCE
 from gateway.edge.http_cycle import GatewayCycle
+from tests.support import until
 
 
 class Recorder:
@@ -192,20 +193,14 @@ async def test_under_uvicorn_with_our_protocol_the_callback_reports_a_client_tha
     port = sock.getsockname()[1]
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
-        for _ in range(200):
-            if server.started:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: server.started, what="the server to listen")
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /ok HTTP/1.1\r\nhost: x\r\n\r\n")
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
         assert head.startswith(b"HTTP/1.1 200 OK") and await reader.readexactly(2) == b"ok"
         writer.write(b"GET /hang HTTP/1.1\r\nhost: x\r\n\r\n")
         await writer.drain()
-        for _ in range(200):
-            if len(seen) == 2:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: len(seen) == 2, what="both requests seen")
         writer.close()
         await asyncio.wait_for(left.wait(), 5)
         assert seen == [True, True]
