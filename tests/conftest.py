@@ -14,15 +14,18 @@ from __future__ import annotations
 import contextlib
 import multiprocessing.util
 import os
+import re
 import subprocess
 import threading
 from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from engines.sim.launcher import SimProcess, free_port
 from gateway.demo import SERVED, sim_flags
+from tests import support
 from tests.support import GatewayProcess, RedisServer
 
 MODEL = "test-model"
@@ -37,6 +40,25 @@ REAL_ENGINE_FIXTURES = frozenset(
 
 class ProcessStarted(Exception):
     """A test without the `processes` mark started a process."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # `make check`: property tests draw a share of their examples (tests.support.examples)
+    support._quick[0] = config.option.markexpr == f"not {PROCESSES}"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """`make check` (`-m "not processes"`) does not import the modules marked whole: they would all
+    be deselected, and importing them (the SDKs, Selenium, ...) is a third of the tier's time."""
+    if config.option.markexpr != f"not {PROCESSES}" or collection_path.suffix != ".py":
+        return None
+    if not collection_path.name.startswith("test_"):
+        return None
+    head = collection_path.read_text(encoding="utf-8").split("\ndef ", 1)[0]
+    return bool(_MODULE_MARK.search(head)) or None
+
+
+_MODULE_MARK = re.compile(rf"^pytestmark = \[?pytest\.mark\.{PROCESSES}\b", re.M)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects and xdist reads the groups

@@ -42,6 +42,17 @@ T = TypeVar("T")
 __all__ = ["WAIT_S", "GatewayProcess", "Recorder", "RedisServer", "free_port", "until", "wait_until"]
 
 
+#: the share of its examples a property test draws in `make check` (`make test` draws them all)
+CHECK_EXAMPLES = 1 / 3
+_quick: list[bool] = [False]  # set by tests/conftest.py in a `make check` run
+
+
+def examples(n: int) -> int:
+    """How many examples a property test draws: `n` in `make test`, a third of them (at least 20) in
+    `make check`, which is run on every change and must stay under a minute."""
+    return max(20, round(n * CHECK_EXAMPLES)) if _quick[0] else n
+
+
 def wait_until(check: Callable[[], T], timeout: float = WAIT_S, what: str = "condition") -> T:
     """The suite's one wait, for what only another process changes (a gateway's metrics, a simulator's
     stats, a socket's state): polls `check` until it returns something truthy and returns that, for

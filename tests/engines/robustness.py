@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from engines.base import Delta, Dialect, Usage
 from engines.errors import ApiError
+from tests.support import examples
 
 _json = st.recursive(
     st.none()
@@ -58,7 +59,7 @@ _shaped = st.recursive(
 
 
 def check_dialect_robust(dialect: Dialect) -> None:
-    @settings(max_examples=300, deadline=None)
+    @settings(max_examples=examples(300), deadline=None)
     @given(
         data=st.binary(max_size=64) | _shaped.map(orjson.dumps),
         endpoint=st.sampled_from(["chat", "completions"]),
@@ -69,7 +70,7 @@ def check_dialect_robust(dialect: Dialect) -> None:
             for ev in dec.feed(data):
                 assert isinstance(ev, (Delta, Usage, ApiError))
 
-    @settings(max_examples=300, deadline=None)
+    @settings(max_examples=examples(300), deadline=None)
     @given(
         data=st.binary(max_size=64) | _shaped.map(orjson.dumps),
         endpoint=st.sampled_from(["chat", "completions"]),
@@ -78,14 +79,14 @@ def check_dialect_robust(dialect: Dialect) -> None:
         with contextlib.suppress(ApiError):
             dialect.decode_response(endpoint, data)
 
-    @settings(max_examples=200, deadline=None)
+    @settings(max_examples=examples(200), deadline=None)
     @given(status=st.integers(100, 599), data=st.binary(max_size=64) | _shaped.map(orjson.dumps))
     def decode_error_never_raises(status: int, data: bytes) -> None:
         err = dialect.decode_error(status, data)
         assert 400 <= err.status <= 599
         assert set(orjson.loads(err.body())["error"]) == {"message", "type", "param", "code"}
 
-    @settings(max_examples=200, deadline=None)
+    @settings(max_examples=examples(200), deadline=None)
     @given(text=st.text(max_size=300))
     def metrics_never_raise(text: str) -> None:
         dialect.parse_metrics(text)

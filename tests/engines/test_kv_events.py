@@ -31,6 +31,7 @@ from engines.kv_events import (
 from gateway.routing.kv_events import apply_events
 from policies.kv_blocks import PromptBlocks
 from policies.kv_index import KvIndex
+from tests.support import examples
 
 
 # -- vLLM 0.32 -------------------------------------------------------------------------------------
@@ -329,7 +330,7 @@ _field = st.sampled_from(
 _event = st.one_of(_value, st.dictionaries(_field, _value, max_size=8))
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(ts=_value, events=st.lists(_event, max_size=5), rank=_value)
 def test_any_msgpack_batch_decodes_or_raises_decode_error(ts: Any, events: list[Any], rank: Any) -> None:
     """Whatever a publisher sends, decoding never raises anything but `DecodeError`, and what it
@@ -345,7 +346,7 @@ def test_any_msgpack_batch_decodes_or_raises_decode_error(ts: Any, events: list[
     assert len(batch.events) + batch.skipped == len(events)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.binary(max_size=64))
 def test_any_bytes_decode_or_raise_decode_error(payload: bytes) -> None:
     with contextlib.suppress(DecodeError):

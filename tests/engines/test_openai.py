@@ -17,6 +17,7 @@ from engines.errors import ApiError, context_length_exceeded
 from engines.openai import StreamEncoder, encode_completion, new_completion_id, new_tool_call_id
 from engines.registry import get_dialect
 from tests.engines.payloads import BODIES, STREAMS, run_stream, sse_events
+from tests.support import examples
 
 FULL_USAGE = {
     "prompt_tokens": 9,
@@ -336,7 +337,7 @@ _event = _delta | st.builds(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     batches=st.lists(st.lists(_event, max_size=4), max_size=6),
     endpoint=st.sampled_from(["chat", "completions"]),

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from engines.errors import ApiError
 from engines.validate import validate_request
+from tests.support import examples
 
 MSG = [{"role": "user", "content": "hi"}]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
@@ -269,7 +270,7 @@ _fields = st.sampled_from(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(body=st.dictionaries(_fields, _json, max_size=8), endpoint=st.sampled_from(["chat", "completions"]))
 def test_only_api_errors(body: dict[str, Any], endpoint: Any) -> None:
     try:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from policies.features import FeatureConfig, block_hashes, extract_features, render_chat
 from tests.policies.fleet import conversation, features, grow, text
+from tests.support import examples
 
 TOOL: dict[str, Any] = {
     "type": "function",
@@ -197,7 +198,7 @@ def test_config_validation() -> None:
         FeatureConfig(anchor_max_bytes=0)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.text(max_size=300), min_size=1, max_size=8), st.integers(1, 8))
 def test_extract_never_fails_and_prefix_property_holds(contents: list[str], cut: int) -> None:
     messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": c} for i, c in enumerate(contents)]

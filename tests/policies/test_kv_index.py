@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from policies.kv_blocks import PromptBlocks, salt_extra, seed_for
 from policies.kv_index import KvIndex, KvIndexConfig
+from tests.support import examples
 
 
 class Engine:
@@ -297,7 +298,7 @@ def test_detach_frees_the_slot_and_the_keys() -> None:
     assert index.match(PromptBlocks(tokens), ["b", "c"]) == {"b": 0, "c": 0}
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.lists(st.tuples(st.sampled_from("sr"), st.integers(0, 5), st.integers(0, 1)), max_size=60),
     # (stride, leaves first): any removals only when every key is read
@@ -342,7 +343,7 @@ def test_matches_agree_with_a_model_of_the_engines(
         assert index.match(PromptBlocks(p)) == want  # every attached backend, the same answer
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.lists(
         st.tuples(st.sampled_from("snnnttttlgcdaer"), st.integers(0, 1), st.floats(0.0, 4.0)), max_size=40

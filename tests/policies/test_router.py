@@ -15,6 +15,7 @@ from policies.round_robin import RoundRobinConfig
 from policies.router import PoolChoiceMode, Router
 from policies.types import BackendView, RoutingError
 from tests.policies.fleet import backends, conversation, features, fleet, grow, pool, text
+from tests.support import examples
 
 RULES = (
     Rule("long-prompt", ("sglang",), prompt_tokens_gte=4000),
@@ -238,7 +239,7 @@ def test_unknown_model() -> None:
     assert err.value.kind == "unknown_model"
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(
     st.lists(
         st.tuples(st.integers(0, 20), st.booleans(), st.floats(0.0, 1.0), st.floats(0.0, 12.0)),

@@ -37,6 +37,7 @@ from gateway.settings import ModelSettings
 from gateway.upstream.lease import Lease
 from gateway.upstream.relay import SSESplitter, StreamRelay
 from tests.conftest import fast_sim
+from tests.support import examples
 
 pytestmark = pytest.mark.processes
 
@@ -75,7 +76,7 @@ def _cut(data: bytes, cuts: list[int]) -> list[bytes]:
     return out
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(_sse_stream(), st.lists(st.integers(0, 10_000), max_size=30))
 def test_splitter_is_blind_to_chunk_boundaries(
     stream: tuple[bytes, list[bytes], bool], cuts: list[int]
@@ -90,7 +91,7 @@ def test_splitter_is_blind_to_chunk_boundaries(
     assert got == expected and split.done == done
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.binary(max_size=64), max_size=20))
 def test_splitter_survives_garbage(chunks: list[bytes]) -> None:
     splitter = SSESplitter()
@@ -190,7 +191,9 @@ async def _relay(engine: str, chunks: list[bytes]) -> bytes:
     return b"".join(sent)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.sampled_from(["vllm", "sglang"]), st.lists(st.integers(0, 100_000), max_size=40))
 async def test_relay_output_is_blind_to_chunk_boundaries(
     recorded: dict[str, bytes], engine: str, cuts: list[int]
@@ -222,7 +225,7 @@ def _receiver(parts: list[bytes], disconnect_after: int | None = None) -> Any:
     return receive
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.binary(max_size=3000), st.lists(st.integers(0, 3000), max_size=10), st.integers(1, 4000))
 async def test_read_body_reassembles_or_refuses_at_the_cap(body: bytes, cuts: list[int], cap: int) -> None:
     parts = _cut(body, cuts)
@@ -234,7 +237,7 @@ async def test_read_body_reassembles_or_refuses_at_the_cap(body: bytes, cuts: li
         assert got == body and len(body) <= cap
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.binary(min_size=2, max_size=500), st.lists(st.integers(0, 500), min_size=1, max_size=5), st.data())
 async def test_read_body_disconnect_mid_body_is_a_clean_400(body: bytes, cuts: list[int], data: Any) -> None:
     parts = _cut(body, cuts)
@@ -263,7 +266,7 @@ def _ctx(body: dict[str, Any]) -> RequestContext:
     return ctx
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.lists(st.tuples(st.sampled_from(["system", "user", "assistant"]), _text), min_size=1, max_size=5),
     st.sampled_from(["allow", "neutralise"]),

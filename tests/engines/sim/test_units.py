@@ -19,6 +19,7 @@ from engines.sim.prompt import render_chat
 from engines.sim.scheduler import Scheduler
 from engines.sim.schema_gen import sample, sample_regex
 from engines.sim.tools import choose_calls
+from tests.support import examples
 
 
 def test_tokenizer_counts_words_and_punctuation() -> None:
@@ -40,7 +41,7 @@ def test_tokenizer_counts_words_and_punctuation() -> None:
 
 
 @given(st.text(max_size=200))
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 def test_pieces_concatenate_back(text: str) -> None:
     assert "".join(pieces(text)) == text
 
@@ -134,7 +135,7 @@ def test_schema_samples_validate() -> None:
     ),
     st.integers(0, 1000),
 )
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 def test_regex_samples_match(pattern: str, seed: int) -> None:
     assert re.fullmatch(pattern, sample_regex(pattern, random.Random(seed)))
 

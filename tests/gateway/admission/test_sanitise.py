@@ -23,6 +23,7 @@ from gateway.core.context import RequestContext
 from gateway.core.responses import BytesResponse, Response
 from gateway.pipeline import Pipeline
 from gateway.settings import ModelSettings
+from tests.support import examples
 
 MODEL = ModelSettings(name="m", context_length=1024, default_max_tokens=64)
 MODELS = {"m": MODEL}
@@ -382,19 +383,19 @@ async def _through_intake(raw: bytes, endpoint: str) -> int:
     return response.status
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(valid_chat | chat_body)
 async def test_property_chat_bodies(body: dict[str, Any]) -> None:
     await _through_intake(json.dumps(body).encode(), "chat")
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(completions_body | chat_body)
 async def test_property_completions_bodies(body: dict[str, Any]) -> None:
     await _through_intake(json.dumps(body).encode(), "completions")
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.binary(max_size=200) | json_value.map(lambda v: json.dumps(v).encode()))
 async def test_property_arbitrary_bytes(raw: bytes) -> None:
     await _through_intake(raw, "chat")
@@ -417,7 +418,7 @@ def test_a_batch_is_measured_prompt_by_prompt() -> None:
         run({"model": "m", "prompt": ["short", "x" * 3000], "max_tokens": 400}, "completions")
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.lists(
         st.one_of(

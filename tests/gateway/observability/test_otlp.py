@@ -17,6 +17,7 @@ from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.status import Status, StatusCode
 
 from gateway.observability.otlp import ChildSpan, Scope, envelope, request_fields
+from tests.support import examples
 
 RESOURCES = [
     {"service.name": "llm-gateway", "service.version": "0.1.0"},
@@ -147,7 +148,7 @@ def decoded(data: bytes) -> ExportTraceServiceRequest:
     return ExportTraceServiceRequest.FromString(data)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.lists(requests(), min_size=1, max_size=5), st.sampled_from(RESOURCES), st.sampled_from(SCOPES))
 def test_requests_encoded_at_their_end_are_what_the_sdk_encodes(
     batch: list[Request], resource: dict[str, Any], scope: Scope

@@ -131,11 +131,19 @@ def test_example_topology_fails_over_when_a_pool_dies() -> None:
         for t in threads:
             t.start()
         try:
-            time.sleep(2.0)
+            wait_until(
+                lambda: sum(r.pool == "sglang" and r.status == 200 for r in list(records)) >= 8,
+                what="traffic on both pools",
+            )
             killed_at = time.monotonic()
             for sim in sglang:  # the whole SGLang pool dies at once, mid-traffic
                 os.kill(sim.pid, signal.SIGKILL)
-            time.sleep(4.0)
+            # then traffic goes on: well past the streams the kill cut, into vLLM's serving it all
+            wait_until(
+                lambda: sum(r.t > killed_at + 1.0 for r in list(records)) >= 60,
+                timeout=30,
+                what="traffic after the kill",
+            )
         finally:
             stop.set()
             for t in threads:

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from gateway.core.stalls import HELD_S
 from gateway.upstream.h1 import HIGH_WATER, H1Transport, _Connection, _Origin
 from gateway.upstream.transport import ConnectFailed, UpstreamError, UpstreamTimeout
-from tests.support import until
+from tests.support import examples, until
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
@@ -536,7 +536,7 @@ def test_parse_is_independent_of_chunk_boundaries(raw: bytes) -> None:
     whole = _parse(raw, [])
     assert whole[3]
 
-    @settings(max_examples=300, deadline=None)
+    @settings(max_examples=examples(300), deadline=None)
     @given(st.lists(st.integers(min_value=0, max_value=len(raw)), max_size=20))
     def split(cuts: list[int]) -> None:
         assert _parse(raw, cuts) == whole
