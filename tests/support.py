@@ -21,6 +21,8 @@ from typing import Any, Generic, TypeVar
 
 import httpx
 import yaml
+import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from bench.procs import tree_cpu, tree_pids
 from engines.sim.launcher import free_port, port_open, taken_by_another
@@ -39,7 +41,17 @@ POLL_S = 0.02
 
 T = TypeVar("T")
 
-__all__ = ["WAIT_S", "GatewayProcess", "Recorder", "RedisServer", "free_port", "until", "wait_until"]
+__all__ = [
+    "WAIT_S",
+    "GatewayProcess",
+    "Recorder",
+    "RedisServer",
+    "free_port",
+    "one_turn",
+    "until",
+    "wait_until",
+    "zmq_joined",
+]
 
 
 #: the share of its examples a property test draws in `make check` (`make test` draws them all)
@@ -83,6 +95,27 @@ async def until(
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {within}s waiting for {what}")
         await asyncio.sleep(POLL_S)  # the other side is a socket's peer: nothing here can signal it
+
+
+def zmq_joined(sock: zmq.Socket[bytes], endpoint: str, within: float = WAIT_S) -> None:
+    """Connect `sock` to `endpoint` and return once its handshake with the peer is done, an event
+    of the socket's monitor. A SUB socket's subscription goes out as the handshake ends: what the
+    publisher sends from then on reaches it (ZMQ drops what a SUB misses while it joins)."""
+    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+    try:
+        sock.connect(endpoint)
+        if not monitor.poll(int(within * 1000)):
+            raise AssertionError(f"no handshake with {endpoint} within {within}s")
+        recv_monitor_message(monitor)
+    finally:
+        sock.disable_monitor()
+        monitor.close()
+
+
+async def one_turn() -> None:
+    """Let every task that is ready run until its next await (an asyncio task started here has
+    then begun, and blocks where it waits); no time passes."""
+    await asyncio.sleep(0)  # a turn of the loop, not a wait: what asyncio offers for it
 
 
 class Recorder(Generic[T]):

@@ -26,7 +26,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -407,13 +406,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         }
         prom = Prometheus(loopback_config(targets, TOKEN), workdir).start()
         es.callback(prom.stop)
-        time.sleep(1.5)  # a first scrape before the traffic: rates start from the zero series
+        # a first scrape of every target before the traffic: rates start from the zero series
+        scraped = sum(len(t) for t in targets.values())
+        wait_until(lambda: len(prom.query("up")) == scraped, 15, "a first scrape of every target")
         sent = _traffic(gateway.base_url)
         total = sum(sent.statuses.values())
         wait_until(
             lambda: prom.value("sum(gateway_requests_total)") == total,
             15,
-            0.25,
             f"Prometheus to see {total} requests",
         )
         yield Stack(prom, gateway, sent)
@@ -538,11 +538,13 @@ def test_counters_and_histograms_match_the_traffic(stack: Stack) -> None:
 def _wait_for_data(prom: Prometheus, exprs: list[tuple[str, str]], timeout: float = 12.0) -> list[str]:
     """Exprs still empty after `timeout` (series born during the traffic need two scrapes for rate())."""
     pending = list(exprs)
-    deadline = time.monotonic() + timeout
-    while pending and time.monotonic() < deadline:
-        pending = [(w, e) for w, e in pending if not prom.query(e)]
-        if pending:
-            time.sleep(0.5)
+
+    def answered() -> bool:
+        pending[:] = [(w, e) for w, e in pending if not prom.query(e)]
+        return not pending
+
+    with contextlib.suppress(AssertionError):  # what is still empty is the caller's to report
+        wait_until(answered, timeout, "data for every expression")
     return [f"{w}: {e}" for w, e in pending]
 
 
@@ -553,12 +555,14 @@ def test_every_dashboard_expression_returns_data(stack: Stack) -> None:
     names = {n for _, e in exprs for n in metric_names(e)}
     # Every target has been scraped by now, but a scrape that timed out on a loaded machine (seen
     # once for a simulator: all of vllm:* missing) is retried at the next interval: wait for it.
-    deadline = time.monotonic() + 12.0
-    while True:
-        existing = set(prom.api("/api/v1/label/__name__/values"))
-        if names <= existing or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+    existing: set[str] = set()
+
+    def named() -> bool:
+        existing.update(prom.api("/api/v1/label/__name__/values"))
+        return names <= existing
+
+    with contextlib.suppress(AssertionError):  # what is missing is reported below
+        wait_until(named, 12.0, "every metric the panels name")
     unknown = {f"{w}: {n}" for w, e in exprs for n in metric_names(e) if n not in existing}
     assert not unknown, "queries name metrics that do not exist:\n" + "\n".join(sorted(unknown))
     empty = _wait_for_data(prom, exprs)

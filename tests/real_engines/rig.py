@@ -14,6 +14,7 @@ import zmq
 
 from tests.conftest import MODEL, single_pool_config
 from tests.real_engines.servers import EngineServer
+from tests.support import zmq_joined
 
 #: the `--api-key` the session's servers are started with (conftest.py), and the environment variable
 #: the tests' gateways read it from (`api_key_env`)
@@ -92,8 +93,7 @@ def kv_event_batches(
     try:
         sub.setsockopt(zmq.SUBSCRIBE, b"kv")
         sub.setsockopt(zmq.LINGER, 0)
-        sub.connect(endpoint)
-        time.sleep(0.5)  # a SUB socket misses what is published before its subscription arrives
+        zmq_joined(sub, endpoint)  # a SUB socket misses what is published before it has joined
         send()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

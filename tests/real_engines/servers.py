@@ -29,6 +29,7 @@ from typing import IO
 import httpx
 
 from engines.sim.launcher import late_bound_port
+from tests.support import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINES_DIR = Path(os.environ.get("ENGINES_DIR", ROOT / ".engines"))
@@ -237,19 +238,21 @@ class EngineServer:
         if self.startup_s is not None and self.alive():
             return self
         with httpx.Client(timeout=2.0, trust_env=False) as client:  # loopback: no proxy
-            # Asked at least once: a server started in the background may have been up for minutes.
-            while True:
+
+            def healthy() -> bool:
                 if not self.alive():
                     code = self._proc.returncode if self._proc is not None else None
                     self.stop()  # its workers, if any are left
                     raise EngineStartError(f"{self.engine} server exited with {code}:\n{self.log_tail()}")
                 with contextlib.suppress(httpx.HTTPError):
-                    if client.get(self.base_url + "/health").status_code == 200:
-                        self.startup_s = self.startup_s or time.monotonic() - self._started_at
-                        return self
-                if time.monotonic() >= deadline:
-                    break
-                time.sleep(0.25)
+                    return client.get(self.base_url + "/health").status_code == 200
+                return False
+
+            # Asked at least once: a server started in the background may have been up for minutes.
+            with contextlib.suppress(AssertionError):
+                wait_until(healthy, max(0.0, deadline - time.monotonic()), f"{self.engine} healthy")
+                self.startup_s = self.startup_s or time.monotonic() - self._started_at
+                return self
         self.stop()
         raise EngineStartError(
             f"{self.engine} server not healthy on {self.base_url} within "
@@ -298,13 +301,7 @@ class EngineServer:
 
     @staticmethod
     def _wait_group_gone(pgid: int, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while group_members(pgid):
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"processes of group {pgid} still alive after SIGKILL: {group_members(pgid)}"
-                )
-            time.sleep(0.05)
+        wait_until(lambda: not group_members(pgid), timeout, f"group {pgid} gone after SIGKILL")
 
     def _finish(self) -> None:
         if self._log is not None:

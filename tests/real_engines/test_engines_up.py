@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +22,7 @@ import pytest
 from engines.sim.block_hashes import SglangBlockHasher
 from tests.real_engines.rig import kv_event_batches
 from tests.real_engines.servers import EngineServer, SglangServer, VllmServer
+from tests.support import wait_until
 
 pytestmark = [
     pytest.mark.processes,
@@ -133,10 +133,13 @@ def test_metrics_count_running_and_generated(real_engine: EngineServer) -> None:
     assert metric(before, RUNNING_METRIC[real_engine.engine], model) >= 0
     generated = metric(before, GENERATED_METRIC[real_engine.engine], model)
     assert chat(real_engine, "Count my tokens.").status_code == 200
-    deadline = time.monotonic() + 15  # SGLang refreshes its counters when it logs stats
-    while metric(scrape(real_engine), GENERATED_METRIC[real_engine.engine], model) < generated + MAX_TOKENS:
-        assert time.monotonic() < deadline, "generation_tokens_total did not count the request"
-        time.sleep(0.2)
+    wait_until(  # SGLang refreshes its counters when it logs stats
+        lambda: (
+            metric(scrape(real_engine), GENERATED_METRIC[real_engine.engine], model) >= generated + MAX_TOKENS
+        ),
+        timeout=15,
+        what="generation_tokens_total to count the request",
+    )
     assert metric(scrape(real_engine), RUNNING_METRIC[real_engine.engine], model) == 0  # idle again
 
 
@@ -152,20 +155,19 @@ def test_repeated_prompt_hits_the_prefix_cache(real_engine: EngineServer) -> Non
         cached = second["prompt_tokens_details"]["cached_tokens"]  # --enable-prompt-tokens-details
         # Whole blocks of 32, all but the block holding the last prompt token (it is recomputed).
         assert cached % 32 == 0 and second["prompt_tokens"] - 32 <= cached < second["prompt_tokens"]
-        deadline = time.monotonic() + 15
-        while (hits := metric(scrape(real_engine), "vllm:prefix_cache_hits_total", model)) == hits_before:
-            assert time.monotonic() < deadline, "vllm:prefix_cache_hits_total did not move"
-            time.sleep(0.2)
-        assert hits == hits_before + cached
+
+        def hits() -> float:
+            return metric(scrape(real_engine), "vllm:prefix_cache_hits_total", model) - hits_before
+
+        assert wait_until(hits, timeout=15, what="vllm:prefix_cache_hits_total to move") == cached
     else:
         cached_before = metric(scrape(real_engine), "sglang:cached_tokens_total", model)
         second = chat(real_engine, prompt).json()["usage"]
-        deadline = time.monotonic() + 15
-        while (
-            cached := metric(scrape(real_engine), "sglang:cached_tokens_total", model) - cached_before
-        ) == 0:
-            assert time.monotonic() < deadline, "sglang:cached_tokens_total did not move"
-            time.sleep(0.2)
+
+        def moved() -> float:
+            return metric(scrape(real_engine), "sglang:cached_tokens_total", model) - cached_before
+
+        cached = wait_until(moved, timeout=15, what="sglang:cached_tokens_total to move")
         # The radix cache (page size 1) reuses all but the last prompt token.
         assert second["prompt_tokens"] - 2 <= cached < second["prompt_tokens"]
 

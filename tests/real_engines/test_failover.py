@@ -76,7 +76,6 @@ def _gateway_metrics(gateway: GatewayProcess) -> str:
     wait_until(
         lambda: metric(text(), "gateway_backend_requests_total", f'backend="{pool}-1"') == REQUESTS,
         5,
-        0.05,
         f"all {REQUESTS} requests answered by {pool}-1",
     )
     return text()

@@ -66,9 +66,7 @@ def load(gateway: GatewayProcess) -> dict[str, Any]:
 def test_health_probes_pass_and_idle_load_is_read(gateway: GatewayProcess, real_engine: EngineServer) -> None:
     assert httpx.get(gateway.base_url + "/readyz", timeout=10).status_code == 200
     wait_until(lambda: running(real_engine) == 0, 10, "the engine idle")
-    wait_until(
-        lambda: backend(gateway)["load"] is not None and load(gateway)["running"] == 0, 5, 0.1, "a scrape"
-    )
+    wait_until(lambda: backend(gateway)["load"] is not None and load(gateway)["running"] == 0, 5, "a scrape")
     one = backend(gateway)
     assert one["healthy"] is True and one["circuit"] == "closed"
     idle = load(gateway)

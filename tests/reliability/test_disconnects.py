@@ -83,11 +83,18 @@ class Rig:
                         return  # a stream's head: the engine has started
                     status, _, answer = c.read_response()
                     assert status == 429, (status, answer[:300])
-                    time.sleep(0.05)  # the slot is another process's to free: ask again
+                    wait_until(self.idle, what="the previous request's slot released")  # then again
                     break
             else:
                 raise AssertionError("timed out after 3s waiting for the engine to start the request")
         raise AssertionError("the user's slot stayed held for three tries")
+
+    def idle(self) -> bool:
+        """The gateway holds no request (its slot is released with it)."""
+        return (
+            metric(httpx.get(self.gw.base_url + "/metrics", timeout=5).text, "gateway_in_flight_requests")
+            == 0
+        )
 
     def assert_settled(self, completed_before: int) -> None:
         """Nothing runs, nothing leaked, nothing was generated to its end, the user is admitted."""

@@ -37,7 +37,7 @@ from gateway.settings import ModelSettings
 from gateway.upstream.lease import Lease
 from gateway.upstream.relay import SSESplitter, StreamRelay
 from tests.conftest import fast_sim
-from tests.support import examples
+from tests.support import examples, one_turn
 
 pytestmark = pytest.mark.processes
 
@@ -137,7 +137,7 @@ class _Upstream:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         for c in self._chunks:
-            await asyncio.sleep(0)
+            await one_turn()
             yield c
 
     def close(self) -> None:

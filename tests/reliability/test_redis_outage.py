@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import time
 from collections import Counter
 from typing import Any
 
@@ -125,7 +124,6 @@ class Traffic:
                 if r.status_code != 200:
                     self.bodies.append(r.text)
                 i += 1
-                time.sleep(0.01)  # pacing: a client, not a wait
 
     def switch(self, phase: str) -> None:
         """Label the requests sent from now on `phase`, and return once one has been sent: the

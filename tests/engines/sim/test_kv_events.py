@@ -31,6 +31,7 @@ from engines.sim.kv_events import (
 )
 from engines.sim.launcher import SimProcess, free_port
 from engines.sim.step_model import RemovedBlocks, StoredBlocks
+from tests.support import zmq_joined
 
 pytestmark = pytest.mark.processes
 
@@ -178,7 +179,7 @@ class Subscriber:
         self.ctx = zmq.Context()
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, topic)
-        self.sub.connect(f"tcp://127.0.0.1:{port}")
+        zmq_joined(self.sub, f"tcp://127.0.0.1:{port}")  # what the simulator publishes next reaches it
         self.replay_port = replay_port
         self.messages: list[tuple[bytes, int, list[Any]]] = []
 
@@ -238,7 +239,6 @@ def publishing(request: pytest.FixtureRequest) -> Iterator[tuple[str, str, Subsc
     ]
     with SimProcess(engine, extra=flags) as sim:
         sub = Subscriber(port, replay_port)
-        time.sleep(0.3)  # let the subscription reach the publisher (ZMQ's slow joiner); gaps are replayed
         try:
             yield engine, sim.base_url, sub
         finally:
@@ -346,7 +346,6 @@ def test_vllm_lora_adapters(scheduler: str) -> None:
         assert [(c["id"], c["root"], c["parent"]) for c in cards[1:]] == [("ad", "/adapters/ad", base)]
         assert cards[1]["max_model_len"] is None
         sub = Subscriber(port, free_port())
-        time.sleep(0.3)
         try:
             text = " ".join(f"word{i}" for i in range(100))
 

@@ -19,7 +19,7 @@ from engines.sim.prompt import render_chat
 from engines.sim.scheduler import Scheduler
 from engines.sim.schema_gen import sample, sample_regex
 from engines.sim.tools import choose_calls
-from tests.support import examples
+from tests.support import examples, one_turn
 
 
 def test_tokenizer_counts_words_and_punctuation() -> None:
@@ -177,13 +177,13 @@ async def test_scheduler_queues_and_slows_down() -> None:
     await s.admit()
     assert s.token_time() == 2 * idle and s.running == 2
     waiter = asyncio.create_task(s.admit())
-    await asyncio.sleep(0)
+    await one_turn()
     assert s.waiting == 1
     s.finish()
     await waiter
     assert (s.running, s.waiting) == (2, 0)
     cancelled = asyncio.create_task(s.admit())
-    await asyncio.sleep(0)
+    await one_turn()
     cancelled.cancel()
     await asyncio.gather(cancelled, return_exceptions=True)
     assert s.waiting == 0

@@ -10,7 +10,6 @@ events can tell them where it is cached.
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +22,7 @@ from policies.prefix_affinity import PrefixAffinity
 from policies.types import BackendView, PoolView
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.gateway.routing.kv_publisher import EngineEvents, Publisher
-from tests.support import GatewayProcess, received_chat
+from tests.support import GatewayProcess, received_chat, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -76,6 +75,14 @@ def fleet() -> Iterator[tuple[GatewayProcess, list[EngineEvents]]]:
             pub.close()
 
 
+def events_applied(gw: GatewayProcess, backend: str) -> float:
+    """The KV events of `backend`'s stream the gateway's workers have applied, summed over them."""
+    for line in httpx.get(gw.base_url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("gateway_kv_events_total{") and f'backend="{backend}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def chat_body(doc: str, question: str, **extra: Any) -> dict[str, Any]:
     return {
         "model": MODEL,
@@ -109,8 +116,11 @@ def test_every_worker_sends_a_document_where_its_engine_holds_it(
         first.pop(dropped, None)
     r = httpx.post(engines[holder].base_url + "/v1/chat/completions", json=first, timeout=10)
     assert r.status_code == 200, r.text
-    assert engines[holder].announce() >= 32
-    time.sleep(0.5)  # the event reaches every worker's loop (loopback: well under a millisecond)
+    applied = events_applied(gw, names[holder])
+    assert engines[holder].announce() >= 32  # one stored event
+    wait_until(
+        lambda: events_applied(gw, names[holder]) >= applied + WORKERS, what="the event in every worker"
+    )
 
     routes = []
     # no keep-alive: each request on a new connection, which the kernel hands to any of the workers

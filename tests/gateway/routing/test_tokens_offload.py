@@ -6,7 +6,6 @@ tokenizes them, on the backend that is not the document's home."""
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,8 @@ from gateway.routing.tokens import HfTokenizer, PromptTokens
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.gateway.routing.kv_publisher import Publisher, stored
 from tests.gateway.routing.local_tokenizer import save_tokenizer
-from tests.gateway.routing.test_kv_routing_e2e import home_of
-from tests.support import GatewayProcess
+from tests.gateway.routing.test_kv_routing_e2e import events_applied, home_of
+from tests.support import GatewayProcess, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -75,8 +74,9 @@ def test_long_prompts_tokenized_in_the_worker_are_routed_by_the_events(
     # tokens start after the document's, so its blocks are the shared prefix)
     prompt = PromptTokens({MODEL: HfTokenizer(tokenizer_dir)}).blocks(ask(doc, "question 0"))
     assert prompt is not None and prompt.tokens > 1000
+    applied = events_applied(gw, names[holder])
     pubs[holder].publish([stored(prompt.token_ids())])
-    time.sleep(0.5)
+    wait_until(lambda: events_applied(gw, names[holder]) > applied, what="the event applied")
 
     routes = []
     with httpx.Client(base_url=gw.base_url, timeout=10) as http:

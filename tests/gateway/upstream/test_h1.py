@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from gateway.core.stalls import HELD_S
 from gateway.upstream.h1 import HIGH_WATER, H1Transport, _Connection, _Origin
 from gateway.upstream.transport import ConnectFailed, UpstreamError, UpstreamTimeout
-from tests.support import examples, until
+from tests.support import examples, one_turn, until
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
@@ -224,7 +224,7 @@ async def test_close_mid_stream_drops_the_connection() -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         while not srv.disconnected.is_set():
             await send({"type": "http.response.body", "body": b"data: tok\n\n", "more_body": True})
-            await asyncio.sleep(0.005)
+            await one_turn()  # the watcher runs between chunks
         await watcher
 
     srv = Uvicorn(endless)
@@ -252,7 +252,7 @@ async def test_close_from_another_task_wakes_a_pending_read() -> None:
             return await anext(it)
 
         pending = asyncio.create_task(next_chunk())
-        await asyncio.sleep(0)  # let it block
+        await one_turn()  # let it block
         assert not pending.done()
         resp.close()
         with pytest.raises(UpstreamError):
@@ -260,7 +260,7 @@ async def test_close_from_another_task_wakes_a_pending_read() -> None:
         # and read() the same way
         resp = await t.request("POST", srv.url + "/", b"{}")
         reading = asyncio.create_task(resp.read())
-        await asyncio.sleep(0)
+        await one_turn()
         resp.close()
         with pytest.raises(UpstreamError):
             await reading
@@ -367,7 +367,7 @@ async def test_a_connect_timeout_that_measured_this_process_stall_connects_again
     through. A stall shorter than `HELD_S` past the deadline is still a timeout."""
     async with Uvicorn(asgi_app) as srv, client(connect_timeout_s=0.2) as t:
         task = asyncio.ensure_future(get(t, srv.url + "/echo", b'{"n": 1}'))
-        await asyncio.sleep(0)  # the request has started its connect (an IP address: no lookup)
+        await one_turn()  # the request has started its connect (an IP address: no lookup)
         time.sleep(0.2 + HELD_S + 0.3)  # noqa: ASYNC251 - the point: the loop held past the deadline
         assert await asyncio.wait_for(task, 10) == (201, b'{"n": 1}')
         assert len(srv.ports) == 1  # the first connection was dropped unused
