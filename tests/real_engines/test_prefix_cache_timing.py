@@ -52,7 +52,7 @@ async def burst(base: str, model: str, seed: int) -> list[tuple[int, int]]:
             return usage["prompt_tokens"], (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
 
         busy = asyncio.create_task(complete(words(seed, 700)))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # the long prompt reaches the engine first (no signal of its prefill)
         same = words(seed + 1, 150)
         four = await asyncio.gather(*(complete(same) for _ in range(4)))
         await busy

@@ -110,7 +110,7 @@ async def test_running_waiting_and_kv_use_are_scraped(
             deadline = time.monotonic() + 60
             while await asyncio.to_thread(running, real_engine) < SLOTS:
                 assert time.monotonic() < deadline, f"the engine never ran {SLOTS} requests"
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.1)  # a real engine's gauge, read again (another process)
             tasks += [send(), send()]
             # each answered request is replaced at once, so two wait until the scrape has seen them: with
             # ten in all, the ten can be answered before a scrape, late on a stalled machine, shows one
@@ -131,7 +131,7 @@ async def test_running_waiting_and_kv_use_are_scraped(
                 pools = (await client.get("/admin/pools", headers=ADMIN)).json()["pools"]
                 now = pools[0]["backends"][0]["load"] or {}
                 seen = {k: max(seen[k], now.get(k) or 0) for k in seen}
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.1)  # the gateway's scrape of the engine, read again
         finally:
             for task in tasks:
                 task.cancel()  # closes their connections: the engine aborts the requests

@@ -40,7 +40,7 @@ def settled_queued_bytes(ports: set[int], timeout: float = 15.0) -> int:
     deadline = time.monotonic() + timeout
     last = kernel_queued_bytes(ports)
     while time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.5)  # still growing? two reads some time apart tell
         now = kernel_queued_bytes(ports)
         if abs(now - last) < 64 * 1024:
             return now
@@ -63,7 +63,7 @@ def test_slow_reader_pauses_the_engine_and_bounds_gateway_memory() -> None:
                 client.send(http_request("/v1/chat/completions", body))
                 wait_until(lambda: sim_stats(sim.base_url)["running"] == 1, timeout=5, what="stream started")
                 queued_early = settled_queued_bytes({gw.port, sim.port})
-                time.sleep(2.5)
+                time.sleep(2.5)  # that nothing moves shows only over time
                 queued_late = kernel_queued_bytes({gw.port, sim.port})
                 stats = sim_stats(sim.base_url)
                 rss_paused = rss_mb(gw.pid)

@@ -428,7 +428,7 @@ def test_a_head_sent_while_the_gateway_was_stopped_is_answered_not_cut(target: T
         os.kill(pid, signal.SIGSTOP)
         try:
             c.send(http_request("/healthz", method="GET"))  # the kernel holds it for the stopped process
-            time.sleep(HEADER_TIMEOUT_S + 1.5)
+            time.sleep(HEADER_TIMEOUT_S + 1.5)  # the stall: longer than the head deadline
         finally:
             os.kill(pid, signal.SIGCONT)
         status, _, body = c.read_response()
@@ -450,7 +450,7 @@ def test_slow_and_silent_heads_are_cut_and_do_not_starve_others(target: Target) 
             except OSError:
                 cut_at = time.monotonic() - opened
                 break
-            time.sleep(0.1)
+            time.sleep(0.1)  # a slow client: a byte every 0.1 s
         assert cut_at is not None and cut_at < HEADER_TIMEOUT_S + 2.5, cut_at
         for c in silent:
             data = c.read_until(b"\x00never\x00")
