@@ -209,7 +209,7 @@ def test_redis_stopped_and_restarted_under_traffic() -> None:
 
             # The outage's changes are written; one made after them reaches the other replica.
             for gw in (gw_open, gw_closed):
-                wait_for(lambda gw=gw: _pending(gw, admin) == [], timeout=5, what="outage changes written")
+                wait_until(lambda gw=gw: _pending(gw, admin) == [], timeout=5, what="outage changes written")
             assert _set_weight(gw_closed, admin, 0.75).status_code == 200
             wait_until(lambda: _weight(gw_open, admin) == 0.75, timeout=3, what="weight shared again")
             assert (gw_open.pid, gw_closed.pid) == pids and all(

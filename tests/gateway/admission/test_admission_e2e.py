@@ -118,12 +118,10 @@ async def _burst(
 
 
 def test_exact_across_four_gateways(four: list[GatewayProcess]) -> None:
-    started = time.time()
     responses = asyncio.run(_burst(four, auth_header("exact-user"), 400, CHAT))
     statuses = [r.status_code for r in responses]
     assert statuses.count(200) == 100, {s: statuses.count(s) for s in set(statuses)}
     assert statuses.count(429) == 300
-    elapsed = time.time() - started
     for r in responses:
         assert r.headers["x-ratelimit-limit-requests"] == "100"
         assert re.fullmatch(r"(\d+m)?\d+(\.\d+)?m?s", r.headers["x-ratelimit-reset-requests"])
@@ -134,9 +132,10 @@ def test_exact_across_four_gateways(four: list[GatewayProcess]) -> None:
                 "Limit 100, Used 100, Requested 1" in err["message"]
                 and "requests per min (RPM)" in err["message"]
             )
-            # the first admission leaves the window 60 s after it happened: that is the true wait
+            # the first admission leaves the window 60 s after it happened: that is the true wait (to
+            # the millisecond on a clock the test moves: tests/gateway/admission/test_limits_local.py)
             retry = int(r.headers["retry-after"])
-            assert 60 - elapsed - 2 <= retry <= 60, retry
+            assert 1 <= retry <= 60, retry
             assert 0 < int(r.headers["retry-after-ms"]) <= 60_000
             assert r.headers["x-ratelimit-remaining-requests"] == "0"
     remaining = sorted(

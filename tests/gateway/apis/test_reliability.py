@@ -5,7 +5,6 @@ own shape. Real simulators (vLLM dialect) with faults toggled at run time, one r
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -129,12 +128,10 @@ def test_failover_before_the_first_byte(rig: Rig, api: str, stream: bool) -> Non
     assert sim_stats(bad.base_url)["requests_total"] > before, "the failing backend was tried"
 
 
-def _settled(rig: Rig, sim: SimProcess, cancelled_before: int, completed_before: int) -> float:
-    """Waits until the engine cancelled the request and went idle; returns when the cancel was seen."""
-    wait_until(
-        lambda: sim_stats(sim.base_url)["cancelled_total"] > cancelled_before, timeout=2.5, what="cancel"
-    )
-    seen = time.monotonic()
+def _settled(rig: Rig, sim: SimProcess, cancelled_before: int, completed_before: int) -> None:
+    """Waits until the engine cancelled the request and went idle; nothing ran to its end (the
+    cancel came before the engine's answer)."""
+    wait_until(lambda: sim_stats(sim.base_url)["cancelled_total"] > cancelled_before, what="cancel")
     wait_until(lambda: sim_stats(sim.base_url)["running"] == 0, timeout=3, what="engine idle")
     assert sim_stats(sim.base_url)["completed_total"] == completed_before, (
         "an abandoned request ran to its end"
@@ -142,7 +139,6 @@ def _settled(rig: Rig, sim: SimProcess, cancelled_before: int, completed_before:
     text = httpx.get(rig.gw.base_url + "/metrics", timeout=5).text
     assert metric(text, "gateway_in_flight_requests") == 0
     assert metric(text, "gateway_backend_in_flight") == 0
-    return seen
 
 
 @pytest.mark.parametrize(("api", "stream"), _CASES)
@@ -161,11 +157,8 @@ def test_a_client_that_leaves_cancels_the_engines_request(rig: Rig, api: str, st
             timeout=3,
             what="engine request started",
         )
-        left = time.monotonic()
-    # the cancel, not the checks after it, must come before the engine's answer (due 3 s after
-    # the start); on a loaded machine the idle and metrics checks alone took seconds once
-    cancel_seen = _settled(rig, sim, cancelled, completed)
-    assert cancel_seen - left < 2.5
+    # the cancel must come before the engine's answer (due 3 s after the start): nothing completes
+    _settled(rig, sim, cancelled, completed)
 
 
 def test_a_broken_stream_ends_with_the_apis_own_error(rig: Rig) -> None:

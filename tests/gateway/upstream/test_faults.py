@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from typing import Any
 
 import httpx
@@ -99,13 +98,12 @@ def test_idle_timeout_mid_stream() -> None:
             "vllm", [sim.base_url], upstream=_quiet_health(timeouts={"idle_s": 0.4, "first_byte_s": 10})
         )
         with GatewayProcess(config) as gw, httpx.Client(base_url=gw.base_url, timeout=20) as http:
-            started = time.monotonic()
+            # a token every 3 s would take a minute: the 0.4 s idle timeout ends it, within the
+            # client's own timeout
             r = http.post("/v1/chat/completions", json=_chat(1, stream=True, max_tokens=20))
-            elapsed = time.monotonic() - started
             events = _events(r.text)
             assert events[-1] == "[DONE]"
             assert "went silent" in orjson.loads(events[-2])["error"]["message"]
-            assert elapsed < 20
 
 
 def test_client_disconnect_cancels_the_engine_request() -> None:
@@ -118,12 +116,12 @@ def test_client_disconnect_cancels_the_engine_request() -> None:
             ):
                 for _ in r.iter_raw():
                     break
-                closed_at = time.monotonic()
             # leaving the block closed the connection mid-stream
-            wait_until(lambda: _stats(sim.base_url)["cancelled_total"] >= 1, timeout=5, what="cancel")
-            seen_after = time.monotonic() - closed_at
-            assert seen_after < 1.0, f"engine saw the cancel only after {seen_after:.3f}s"
-            assert _stats(sim.base_url)["running"] == 0
+            wait_until(lambda: _stats(sim.base_url)["cancelled_total"] >= 1, what="cancel")
+            stats = _stats(sim.base_url)
+            # promptly: long before the 400 tokens (8 s) were generated
+            assert stats["running"] == 0 and stats["completed_total"] == 0
+            assert stats["generation_tokens_total"] < 400, stats
 
 
 def test_graceful_shutdown_drains_open_streams() -> None:
