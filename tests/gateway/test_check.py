@@ -17,6 +17,8 @@ from gateway.admission.tokens import mint_token
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.support import GatewayProcess
 
+pytestmark = pytest.mark.processes
+
 SECRET = "check-suite-secret-" + "c" * 24
 ADMIN = mint_token(SECRET, "ops", roles=["admin"])
 

@@ -67,6 +67,7 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     )
 
 
+@pytest.mark.processes
 def test_config_check_and_version_on_the_command_line(tmp_path: Path) -> None:
     bad, good = tmp_path / "bad.yaml", tmp_path / "good.yaml"
     bad.write_text(BROKEN)

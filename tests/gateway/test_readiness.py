@@ -13,6 +13,8 @@ from gateway.admission.tokens import mint_token
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.support import GatewayProcess
 
+pytestmark = pytest.mark.processes
+
 SECRET = "readiness-suite-secret-" + "q" * 24
 ADMIN = {"authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}

@@ -19,9 +19,11 @@ import httpx
 import pytest
 
 from tests.conftest import MODEL, fast_sim, single_pool_config
-from tests.reliability.support import SECRET, bearer, metric, token, wait_for
+from tests.reliability.support import SECRET, bearer, metric, token
 from tests.reliability.test_redis_outage import PersistentRedis
-from tests.support import GatewayProcess
+from tests.support import GatewayProcess, wait_until
+
+pytestmark = pytest.mark.processes
 
 ADMIN = bearer(token("root", admin=True))
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
@@ -116,13 +118,15 @@ def test_an_operator_can_act_through_an_outage_and_a_redis_that_comes_back_empty
     assert r.status_code == 503 and r.json()["error"]["code"] == "redis_unavailable"
 
     redis.start()  # the same data: the outage is over
-    wait_for(lambda: state(b) == (0.4, True), timeout=10, what="the outage's changes reach the other replica")
+    wait_until(
+        lambda: state(b) == (0.4, True), timeout=10, what="the outage's changes reach the other replica"
+    )
     assert pools(a)["not_persisted"] == []
     audit = httpx.get(b.base_url + "/admin/audit", headers=ADMIN, timeout=5).json()["entries"]
     assert [e["action"] for e in audit[:2]] == ["drain", "set_weight"]
 
     wipe(redis)  # Redis back with nothing in it
-    wait_for(
+    wait_until(
         lambda: all(
             metric(
                 httpx.get(g.base_url + "/metrics", timeout=5).text,
@@ -142,7 +146,7 @@ def test_an_operator_can_act_through_an_outage_and_a_redis_that_comes_back_empty
         )
         assert "API keys (1 verified here" in log or gw is b
     # one replica wrote back what they knew: the fleet keeps its weight and its drained backend
-    wait_for(
+    wait_until(
         lambda: state(a) == (0.4, True) and state(b) == (0.4, True), timeout=10, what="overrides restored"
     )
     audit = httpx.get(a.base_url + "/admin/audit", headers=ADMIN, timeout=5).json()["entries"]

@@ -11,6 +11,8 @@ from types import ModuleType
 
 import pytest
 
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -62,6 +62,7 @@ def test_anonymous_only_when_asked_or_on_loopback_without_an_auth_section() -> N
         assert not settings(server={"host": host}).auth.active
 
 
+@pytest.mark.processes
 def test_serve_refuses_to_start_and_says_why(tmp_path: Path) -> None:
     config = tmp_path / "gateway.yaml"
     config.write_text(yaml.safe_dump({**BASE, "auth": {"jwt": {}}}))
@@ -80,6 +81,7 @@ def test_serve_refuses_to_start_and_says_why(tmp_path: Path) -> None:
         load_settings(config, environ={})
 
 
+@pytest.mark.processes
 def test_anonymous_serving_is_loud_and_in_a_metric() -> None:
     with fast_sim("vllm") as sim:
         config = single_pool_config("vllm", [sim.base_url], auth={"enabled": False})

@@ -18,6 +18,8 @@ from engines.sim.launcher import SimProcess
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.support import GatewayProcess
 
+pytestmark = pytest.mark.processes
+
 PNG = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 32).decode()
 
 

@@ -15,6 +15,8 @@ from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.reliability.support import sim_faults
 from tests.support import GatewayProcess, RedisServer, wait_until
 
+pytestmark = pytest.mark.processes
+
 SECRET = "spend-report-secret-" + "s" * 24
 ADMIN = {"authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}
 BUDGETS = [{"period": "month", "tokens": 10_000_000}]

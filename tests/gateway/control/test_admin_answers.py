@@ -14,6 +14,8 @@ from gateway.admission.tokens import mint_token
 from tests.conftest import fast_sim, single_pool_config
 from tests.support import GatewayProcess
 
+pytestmark = pytest.mark.processes
+
 SECRET = "admin-answers-secret-" + "a" * 24
 ADMIN = {"authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}
 

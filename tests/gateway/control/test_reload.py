@@ -15,6 +15,8 @@ from gateway.admission.tokens import mint_token
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.support import GatewayProcess, RedisServer
 
+pytestmark = pytest.mark.processes
+
 SECRET = "reload-suite-secret-" + "r" * 24
 ADMIN = {"authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}
 USER = {"authorization": "Bearer " + mint_token(SECRET, "alice")}

@@ -28,6 +28,8 @@ from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.server import ServerState
 
+from tests.support import one_turn
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -89,7 +91,7 @@ async def test_headers_complete_builds_a_plain_request_response_cycle() -> None:
     for _ in range(100):  # bounded: the app's task answers in a few loop turns
         if transport.writes:
             break
-        await asyncio.sleep(0)
+        await one_turn()
     assert transport.writes and transport.writes[0].startswith(b"HTTP/1.1 200 OK\r\n")
     protocol.connection_lost(None)
 

@@ -17,6 +17,8 @@ from tests.conftest import fast_sim
 from tests.reliability.support import sim_faults
 from tests.support import GatewayProcess, wait_until
 
+pytestmark = pytest.mark.processes
+
 SECRET = "fallback-suite-secret-" + "f" * 24
 ADMIN = {"authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}
 USER = {"authorization": "Bearer " + mint_token(SECRET, "alice")}

@@ -21,6 +21,8 @@ from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.reliability.support import metric
 from tests.support import GatewayProcess
 
+pytestmark = pytest.mark.processes
+
 SECRET = "engine-keys-suite-secret-" + "e" * 24
 ADMIN = {"authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
