@@ -1,9 +1,8 @@
 # make demo · make check · make test · make lint · make bench
 # Everything runs from .venv, created on first use. `make demo` installs what the gateway needs to run
 # (the package, and mypy to compile policies/); `make check`, `make test`, `make lint`, `make bench` and
-# `make soak`
-# also install the `dev` extra (test, lint, benchmark and client libraries). pip's output goes to
-# .venv/install.log, shown only when an install fails (scripts/quiet.sh).
+# `make soak` also install the `dev` extra (test, lint, benchmark and client libraries). pip's output
+# goes to .venv/install.log, shown only when an install fails (scripts/quiet.sh).
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 LOG     := $(VENV)/install.log
