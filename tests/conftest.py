@@ -61,14 +61,17 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 _MODULE_MARK = re.compile(rf"^pytestmark = \[?pytest\.mark\.{PROCESSES}\b", re.M)
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects and xdist reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)  # before every other implementation: `-m` deselects, xdist reads the groups
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> Generator[None, None, None]:
     for item in items:
         if REAL_ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.processes)
             item.add_marker(pytest.mark.xdist_group("real_engines"))
         elif item.get_closest_marker(PROCESSES) and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    return (yield)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
