@@ -15,6 +15,8 @@ from gateway.demo import SERVED
 from tests.conftest import fast_sim
 from tests.support import GatewayProcess, wait_until
 
+pytestmark = pytest.mark.processes
+
 SECRET = "caps-suite-secret-" + "c" * 24
 ADMIN = {"authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}
 PRICE = {"prompt": 1.0, "completion": 2.0}

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 
 from engines.sim.launcher import free_port
 from gateway.admission.tokens import mint_token

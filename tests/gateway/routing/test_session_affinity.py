@@ -14,6 +14,8 @@ from engines.sim.launcher import SimProcess
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.support import GatewayProcess
 
+pytestmark = pytest.mark.processes
+
 
 @pytest.fixture(scope="module")
 def rig() -> Iterator[tuple[list[SimProcess], list[GatewayProcess]]]:
