@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from engines.sim.launcher import SimProcess, free_port
 from gateway.demo import SERVED, sim_flags
@@ -36,6 +37,12 @@ PROCESSES = "processes"  # the mark of a test that starts processes: `make test`
 REAL_ENGINE_FIXTURES = frozenset(
     {"real_engine", "real_vllm", "real_sglang", "real_vllm_spare", "vllm_traces"}
 )
+
+
+# Hypothesis times the drawing of examples and fails a test whose drawing is slow: on a machine whose
+# cores are busy elsewhere that is a verdict on the machine, not the test (no deadline, for the same reason)
+settings.register_profile("suite", suppress_health_check=[HealthCheck.too_slow], deadline=None)
+settings.load_profile("suite")
 
 
 class ProcessStarted(Exception):
