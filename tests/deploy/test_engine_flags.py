@@ -25,6 +25,8 @@ from tests.deploy.manifests import (
     kustomize,
 )
 
+pytestmark = pytest.mark.processes
+
 SOURCES = ("compose", "k8s")
 KEY = "a-deploy-key"
 ENVIRON = {"ENGINE_API_KEY": KEY, "GATEWAY_JWT_SECRET": "s" * 32}

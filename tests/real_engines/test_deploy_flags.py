@@ -16,7 +16,10 @@ import pytest
 from tests.deploy.manifests import compose, compose_interpolate, engine_argv, engine_flags, kustomize
 from tests.real_engines.servers import HERE, OFFLINE_ENV, engine_bin
 
-pytestmark = pytest.mark.timeout(300)  # two engine imports (~20-40 s each on a busy machine)
+pytestmark = [
+    pytest.mark.processes,
+    pytest.mark.timeout(300),
+]  # two engine imports (~20-40 s each on a busy machine)
 
 ENGINES = ("vllm", "sglang")
 SOURCES = ("compose", "k8s")

@@ -32,7 +32,10 @@ from tests.real_engines.servers import (
 )
 from tests.support import GatewayProcess
 
-pytestmark = pytest.mark.timeout(300)  # the first test may wait for a server's startup
+pytestmark = [
+    pytest.mark.processes,
+    pytest.mark.timeout(300),
+]  # the first test may wait for a server's startup
 
 TEXT = "The quick brown fox jumps over the lazy dog."
 QUERY = "What is the capital of France?"

@@ -12,6 +12,8 @@ from engines.sim.audio import duration, transcript
 from tests.conftest import fast_sim
 from tests.engines.sim.helpers import wav
 
+pytestmark = pytest.mark.processes
+
 
 @pytest.fixture(scope="module")
 def sims() -> Iterator[dict[str, str]]:

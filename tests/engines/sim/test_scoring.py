@@ -12,6 +12,8 @@ from engines.sim import tokenizer
 from engines.sim.scoring import relevance
 from tests.conftest import fast_sim
 
+pytestmark = pytest.mark.processes
+
 QUERY = "What is the capital of France?"
 DOCS = ["Berlin is the capital of Germany.", "Paris is the capital of France.", "Bananas are yellow."]
 

@@ -152,5 +152,5 @@ def engine_rig(engine: str) -> Iterator[EngineRig]:
         )
         gw = stack.enter_context(GatewayProcess(config))
         rig = EngineRig(engine, gw, token("alice"), mint_token(SECRET, "carol", tier="tight"))
-        wait_until(lambda: _embeds(Rig(engine, gw, rig.alice, rig.alice)), 30, 0.2, "the embedding pool")
+        wait_until(lambda: _embeds(Rig(engine, gw, rig.alice, rig.alice)), 30, "the embedding pool")
         yield rig

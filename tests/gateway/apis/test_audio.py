@@ -18,6 +18,8 @@ from tests.engines.sim.helpers import wav
 from tests.gateway.apis.conftest import TIGHT_TOKENS_PER_MINUTE, WHISPER_MODEL, WHISPER_SERVED, EngineRig
 from tests.support import GatewayProcess
 
+pytestmark = pytest.mark.processes
+
 AUDIO = wav(3.2)
 TEXT = transcript(AUDIO, "transcribe")
 

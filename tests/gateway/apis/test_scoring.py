@@ -13,6 +13,8 @@ from engines.sim.scoring import relevance
 from tests.conftest import MODEL
 from tests.gateway.apis.conftest import RERANK_MODEL, TIGHT_TOKENS_PER_MINUTE, EngineRig
 
+pytestmark = pytest.mark.processes
+
 QUERY = "What is the capital of France?"
 DOCS = ["Berlin is the capital of Germany.", "Paris is the capital of France.", "Bananas are yellow."]
 

@@ -12,6 +12,8 @@ from engines.sim import tokenizer
 from tests.conftest import MODEL
 from tests.gateway.apis.conftest import EMBED_MODEL, TIGHT_TOKENS_PER_MINUTE, EngineRig
 
+pytestmark = pytest.mark.processes
+
 TEXT = "The quick brown fox jumps over the lazy dog."
 
 
