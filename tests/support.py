@@ -173,6 +173,10 @@ def received_chat(
     return None
 
 
+class _Stuck(Exception):
+    """A gateway that uses the CPU and still does not answer (its start is given up)."""
+
+
 class GatewayProcess:
     """`gateway serve --config <tmp yaml>` in a subprocess; ready when /readyz answers 200."""
 
@@ -223,43 +227,51 @@ class GatewayProcess:
         self.base_url = f"http://127.0.0.1:{self.port}"
 
     def start(self) -> GatewayProcess:
-        proc = self._launch()
+        self.proc = self._launch()
         # a healthy start takes 1-2 s; 40 s because a gateway started beside the real engines'
         # start-up (both cores busy for ~50 s) once printed nothing in 20 s (13 setup errors)
         t0 = time.monotonic()
-        seen = "nothing listening on the port"
-        while True:
+        seen = ["nothing listening on the port"]
+
+        def started() -> bool:
+            proc = self.proc
+            assert proc is not None
             waited = time.monotonic() - t0
-            if waited >= START_MAX_S or (waited >= START_S and tree_cpu(proc.pid) >= START_CPU_S):
-                break
+            if waited >= START_S and tree_cpu(proc.pid) >= START_CPU_S:
+                raise _Stuck  # it works and still does not answer: it will not
             exited = proc.poll() is not None
             listening = port_open("127.0.0.1", self.port)
             if listening and taken_by_another(self.port, tree_pids(proc.pid), exited):
                 self._taken(proc)
-                proc = self._launch()
-                continue
+                self.proc = self._launch()
+                return False
             if exited:
                 raise RuntimeError(f"gateway exited with {proc.returncode}:\n{self.log()}")
-            if listening:
-                if not self._wait_ready:
-                    return self
-                try:
-                    status = httpx.get(self.base_url + "/readyz", timeout=1).status_code
-                    if status == 200:
-                        return self
-                    seen = f"/readyz answered {status}"
-                except httpx.HTTPError as e:
-                    seen = f"/readyz failed: {e!r}"
-            time.sleep(0.05)  # its start: another process, whose readiness is only seen by asking
-        cpu = tree_cpu(proc.pid)
+            if not listening:
+                return False
+            if not self._wait_ready:
+                return True
+            try:
+                status = httpx.get(self.base_url + "/readyz", timeout=1).status_code
+            except httpx.HTTPError as e:
+                seen[0] = f"/readyz failed: {e!r}"
+                return False
+            seen[0] = f"/readyz answered {status}"
+            return status == 200
+
+        with contextlib.suppress(AssertionError, _Stuck):
+            wait_until(started, START_MAX_S, what="the gateway's start")
+            return self
+        assert self.proc is not None
+        cpu = tree_cpu(self.proc.pid)
         # where it is: PYTHONFAULTHANDLER (set at the start) prints every thread's stack on SIGABRT
-        proc.send_signal(signal.SIGABRT)
+        self.proc.send_signal(signal.SIGABRT)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(5)
+            self.proc.wait(5)
         log = self.log()  # before stop(), which removes the directory the log is in
         self.stop()
         raise RuntimeError(
-            f"gateway not ready within {time.monotonic() - t0:.0f}s ({cpu:.1f}s of CPU; {seen}):\n{log}"
+            f"gateway not ready within {time.monotonic() - t0:.0f}s ({cpu:.1f}s of CPU; {seen[0]}):\n{log}"
         )
 
     def log(self) -> str:

@@ -89,5 +89,12 @@ def on_virtual_time(test: Callable[P, Awaitable[None]]) -> Callable[P, None]:
 
 
 async def elapse(seconds: float) -> None:
-    """Let `seconds` of virtual time pass, running everything that falls due meanwhile."""
-    await asyncio.sleep(seconds)  # virtual: returns at once in wall time
+    """Let `seconds` of virtual time pass, running everything that falls due meanwhile (a timer on
+    the virtual clock: it returns at once in wall time)."""
+    loop = asyncio.get_running_loop()
+    due: asyncio.Future[None] = loop.create_future()
+    timer = loop.call_later(seconds, due.set_result, None)
+    try:
+        await due
+    finally:
+        timer.cancel()  # a cancelled wait leaves no timer behind

@@ -23,7 +23,7 @@ import pytest
 from gateway.admission.tokens import mint_token
 from tests.real_engines.rig import chat, metric, real_pool_config, running
 from tests.real_engines.servers import EngineServer
-from tests.support import GatewayProcess, wait_until
+from tests.support import GatewayProcess, until, wait_until
 
 pytestmark = [
     pytest.mark.processes,
@@ -107,21 +107,18 @@ async def test_running_waiting_and_kv_use_are_scraped(
             # the last two only once the engine runs eight, so they must wait: sent with the others, a
             # starved vLLM API server can hand the engine core two, then the other eight when the
             # first two have finished - 8 running, never one waiting
-            deadline = time.monotonic() + 60
-            while await asyncio.to_thread(running, real_engine) < SLOTS:
-                assert time.monotonic() < deadline, f"the engine never ran {SLOTS} requests"
-                await asyncio.sleep(0.1)  # a real engine's gauge, read again (another process)
+            async def full() -> bool:
+                return await asyncio.to_thread(running, real_engine) >= SLOTS
+
+            await until(full, 60, what=f"the engine running {SLOTS} requests")
             tasks += [send(), send()]
+
             # each answered request is replaced at once, so two wait until the scrape has seen them: with
             # ten in all, the ten can be answered before a scrape, late on a stalled machine, shows one
             # waiting
-            deadline = time.monotonic() + 90
-            pools: Any = None
-            while not (seen["running"] >= SLOTS and seen["waiting"] >= 1 and seen["kv_usage"] > 0):
-                assert time.monotonic() < deadline, (
-                    f"the scraper never showed the load: {seen}; last view {pools}; "
-                    f"{answered} answered (200) and replaced"
-                )
+            async def shown() -> bool:
+                """Each answered request replaced, the gateway's view of the engine read again."""
+                nonlocal answered, seen
                 for task in [t for t in tasks if t.done()]:
                     tasks.remove(task)
                     answer = task.result()  # a transport error fails the test here, a refusal below
@@ -131,7 +128,9 @@ async def test_running_waiting_and_kv_use_are_scraped(
                 pools = (await client.get("/admin/pools", headers=ADMIN)).json()["pools"]
                 now = pools[0]["backends"][0]["load"] or {}
                 seen = {k: max(seen[k], now.get(k) or 0) for k in seen}
-                await asyncio.sleep(0.1)  # the gateway's scrape of the engine, read again
+                return bool(seen["running"] >= SLOTS and seen["waiting"] >= 1 and seen["kv_usage"] > 0)
+
+            await until(shown, 90, what=f"the scraper showing the load ({answered} answered and replaced)")
         finally:
             for task in tasks:
                 task.cancel()  # closes their connections: the engine aborts the requests
