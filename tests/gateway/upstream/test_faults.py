@@ -127,12 +127,14 @@ def test_client_disconnect_cancels_the_engine_request() -> None:
 def test_graceful_shutdown_drains_open_streams() -> None:
     with fast_sim("vllm", "--itl-ms", "15") as sim:
         config = single_pool_config("vllm", [sim.base_url], upstream=_quiet_health())
+        # a drain long enough for a busy machine: the stream, not the deadline, ends the wait
+        config["server"]["graceful_shutdown_s"] = 60
         gw = GatewayProcess(config).start()
         try:
             result: dict[str, Any] = {}
 
             def stream() -> None:
-                with httpx.Client(base_url=gw.base_url, timeout=20) as http:
+                with httpx.Client(base_url=gw.base_url, timeout=60) as http:
                     r = http.post(
                         "/v1/chat/completions", json=_chat(1, stream=True, max_tokens=80, min_tokens=80)
                     )
@@ -143,7 +145,7 @@ def test_graceful_shutdown_drains_open_streams() -> None:
             wait_until(lambda: _stats(sim.base_url)["running"] >= 1, timeout=5, what="stream started")
             assert gw.proc is not None
             gw.proc.send_signal(signal.SIGTERM)
-            t.join(20)
+            t.join(60)
             events = result["events"]
             assert events[-1] == "[DONE]"
             assert not any("error" in orjson.loads(e) for e in events[:-1])
