@@ -153,6 +153,7 @@ def test_same_shape_as_the_real_engine(
     )
 
 
+@pytest.mark.xdist_group("real_engines")  # the cases' worker: `_used` is that process's
 def test_every_on_purpose_difference_still_occurs() -> None:
     """Runs after the cases: an allow-list entry no case needed any more is stale and must go."""
     stale = [(e, p) for e, entries in ON_PURPOSE.items() for p, _ in entries if (e, p) not in _used]
