@@ -166,6 +166,7 @@ class RedisStore:
         self._generation: bytes | str | None = None
         self._fields: dict[str, Any] = {}
         self._audit_len = 0
+        self._resetting = asyncio.Lock()
         self._outage = OutageLog(log, "reading the shared state (Redis; the last known overrides stay)")
 
     async def start(
@@ -175,6 +176,7 @@ class RedisStore:
         self._on_reset = on_reset
         await self._redis.set(GENERATION_KEY, secrets.token_hex(8), nx=True)
         overrides = await self._load()
+        assert overrides is not None  # the first read adopts the generation it finds
         self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._poll())]
         return overrides
 
@@ -183,20 +185,25 @@ class RedisStore:
         await cancel_and_wait(self._tasks, within_s=2.0, what="shared-state tasks")
         self._tasks = []
 
-    async def _load(self) -> Overrides:
+    async def _load(self) -> Overrides | None:
+        """The stored overrides, or None when Redis holds another generation of state than this
+        replica last read (it came back empty): `_reset` has handled that, whichever path read it."""
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.get(VERSION_KEY)
             pipe.hgetall(OVERRIDES_KEY)
             pipe.get(GENERATION_KEY)
             pipe.llen(AUDIT_KEY)
-            version, raw, self._generation, self._audit_len = await pipe.execute()
-        self._version = int(version or 0)
+            version, raw, generation, audit_len = await pipe.execute()
+        if self._generation is not None and generation != self._generation:
+            await self._reset()
+            return None
+        self._version, self._generation, self._audit_len = int(version or 0), generation, audit_len
         self._fields = {k.decode(): orjson.loads(v) for k, v in raw.items()}
         return Overrides.from_fields(self._fields)
 
     async def _refresh(self) -> None:
         overrides = await self._load()
-        if self._on_change is not None:
+        if overrides is not None and self._on_change is not None:
             self._on_change(overrides)
 
     async def _listen(self) -> None:
@@ -229,7 +236,7 @@ class RedisStore:
                     pipe.llen(AUDIT_KEY)
                     version, generation, audit_len = await pipe.execute()
                 if generation != self._generation:
-                    await self._reset(generation)
+                    await self._reset()
                     continue
                 self._audit_len = audit_len
                 if int(version or 0) != self._version or self._outage.failing:
@@ -240,13 +247,20 @@ class RedisStore:
                     return
                 self._outage.failed(exc)
 
-    async def _reset(self, seen: bytes | str | None) -> None:
-        """The marker is gone (Redis came back empty) or another replica has already set a new one."""
-        restore = seen is None and bool(await self._redis.set(GENERATION_KEY, secrets.token_hex(8), nx=True))
-        lost = StateLost(dict(self._fields), self._audit_len, restore)
-        self._generation = await self._redis.get(GENERATION_KEY)
-        if self._on_reset is not None:
-            await self._on_reset(lost)
+    async def _reset(self) -> None:
+        """The marker is gone (Redis came back empty) or another replica has already set a new one.
+        The poller and the listener may both find it: the lock and the re-read make it one reset."""
+        async with self._resetting:
+            seen = await self._redis.get(GENERATION_KEY)
+            if seen is not None and seen == self._generation:
+                return
+            restore = seen is None and bool(
+                await self._redis.set(GENERATION_KEY, secrets.token_hex(8), nx=True)
+            )
+            lost = StateLost(dict(self._fields), self._audit_len, restore)
+            self._generation = await self._redis.get(GENERATION_KEY)
+            if self._on_reset is not None:
+                await self._on_reset(lost)
         await self._refresh()
 
     async def change(self, updates: dict[str, Any], deletes: list[str], audit: AuditEntry) -> None:

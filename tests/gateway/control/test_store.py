@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
-from gateway.control.store import MemoryStore, Overrides, RedisStore, audit_entry
+from gateway.control.store import MemoryStore, Overrides, RedisStore, StateLost, audit_entry
 from gateway.core.fleet import Fleet
 from gateway.settings import HealthSettings, PoolSettings
 from tests.support import Recorder, RedisServer
@@ -119,6 +119,31 @@ async def test_redis_store_poll_catches_a_missed_announcement() -> None:
             await r.hset("gw:{fleet}:overrides", "weight:sglang", b"0.75")
             await r.incr("gw:{fleet}:version")
             await seen.wait_for(lambda seen: bool(seen) and seen[-1].weights.get("sglang") == 0.75)
+        finally:
+            await store.stop()
+            await r.aclose()
+
+
+async def test_an_announcement_from_a_new_generation_is_a_reset_not_an_update() -> None:
+    """Redis came back empty and another replica restored first: the announcement of its restore
+    is the first this replica hears (its poll is too slow), and it still reports what was lost."""
+    with RedisServer() as server:
+        r = Redis.from_url(server.url)
+        store = RedisStore(r, poll_s=3600)
+        lost: Recorder[StateLost] = Recorder()
+
+        async def on_reset(state: StateLost) -> None:
+            lost(state)
+
+        await store.start(lambda o: None, on_reset)
+        try:
+            await store.change({"weight:vllm": 0.25}, [], audit_entry("op", "set_weight", "vllm", 0.5, 0.25))
+            await r.flushall()
+            await r.set("gw:{fleet}:generation", "restored")
+            await r.hset("gw:{fleet}:overrides", "weight:vllm", b"0.25")
+            await r.publish("gw:fleet:changed", b"1")
+            seen = await lost.wait_for(bool)
+            assert len(seen) == 1 and seen[0].fields == {"weight:vllm": 0.25} and not seen[0].restore
         finally:
             await store.stop()
             await r.aclose()
