@@ -75,6 +75,9 @@ class ConfigSource(Protocol):
 REPLICA = f"{socket.gethostname()}:{os.getpid()}"
 #: how long a reload's answer waits for the other replicas' reports (they poll every 0.5 s)
 RELOAD_WAIT_S = 1.5
+#: writing the outage's changes back: tries, and the wait between them (the poll's period, twice)
+RECONCILE_ATTEMPTS = 10
+RECONCILE_RETRY_S = 1.0
 
 
 #: (kind, count) → report what a shared state that came back empty lost (`gateway_shared_state_lost`)
@@ -186,16 +189,20 @@ class FleetControl:
         self.overrides = merged
 
     async def _reconcile(self) -> None:
-        """Write the changes made during the outage, oldest first; stop at the first failure."""
+        """Write the changes made during the outage, oldest first. A failed write is tried again a
+        few times: a Redis that answers the poll may still refuse a write (loading its data)."""
         written = 0
         try:
-            while self.pending:
-                p = self.pending[0]
-                await self.store.change(p.updates, p.deletes, p.entry)
-                self.pending.pop(0)
-                written += 1
-        except (RedisError, OSError):
-            pass
+            for _ in range(RECONCILE_ATTEMPTS):
+                try:
+                    while self.pending:
+                        p = self.pending[0]
+                        await self.store.change(p.updates, p.deletes, p.entry)
+                        self.pending.pop(0)
+                        written += 1
+                    break
+                except (RedisError, OSError):
+                    await asyncio.sleep(RECONCILE_RETRY_S)
         finally:
             self._reconciling = None
         if written:
