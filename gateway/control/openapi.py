@@ -22,6 +22,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.control.openapi_apis import apis_router
+from gateway.control.openapi_engine_apis import engine_apis_router
 
 _SECURITY: list[dict[str, list[str]]] = [{"bearerAuth": []}]
 
@@ -298,6 +299,7 @@ def document_public_api(app: FastAPI, model_names: Sequence[str]) -> None:
     """Make `app.openapi()` (served at /openapi.json) describe the public API as well as the admin one."""
     public = public_router(model_names)
     apis = apis_router(model_names)  # /v1/responses…, /v1/embeddings, /v1/messages… (openapi_apis.py)
+    engine_apis = engine_apis_router(model_names)  # tokenize, rerank, score, audio (openapi_engine_apis.py)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -308,7 +310,7 @@ def document_public_api(app: FastAPI, model_names: Sequence[str]) -> None:
                     "OpenAI-compatible public API (answered by the gateway's own ASGI dispatcher; "
                     "documented here) and the admin API (admin role)."
                 ),
-                routes=[*public.routes, *apis.routes, *app.routes],
+                routes=[*public.routes, *apis.routes, *engine_apis.routes, *app.routes],
             )
             schema.setdefault("components", {})["securitySchemes"] = {
                 "bearerAuth": {

@@ -30,6 +30,17 @@ pytestmark = pytest.mark.processes
 
 EXAMPLES = {GenerationMode.POSITIVE: 20, GenerationMode.NEGATIVE: 12}
 EMBED_MODEL = "fuzz-embed"
+RERANK_MODEL = "fuzz-rerank"
+AUDIO_MODEL = "fuzz-whisper"
+#: the model a valid case names, by path (chat's otherwise)
+MODEL_OF = {
+    "/v1/embeddings": EMBED_MODEL,
+    "/v1/rerank": RERANK_MODEL,
+    "/rerank": RERANK_MODEL,
+    "/v1/score": RERANK_MODEL,
+    "/v1/audio/transcriptions": AUDIO_MODEL,
+    "/v1/audio/translations": AUDIO_MODEL,
+}
 
 
 class Target:
@@ -45,10 +56,17 @@ class Target:
 def target() -> Iterator[Target]:
     vllm, sglang = fast_sim("vllm", "--fast"), fast_sim("sglang", "--fast")
     embed = fast_sim("sglang", "--fast", "--model", "emb", "--embedding-dim", "8")
-    with vllm, sglang, embed:
+    rerank = fast_sim("vllm", "--fast", "--model", "rr", "--reranker", "--max-model-len", "512")
+    audio = fast_sim("vllm", "--fast", "--model", "wh", "--speech-to-text")
+    with vllm, sglang, embed, rerank, audio:
         config: dict[str, Any] = {
             "server": {"graceful_shutdown_s": 1, "api_docs": True},  # the document the fuzzer reads
-            "models": [{"name": MODEL, "context_length": 8192}, {"name": EMBED_MODEL, "task": "embed"}],
+            "models": [
+                {"name": MODEL, "context_length": 8192},
+                {"name": EMBED_MODEL, "task": "embed"},
+                {"name": RERANK_MODEL, "task": "score", "context_length": 512},
+                {"name": AUDIO_MODEL, "task": "transcribe"},
+            ],
             "pools": [
                 *(
                     {
@@ -59,19 +77,26 @@ def target() -> Iterator[Target]:
                     }
                     for e, s in (("vllm", vllm), ("sglang", sglang))
                 ),
-                {
-                    "name": "embed",
-                    "dialect": "sglang",
-                    "models": {EMBED_MODEL: "emb"},
-                    "backends": [{"name": "embed-0", "url": embed.base_url}],
-                },
+                *(
+                    {
+                        "name": name,
+                        "dialect": dialect,
+                        "models": {model: served},
+                        "backends": [{"name": f"{name}-0", "url": sim.base_url}],
+                    }
+                    for name, dialect, model, served, sim in (
+                        ("embed", "sglang", EMBED_MODEL, "emb", embed),
+                        ("rerank", "vllm", RERANK_MODEL, "rr", rerank),
+                        ("audio", "vllm", AUDIO_MODEL, "wh", audio),
+                    )
+                ),
             ],
             "upstream": {"health": {"interval_s": 3600}},
             "routing": {"scrape_interval_s": 0},
             "auth": {"jwt": {"secret": SECRET}},
         }
         with GatewayProcess(config) as gw:
-            yield Target(gw, [vllm.port, sglang.port, embed.port])
+            yield Target(gw, [s.port for s in (vllm, sglang, embed, rerank, audio)])
             # The fuzzing left the gateway healthy.
             assert httpx.get(gw.base_url + "/readyz", timeout=5).status_code == 200
             log = gw.log()
@@ -109,7 +134,7 @@ def _tame(case: Any, mode: GenerationMode, path: str) -> Any:
     body = case.body
     if isinstance(body, dict):
         if mode is GenerationMode.POSITIVE and "model" in body:
-            body["model"] = EMBED_MODEL if path == "/v1/embeddings" else MODEL
+            body["model"] = MODEL_OF.get(path, MODEL)
         for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
             if isinstance(body.get(key), int) and not isinstance(body.get(key), bool) and body[key] > 16:
                 body[key] = 16
