@@ -37,6 +37,10 @@ def real_pool_config(dialect: str, urls: list[str], served: str, **overrides: An
     config["pools"][0]["models"] = {MODEL: served}
     config["pools"][0]["api_key_env"] = ENGINE_KEY_ENV
     config["models"][0]["context_length"] = 4096
+    if "upstream" not in overrides:
+        # a real engine on 2 cores shared with the suite answers its health path seconds late; a test
+        # of routing must not see it marked unhealthy for that (health has tests of its own)
+        config["upstream"]["health"].update(timeout_s=15.0, failure_threshold=10)
     return config
 
 

@@ -51,8 +51,8 @@ def sim(engine: str, *flags: str) -> SimProcess:
 
 
 def post(base: str, path: str, body: dict[str, Any], timeout: float = 10) -> httpx.Response:
-    """POST JSON."""
-    return httpx.post(base + path, json=body, timeout=timeout)
+    """POST JSON, waiting `timeout` for the answer (connecting may take longer on a busy machine)."""
+    return httpx.post(base + path, json=body, timeout=httpx.Timeout(max(timeout, 30), read=timeout))
 
 
 def events(text: str) -> list[Any]:
