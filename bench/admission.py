@@ -160,9 +160,6 @@ async def run(n: int, redis_url: str) -> dict[str, float]:
     # one EVALSHA (and the finalizer's)
     priced_parse = ParseStage(PRICED, 1 << 22)
     access_parse = ParseStage(PRICED, 1 << 22, ModelAccessRules(BUDGETED).permits)
-    untracked = LIMITS.model_copy(update={"track_spend": False})
-    untracked_admit = AdmitStage(shared, untracked)
-    local_untracked = AdmitStage(FailoverLimiter(LocalLimiter(window_s=60), "fail_open", 0.25), untracked)
     budget_admit = AdmitStage(shared, BUDGETED)
     local_budget_admit = AdmitStage(FailoverLimiter(LocalLimiter(window_s=60), "fail_open", 0.25), BUDGETED)
     base = [parse, validate]
@@ -180,12 +177,7 @@ async def run(n: int, redis_url: str) -> dict[str, float]:
     }
     # alternated rounds, best of each: the difference is a few µs on a ~100 µs path
     limits_only, with_budgets, local_only, local_budgets = [], [], [], []
-    bare, local_bare = [], []
     for _ in range(3):
-        bare.append(await _cpu_per_request([priced_parse, validate, sanitise, untracked_admit], headers, n))
-        local_bare.append(
-            await _cpu_per_request([priced_parse, validate, sanitise, local_untracked], headers, n)
-        )
         limits_only.append(await _cpu_per_request([priced_parse, validate, sanitise, admit], headers, n))
         with_budgets.append(
             await _cpu_per_request([access_parse, validate, sanitise, budget_admit], headers, n)
@@ -198,9 +190,6 @@ async def run(n: int, redis_url: str) -> dict[str, float]:
     out["intake_admit_limits_access_budgets_redis_us"] = min(with_budgets)
     out["access_budgets_added_redis_us"] = min(with_budgets) - min(limits_only)
     out["access_budgets_added_local_us"] = min(local_budgets) - min(local_only)
-    # what recording the spend of a limited principal costs (limits.track_spend, on by default)
-    out["spend_tracking_added_redis_us"] = min(limits_only) - min(bare)
-    out["spend_tracking_added_local_us"] = min(local_only) - min(local_bare)
     out["sanitise_us"] -= out["baseline_parse_validate_us"]
     out["admit_redis_us"] -= out["sanitise_us"] + out["baseline_parse_validate_us"]
     out["admit_local_us"] -= out["sanitise_us"] + out["baseline_parse_validate_us"]

@@ -74,6 +74,8 @@ log = logging.getLogger("gateway")
 Scope = dict[str, Any]
 
 _HOT: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+#: `owned_by` of every model `/v1/models` lists: the gateway serves them, whoever trained them
+OWNED_BY = "gateway"
 
 #: the settings a reload applies at once (dotted-key prefixes); any other change takes a restart
 LIVE_SETTINGS = (
@@ -81,7 +83,6 @@ LIVE_SETTINGS = (
     "models",
     "limits.tiers",
     "limits.tenants",
-    "limits.track_spend",
 )
 
 
@@ -165,7 +166,7 @@ class Gateway:
         tokens = build_prompt_tokens(s.models)
         route = self.route = RouteStage(self.fleet, router, features, self._on_decision, tokens)
         if self._shares_routing():
-            route.shared = SharedLoad(self.fleet, router, route.prepare, s.routing.shared)
+            route.shared = SharedLoad(self.fleet, router, route.prepare)
         route.warmups = Warmups(functools.partial(post_json, transport), on_outcome=self.metrics.warmup)
         auth = self.admission.authenticate_stages()
         admit = self.admission.admit_stages(route.shared)
@@ -561,7 +562,7 @@ class Gateway:
             "id": name,
             "object": "model",
             "created": self._created,
-            "owned_by": self.models[name].owned_by,
+            "owned_by": OWNED_BY,
         }
 
     def _refresh_gauges(self) -> None:

@@ -13,6 +13,7 @@ sections (no location) name their keys in their message. Values set by the envir
 from __future__ import annotations
 
 import difflib
+import re
 import types
 from dataclasses import dataclass
 from typing import Any, Union, get_args, get_origin
@@ -65,14 +66,17 @@ def problems(file: str, text: str, exc: ValidationError, model: type[BaseModel])
 
 
 def key_line(text: str, key: str) -> int | None:
-    """The line of the dotted `key` (through mappings) in the YAML `text`; None when it is not there."""
+    """The line of the dotted `key` (through mappings, and lists by index: `models[0].name`) in the
+    YAML `text`; None when it is not there."""
     try:
         root = yaml.compose(text)
     except yaml.YAMLError:
         return None
-    loc = tuple(key.split("."))
+    loc: tuple[int | str, ...] = tuple(
+        int(p) if p.isdigit() else p for p in re.split(r"\.|\[(\d+)\]\.?", key) if p
+    )
     node = _node(root, loc, key_node=True)
-    found = node is not None and isinstance(node, yaml.ScalarNode) and node.value == loc[-1]
+    found = node is not None and isinstance(node, yaml.ScalarNode) and node.value == str(loc[-1])
     return node.start_mark.line + 1 if found and node is not None else None
 
 

@@ -92,7 +92,6 @@ def demo_config(
             {
                 "name": MODEL,
                 "context_length": 8192,
-                "owned_by": "demo",
                 "price": {"prompt": 0.15, "cached_prompt": 0.075, "completion": 0.6},
             }
         ],
@@ -123,9 +122,7 @@ def demo_config(
         urls = (side_urls or {}).get(side.name)
         if not urls:
             continue
-        config["models"].append(
-            {"name": side.name, "task": side.task, "owned_by": "demo", **dict(side.settings)}
-        )
+        config["models"].append({"name": side.name, "task": side.task, **dict(side.settings)})
         config["pools"].extend(
             {
                 "name": f"{name}-{side.pool}",

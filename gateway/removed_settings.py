@@ -32,6 +32,7 @@ import gateway.admission.assembly as admission
 import gateway.admission.jwks as jwks
 import gateway.admission.jwt_auth as jwt_auth
 import gateway.admission.limits as limits
+import gateway.admission.limits_redis as limits_redis
 import gateway.admission.media_fetch as media_fetch
 import gateway.admission.sanitise as sanitise
 import gateway.apis.assembly as apis
@@ -43,12 +44,18 @@ import gateway.observability.otlp as otlp
 import gateway.routing.settings as routing_settings
 import gateway.routing.shared_load as shared_load
 import gateway.upstream.h1 as h1
+import gateway.upstream.retry as retry
 import policies.features as features
 import policies.kv_index as kv_index
 import policies.load as load
 import policies.prefix_affinity as affinity
 import policies.shared_load as policy_shared_load
-from gateway.admission.settings import DEFAULT_SPECIAL_TOKENS, DEFAULT_TENANT, DEFAULT_TIER
+from gateway.admission.settings import (
+    DEFAULT_ALGORITHMS,
+    DEFAULT_SPECIAL_TOKENS,
+    DEFAULT_TENANT,
+    DEFAULT_TIER,
+)
 
 Config = dict[str, Any]
 
@@ -192,6 +199,38 @@ def _tokens_by_model(config: Config, by_model: Any) -> str:
     )
 
 
+def _jwt(config: Config) -> Config:
+    auth = config.setdefault("auth", {})
+    jwt = auth.setdefault("jwt", {}) if isinstance(auth, dict) else None
+    if not isinstance(jwt, dict):
+        raise ValueError("auth.jwt is not a mapping")
+    return jwt
+
+
+def _joined(algorithms: Any, more: Any) -> list[str]:
+    if not isinstance(more, list) or not all(isinstance(a, str) for a in more):
+        raise ValueError("not a list of algorithms; use auth.jwt.algorithms")
+    return [*algorithms, *(a for a in more if a not in algorithms)]
+
+
+def _key_algorithms(config: Config, algorithms: Any) -> str:
+    """`auth.jwt.public_keys[].algorithms`: one list, `auth.jwt.algorithms`, for every public key now
+    (each verifies those its type and curve can do); a key's own join it."""
+    jwt = _jwt(config)
+    base = jwt.get("algorithms") or jwt.get("jwks_algorithms") or list(DEFAULT_ALGORITHMS)
+    jwt["algorithms"] = _joined(base, algorithms)
+    return (
+        f"auth.jwt.algorithms holds every public key's algorithms, now {jwt['algorithms']} (move them there)"
+    )
+
+
+def _jwks_algorithms(config: Config, algorithms: Any) -> str:
+    """`auth.jwt.jwks_algorithms`: `auth.jwt.algorithms`, which static public keys share now."""
+    jwt = _jwt(config)
+    jwt["algorithms"] = _joined(jwt.get("algorithms") or [], algorithms)
+    return f"now auth.jwt.algorithms, for static public keys as well: {jwt['algorithms']} (move it there)"
+
+
 _BOUNDS = (
     "max_json_depth",
     "max_messages",
@@ -270,6 +309,7 @@ REMOVED: dict[str, Removal] = {
     ),
     "routing.shared.placement_ttl_s": constant(shared_load, "PLACEMENT_TTL_S"),
     "routing.shared.placements": constant(policy_shared_load, "PLACEMENTS"),
+    "routing.shared.lease_s": constant(shared_load, "LEASE_S"),
     # implementations that are one now
     "upstream.client": Ignored("the gateway has one HTTP client for the engines, gateway/upstream/h1.py"),
     "tracing.exporter": Ignored(
@@ -284,11 +324,16 @@ REMOVED: dict[str, Removal] = {
     "redis.max_connections": constant(redis_client, "MAX_CONNECTIONS"),
     "redis.db": Frozen(0, "database 0; standalone takes its database from the url"),
     "redis.pool_wait_s": constant(redis_client, "POOL_WAIT_S"),
+    "redis.timeout_s": constant(redis_client, "TIMEOUT_S"),
     "metrics.sample_interval_s": constant(metrics_sampler, "SAMPLE_INTERVAL_S"),
     "apis.responses.memory_max_entries": constant(apis, "MEMORY_MAX_ENTRIES"),
     "apis.responses.max_record_bytes": constant(apis, "MAX_RECORD_BYTES"),
     "limits.window_s": constant(admission, "WINDOW_S"),
     "limits.redis_probe_s": constant(limits, "PROBE_S"),
+    "limits.concurrency_lease_s": constant(limits_redis, "LEASE_S"),
+    "limits.track_spend": Frozen(
+        True, "always on: a limited principal's spend rides in the limiter's calls (GET /admin/spend)"
+    ),
     "limits.default_tier": Rewritten(_default_tier),
     "limits.tenant_default": Rewritten(_tenant_default),
     "auth.jwt.secret_algorithms": Frozen(list(jwt_auth.SECRET_ALGORITHMS), "always HS256"),
@@ -302,12 +347,16 @@ REMOVED: dict[str, Removal] = {
     "auth.jwt.jwks_refresh_s": constant(jwks, "REFRESH_S"),
     "auth.jwt.jwks_min_refresh_s": constant(jwks, "MIN_REFRESH_S"),
     "auth.jwt.jwks_timeout_s": constant(jwks, "TIMEOUT_S"),
+    "auth.jwt.jwks_algorithms": Rewritten(_jwks_algorithms),
+    "auth.jwt.public_keys[].algorithms": Rewritten(_key_algorithms),
     "auth.api_keys.cache_ttl_s": constant(api_keys, "CACHE_TTL_S"),
     "auth.api_keys.cache_size": constant(api_keys, "CACHE_SIZE"),
     "auth.api_keys.outage_grace_s": constant(api_keys, "OUTAGE_GRACE_S"),
     "sanitise.media.fetch_timeout_s": constant(media_fetch, "FETCH_TIMEOUT_S"),
     "upstream.keepalive_s": constant(h1, "KEEPALIVE_S"),
     "upstream.timeouts.connect_s": constant(h1, "CONNECT_TIMEOUT_S"),
+    "upstream.retries.budget_ratio": constant(retry, "RATIO"),
+    "upstream.retries.budget_min_per_s": constant(retry, "MIN_PER_S"),
     "tracing.max_queued_requests": constant(otlp, "MAX_QUEUED"),
     "tracing.export_interval_s": constant(otlp, "EXPORT_INTERVAL_S"),
     "tracing.timeout_s": constant(otlp, "EXPORT_TIMEOUT_S"),
@@ -322,6 +371,8 @@ REMOVED: dict[str, Removal] = {
     ),
     "sanitise.special_tokens_by_model": Rewritten(_tokens_by_model),
     "server.keepalive_s": constant(edge_settings, "CLIENT_KEEPALIVE_S"),
+    "server.header_timeout_s": constant(http_guard, "HEADER_TIMEOUT_S"),
+    "models[].owned_by": Frozen("gateway", "always 'gateway': gateway.app.OWNED_BY"),
     "server.limit_concurrency": Frozen(
         0, "always unlimited: overload is the engines', queued by the gateway"
     ),
@@ -343,26 +394,29 @@ def migrate(
     handled: list[str] = []
     for path in sorted(removed, key=lambda p: -p.count(".")):  # a mapping's keys before the mapping
         parent, _, key = path.rpartition(".")
-        node = _node(out, parent)
-        if node is None or key not in node:
-            continue
-        value = node.pop(key)
         removal = removed[path]
-        if isinstance(removal, Dissolved):
-            if not isinstance(value, dict):
-                raise RemovedSettingError(path, "no longer a setting (docs/configuration.md); remove it")
-            if value:  # its removed keys are gone already: what is left was never a setting
-                raise RemovedSettingError(
-                    f"{path}.{sorted(value)[0]}", "not a setting (docs/configuration.md)"
-                )
-            if any(h.startswith(path + ".") for h in handled):
-                continue  # its keys said what became of them
-            message = f"{path} is no longer a setting; remove it"
-        else:
-            message = _apply(out, path, value, removal)
-        handled.append(path)
-        at = (line(path) if line is not None else None) or 0
-        warnings.warn_explicit(message, RemovedSettingWarning, source, at, module="gateway.settings")
+        for where, node in _nodes(out, parent):
+            if key not in node:
+                continue
+            value = node.pop(key)
+            at_path = f"{where}.{key}" if where else key  # `models[0].owned_by` for `models[].owned_by`
+            if isinstance(removal, Dissolved):
+                if not isinstance(value, dict):
+                    raise RemovedSettingError(
+                        at_path, "no longer a setting (docs/configuration.md); remove it"
+                    )
+                if value:  # its removed keys are gone already: what is left was never a setting
+                    raise RemovedSettingError(
+                        f"{at_path}.{sorted(value)[0]}", "not a setting (docs/configuration.md)"
+                    )
+                if any(h.startswith(at_path + ".") for h in handled):
+                    continue  # its keys said what became of them
+                message = f"{at_path} is no longer a setting; remove it"
+            else:
+                message = _apply(out, at_path, value, removal)
+            handled.append(at_path)
+            at = (line(at_path) if line is not None else None) or 0
+            warnings.warn_explicit(message, RemovedSettingWarning, source, at, module="gateway.settings")
     return out
 
 
@@ -401,6 +455,24 @@ def _same(given: Any, used: object) -> bool:
     if isinstance(given, (list, tuple)) and isinstance(used, (list, tuple)):
         return list(given) == list(used)
     return bool(given == used)
+
+
+def _nodes(config: Config, path: str) -> list[tuple[str, Config]]:
+    """The mappings at the dotted `path`, each with its own path: `name[]` stands for every entry of
+    the list `name` (`models[]` -> `models[0]`, `models[1]`, ...)."""
+    found: list[tuple[str, Any]] = [("", config)]
+    for part in path.split(".") if path else ():
+        name, entries = (part[:-2], True) if part.endswith("[]") else (part, False)
+        step: list[tuple[str, Any]] = []
+        for where, node in found:
+            child = node.get(name) if isinstance(node, dict) else None
+            at = f"{where}.{name}" if where else name
+            if not entries:
+                step.append((at, child))
+            elif isinstance(child, list):
+                step += [(f"{at}[{i}]", entry) for i, entry in enumerate(child)]
+        found = step
+    return [(where, node) for where, node in found if isinstance(node, dict)]
 
 
 def _node(config: Config, path: str, create: bool = False) -> Config | None:

@@ -21,7 +21,6 @@ import uvicorn
 
 from gateway.app import Gateway
 from gateway.edge.http_cycle import GatewayHttpProtocol
-from gateway.edge.http_guard import configure_guard
 from gateway.edge.settings import CLIENT_KEEPALIVE_S
 from gateway.observability.metrics_export import multiprocess_dir
 from gateway.settings import Settings, load_settings
@@ -47,7 +46,6 @@ def create_app() -> Gateway:
     """uvicorn factory for worker processes: settings from the file named by GATEWAY_CONFIG."""
     settings = load_settings(os.environ["GATEWAY_CONFIG"])
     configure_logging(settings.server.log_level)
-    configure_guard(settings.server)
     app = Gateway(settings)
     tune_gc()
     return app
@@ -55,7 +53,6 @@ def create_app() -> Gateway:
 
 def uvicorn_kwargs(settings: Settings) -> dict[str, Any]:
     s = settings.server
-    configure_guard(s)
     kwargs: dict[str, Any] = {
         "host": s.host,
         "port": s.port,

@@ -40,6 +40,7 @@ from gateway.admission.sanitise import SanitiseStage
 from gateway.admission.settings import AuthSettings, LimitsSettings, SanitiseSettings
 from gateway.admission.spend import PeriodClock, SpendBook, SpendReport
 from gateway.core.context import ANONYMOUS, Principal, RequestContext
+from gateway.core.redis_client import TIMEOUT_S
 from gateway.core.redis_wire import RespClient
 from gateway.core.settings import ModelSettings, RedisSettings
 from gateway.core.shared_load import LoadShare
@@ -106,7 +107,7 @@ class Admission:
         self._caps: CapsStage | None = None
         if auth.jwt.jwks_url:
             j = auth.jwt
-            self.jwks = JwksCache(j.jwks_url or "", j.jwks_algorithms)
+            self.jwks = JwksCache(j.jwks_url or "", j.algorithms)
         jwt = JwtVerifier(auth.jwt, self.jwks) if auth.jwt.has_keys else None
         k = auth.api_keys
         self.api_keys = ApiKeys(MemoryBackend(), pepper=k.pepper)
@@ -159,7 +160,7 @@ class Admission:
         return MediaStage(m, self._media_fetcher, self.count_rejection)
 
     #: the limits settings a reload applies at once (the others shape the limiter: a restart)
-    LIVE_LIMITS = frozenset({"tiers", "tenants", "track_spend"})
+    LIVE_LIMITS = frozenset({"tiers", "tenants"})
 
     def reconfigure(self, limits: LimitsSettings) -> bool:
         """Apply a reloaded config's tiers, tenants and budgets from the next request on; False (and
@@ -305,18 +306,16 @@ class Admission:
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self, redis: Redis | None) -> None:
-        limits = self._limits
         if redis is not None:
             rs = self._redis
             if rs.mode == "standalone" and rs.url:
                 # The hot path's two scripts go over one auto-pipelining connection (redis_wire.py).
                 self._wire = RespClient(
-                    rs.url, timeout_s=max(rs.timeout_s, 1.0), username=rs.username, password=rs.password
+                    rs.url, timeout_s=TIMEOUT_S, username=rs.username, password=rs.password
                 )
             self._redis_limiter = RedisLimiter(
                 redis,
                 window_s=WINDOW_S,
-                lease_s=limits.concurrency_lease_s,
                 observe=self._observe_redis,
                 wire=self._wire,
             )

@@ -115,12 +115,12 @@ class JwtVerifier:
         self._static: list[VerifyKey] = []
         for pk in settings.public_keys:
             pem = pk.pem if pk.pem is not None else Path(pk.pem_file or "").read_text()
-            self._static.append(load_pem(pem, pk.algorithms, pk.kid))
+            self._static.append(load_pem(pem, settings.algorithms, pk.kid))
         self._allowed = frozenset(SECRET_ALGORITHMS if settings.secret else ()) | frozenset(
             a for k in self._static for a in k.algorithms
         )
         if jwks is not None:
-            self._allowed |= frozenset(settings.jwks_algorithms)
+            self._allowed |= frozenset(settings.algorithms)
         self._allowed &= KNOWN_ALGORITHMS
         self._issuer = settings.issuer
         self._audience = settings.audience
@@ -196,7 +196,7 @@ class JwtVerifier:
         out = [
             k for k in self._static if alg in k.algorithms and (k.kid == kid or kid is None or k.kid is None)
         ]
-        if self._jwks is not None and alg in self._s.jwks_algorithms:
+        if self._jwks is not None and alg in self._s.algorithms:
             out += [k for k in await self._jwks.keys_for(kid) if alg in k.algorithms]
         return out[:4]
 

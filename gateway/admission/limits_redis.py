@@ -560,6 +560,11 @@ def _others(packed: Any) -> dict[str, int]:
     return sums
 
 
+#: a concurrency slot lives this long without renewal: a crashed replica's slots come back within
+#: half a minute, while its renewals (every lease / 3) stay rare
+LEASE_S = 30.0
+
+
 class RedisLimiter:
     """The shared limiter. Contract: `acquire` is one EVALSHA round trip; any connection failure or
     timeout is raised as `StoreDown` (the caller decides what an outage means).
@@ -575,7 +580,7 @@ class RedisLimiter:
         redis: Redis,
         *,
         window_s: float,
-        lease_s: float,
+        lease_s: float = LEASE_S,
         observe: Callable[[str, float | None], None] | None = None,
         wire: RespClient | None = None,
     ) -> None:

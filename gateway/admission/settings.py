@@ -30,6 +30,9 @@ ASYMMETRIC_ALGORITHMS = (
     "EdDSA",
 )
 KNOWN_ALGORITHMS = frozenset(HMAC_ALGORITHMS + ASYMMETRIC_ALGORITHMS)
+#: the public-key algorithms accepted unless `auth.jwt.algorithms` says otherwise: what identity
+#: providers sign with by default (RSA, RSA-PSS, P-256, Ed25519)
+DEFAULT_ALGORITHMS = ("RS256", "PS256", "ES256", "EdDSA")
 
 
 class _Model(BaseModel):
@@ -46,18 +49,13 @@ def _check_algorithms(algs: list[str], allowed: tuple[str, ...]) -> list[str]:
 
 
 class PublicKeySettings(_Model):
-    """One static public key (PEM text or file) and the algorithms it may verify."""
+    """One static public key (PEM text or file); it verifies those of `auth.jwt.algorithms` its type
+    and curve can do."""
 
     #: matched against the token header's `kid`; a key without `kid` matches tokens without one
     kid: str | None = None
     pem: str | None = None
     pem_file: str | None = None
-    algorithms: list[str] = Field(default_factory=lambda: ["RS256"])
-
-    @field_validator("algorithms")
-    @classmethod
-    def _algs(cls, v: list[str]) -> list[str]:
-        return _check_algorithms(v, ASYMMETRIC_ALGORITHMS)
 
     @model_validator(mode="after")
     def _one_source(self) -> PublicKeySettings:
@@ -81,17 +79,18 @@ class JwtSettings(_Model):
     secret: str | None = None
     public_keys: list[PublicKeySettings] = Field(default_factory=list)
     jwks_url: str | None = None
-    #: algorithms accepted from JWKS keys (each key is further limited to its own `alg`/key type)
-    jwks_algorithms: list[str] = Field(default_factory=lambda: ["RS256", "PS256", "ES256", "EdDSA"])
+    #: algorithms accepted from public keys, static and JWKS (each key is further limited to its own
+    #: type and curve, and a JWKS key to its `alg`)
+    algorithms: list[str] = Field(default_factory=lambda: list(DEFAULT_ALGORITHMS))
     #: expected `iss` (one or any of several); null = not checked
     issuer: str | list[str] | None = "llm-gateway"
     #: expected `aud` (the token must name one of these); null = not checked
     audience: str | list[str] | None = "llm-gateway"
     claims: ClaimMapping = ClaimMapping()
 
-    @field_validator("jwks_algorithms")
+    @field_validator("algorithms")
     @classmethod
-    def _jwks(cls, v: list[str]) -> list[str]:
+    def _algs(cls, v: list[str]) -> list[str]:
         return _check_algorithms(v, ASYMMETRIC_ALGORITHMS)
 
     @property
@@ -215,16 +214,9 @@ class LimitsSettings(_Model):
     tenants: dict[str, LimitSet] = Field(default_factory=dict)
     #: what happens while Redis is unreachable: a local in-process limiter, or 503
     on_redis_error: Literal["fail_open", "fail_closed"] = "fail_open"
-    #: a concurrency slot lives this long without renewal (a crashed replica's slots free after it)
-    concurrency_lease_s: float = Field(30.0, ge=1)
     #: a request asking for more output tokens than a ceiling allows (`max_tokens` of a tier, a
     #: tenant, a model): `clamp` it (the answer's `x-gateway-max-tokens` says to what) or `reject` it
     over_max_tokens: Literal["clamp", "reject"] = "clamp"
-    #: record the spend (tokens, money, requests, per model, per UTC day and month) of every principal
-    #: with a budget, a tokens/min or a concurrency limit — it rides in the limiter's own calls (a
-    #: principal with only requests/min, or none, is not recorded: that would cost a round trip).
-    #: false: only the ledgers calendar budgets need
-    track_spend: bool = True
 
     @model_validator(mode="after")
     def _default_exists(self) -> LimitsSettings:

@@ -135,7 +135,6 @@ class SpendBook:
     def reconfigure(self, limits: LimitsSettings) -> None:
         """Use `limits` (a reloaded config's budgets) from the next request on."""
         self._limits = limits
-        self._track = limits.track_spend
         self._plans.clear()
 
     def tier_budgets(self, tier: str) -> tuple[Budget, ...]:
@@ -148,7 +147,8 @@ class SpendBook:
     def plan(self, principal: Principal, limited: bool) -> SpendPlan | None:
         """The principal's plan, None when there is nothing to check or record. `limited`: the
         principal's requests are reconciled by the limiter anyway (a tokens/min or concurrency limit),
-        so with `limits.track_spend` its spend is recorded in those calls."""
+        so its spend is recorded in those calls (a principal with only a requests/min limit, or none,
+        is not: that would cost a round trip)."""
         p = principal
         cache_key = (p.user, p.tenant, p.tier, p.key_id, p.key_rev, limited)
         if cache_key in self._plans:
@@ -160,14 +160,14 @@ class SpendBook:
             "key": p.key_budgets,
         }
         labels = {"user": f"user {p.user}", "tenant": f"tenant {p.tenant}", "key": f"API key {p.key_id}"}
-        track = self._track and (limited or any(budgets.values()))
+        track = limited or any(budgets.values())
         scopes = [
             SpendScope(
                 kind,
                 labels[kind],
                 prefix,
                 budgets[kind],
-                track or any(b.calendar for b in budgets[kind]),
+                track,
             )
             for kind, prefix in prefixes.items()
         ]

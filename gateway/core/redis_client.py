@@ -39,12 +39,15 @@ MAX_CONNECTIONS = 64
 #: a command waits this long for a free pooled connection before failing: a burst queues briefly
 #: instead of passing for an outage
 POOL_WAIT_S = 2.0
+#: connect and read timeout of every command: the request path never waits longer on Redis, and a
+#: burst on a small, busy machine (which can take Redis half a second to answer) is not an outage
+TIMEOUT_S = 1.0
 
 
 def open_redis(
     url: str,
     *,
-    timeout_s: float = 1.0,
+    timeout_s: float = TIMEOUT_S,
     max_connections: int = MAX_CONNECTIONS,
     pool_wait_s: float = POOL_WAIT_S,
 ) -> Redis:
@@ -79,14 +82,11 @@ def _tls_kwargs(settings: RedisSettings) -> dict[str, Any]:
 
 def connect_redis(settings: RedisSettings) -> RedisClient:
     """The client for `settings` (its `configured` must be true). Same timeouts in every mode: a
-    command waits at most `timeout_s` for an answer; a broken connection is retried once, a timeout
+    command waits at most `TIMEOUT_S` for an answer; a broken connection is retried once, a timeout
     never (a script that may have run must not run twice)."""
     if not settings.configured:
         raise ValueError("no Redis configured (redis.url, redis.sentinels or redis.nodes)")
-    timeouts: dict[str, Any] = {
-        "socket_timeout": settings.timeout_s,
-        "socket_connect_timeout": max(settings.timeout_s, 1.0),
-    }
+    timeouts: dict[str, Any] = {"socket_timeout": TIMEOUT_S, "socket_connect_timeout": TIMEOUT_S}
     auth: dict[str, Any] = {}
     if settings.username is not None:
         auth["username"] = settings.username
@@ -122,7 +122,7 @@ def connect_redis(settings: RedisSettings) -> RedisClient:
             **_tls_kwargs(settings),
         )
     assert settings.url is not None
-    client = open_redis(settings.url, timeout_s=settings.timeout_s)
+    client = open_redis(settings.url)
     if auth:
         client.connection_pool.connection_kwargs.update(auth)
     return client

@@ -103,7 +103,6 @@ class ModelSettings(SettingsModel):
     #: the public name clients use
     name: str
     context_length: int = Field(8192, ge=16)
-    owned_by: str = "gateway"
     #: max_tokens assumed when the request sets none (for token accounting)
     default_max_tokens: int = Field(1024, ge=1)
     #: the most output tokens anyone's request may ask of this model (`limits.over_max_tokens`)
@@ -157,9 +156,6 @@ class RedisSettings(SettingsModel):
     tls_ca_file: str | None = None
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
-    #: connect and read timeout of every command: the request path never waits longer on Redis
-    #: (1 s: a burst on a small, busy machine can take Redis half a second to answer)
-    timeout_s: float = Field(1.0, gt=0)
 
     @model_validator(mode="after")
     def _mode_fields(self) -> RedisSettings:

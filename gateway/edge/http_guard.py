@@ -12,16 +12,13 @@ open for ever. `GuardedHttpToolsProtocol` adds both limits, below the ASGI app:
 - a request head (request line + headers) larger than `max_header_bytes` is answered 431 in
   OpenAI's error shape and the connection closed. Bytes are counted as they arrive, so nothing
   past the limit is buffered (a head may overshoot by at most one socket read, ≤ 256 KiB);
-- a head not complete within `header_timeout_s` of the connection opening — or of its first byte,
+- a head not complete within `HEADER_TIMEOUT_S` of the connection opening — or of its first byte,
   on a kept-alive connection — is answered 408 and the connection closed. Idle kept-alive
   connections stay uvicorn's business (`timeout_keep_alive`). A deadline that fires late measured
   this process's own stall, not the client (gateway/core/stalls.py): uvloop runs due timers before
   it reads the sockets, so a head the client sent during the stall would still be unread (a client
   cut so: tests/reliability/test_security.py). The deadline then looks again `GRACE_S` later,
   after the socket has been read.
-
-Class attributes hold the limits: `configure_guard()` sets them from the settings in each process before
-the server starts (`gateway.server`), so worker processes get them too.
 """
 
 from __future__ import annotations
@@ -32,7 +29,6 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from engines.errors import ApiError
 from gateway.core.stalls import held
-from gateway.edge.settings import ServerSettings
 
 
 def _raw_response(status: int, reason: str, err: ApiError) -> bytes:
@@ -63,6 +59,9 @@ _TIMEOUT = _raw_response(
 #: a head deadline that measured this process's stall is looked at again this much later, once the
 #: sockets have been read
 GRACE_S = 0.25
+#: seconds a request head may take: ample for any client on a slow link (a head is a few hundred
+#: bytes), short enough that idle or dripping connections cannot pile up
+HEADER_TIMEOUT_S = 10.0
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -71,7 +70,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     #: the largest request head (request line + headers) in bytes, 431 above: nginx's and most
     #: proxies' limits are smaller, so no client that reaches the gateway through one needs more
     max_header_bytes = 64 * 1024
-    header_timeout_s = 10.0
 
     _in_head = True
     _head_bytes = 0
@@ -114,7 +112,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _arm(self, after_s: float | None = None) -> None:
         self._disarm()
-        delay = self.header_timeout_s if after_s is None else after_s
+        delay = HEADER_TIMEOUT_S if after_s is None else after_s
         self._head_timer = self.loop.call_later(delay, self._head_timeout)
 
     def _disarm(self) -> None:
@@ -140,9 +138,3 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self.cycle is None or self.cycle.response_complete:
             self.transport.write(response)
         self.transport.close()
-
-
-def configure_guard(server: ServerSettings) -> None:
-    """Set the head deadline of this process's protocol instances from `server.header_timeout_s`
-    (called before the server starts, in every worker)."""
-    GuardedHttpToolsProtocol.header_timeout_s = server.header_timeout_s

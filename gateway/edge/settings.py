@@ -1,4 +1,4 @@
-"""Settings of the ASGI edge: the listening socket, workers, request-head limits, logging."""
+"""Settings of the ASGI edge: the listening socket, workers, the body limit, logging."""
 
 from __future__ import annotations
 
@@ -21,9 +21,6 @@ class ServerSettings(SettingsModel):
     graceful_shutdown_s: float = Field(30.0, ge=0)
     #: largest request body accepted (413 above)
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
-    #: a request head must be complete this many seconds after the connection opened, or after its
-    #: first byte on a kept-alive connection (408 and close otherwise: slow-header attacks)
-    header_timeout_s: float = Field(10.0, gt=0)
     #: serve the OpenAPI document and its interactive page (`/openapi.json`, `/docs`) to anyone;
     #: off, both are 404 (the document names every admin endpoint)
     api_docs: bool = False

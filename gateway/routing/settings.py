@@ -39,8 +39,6 @@ class SharedSettings(SettingsModel):
 
     #: share when Redis is configured (standalone or sentinel; not on Redis Cluster)
     enabled: bool = True
-    #: a process's counts count this long after its last call (a crashed process's vanish then)
-    lease_s: float = Field(10.0, gt=0)
 
 
 class PrefixAffinitySettings(SettingsModel):

@@ -22,7 +22,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from gateway.core.context import RequestContext
 from gateway.core.fleet import Fleet
 from gateway.core.shared_load import ShareAsk, ShareReply
-from gateway.routing.settings import SharedSettings
 from policies.router import Router
 from policies.shared_load import Ask, SharedRouting, WithOthers, key_text, split
 from policies.types import FleetSnapshot, RequestFeatures
@@ -30,6 +29,9 @@ from policies.types import FleetSnapshot, RequestFeatures
 #: a group's placement lives this long in the store after it was last read or set: ten minutes
 #: outlast a conversation's pauses, and a placement no request reads stops costing Redis memory
 PLACEMENT_TTL_S = 600.0
+#: a process's counts count this long after its last call: a crashed process's load is gone within
+#: ten seconds, and an idle one's renewals (every lease / 3) stay rare
+LEASE_S = 10.0
 
 #: the request's features with its tokens (the route stage's `prepare`)
 Prepare = Callable[[RequestContext], Awaitable[RequestFeatures]]
@@ -48,13 +50,13 @@ class SharedLoad:
         fleet: Fleet,
         router: Router,
         prepare: Prepare,
-        settings: SharedSettings,
         *,
         process: str | None = None,
+        lease_s: float = LEASE_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.process = process or process_name()
-        self.lease_s = settings.lease_s
+        self.lease_s = lease_s
         self.placement_ttl_s = PLACEMENT_TTL_S
         self._fleet = fleet
         self._prepare = prepare

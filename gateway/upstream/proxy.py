@@ -79,7 +79,7 @@ class ProxyStage:
         self._transport = transport
         self._timeouts = settings.timeouts
         self._max_attempts = settings.retries.max_attempts
-        self._budget = RetryBudget(settings.retries.budget_ratio, settings.retries.budget_min_per_s)
+        self._budget = RetryBudget()
         self._reroute = reroute
         self._on_upstream_error = on_upstream_error
         self._misconfigured_logged: dict[str, float] = {}

@@ -8,11 +8,17 @@ The clock is passed in.
 
 from __future__ import annotations
 
+#: retries may add a fifth to the requests' load: enough to fail over past one sick backend in a
+#: pool, not enough to multiply the load on a failing fleet (Finagle's and Envoy's default budget)
+RATIO = 0.2
+#: retries a quiet gateway may always make, per second
+MIN_PER_S = 5.0
+
 
 class RetryBudget:
     __slots__ = ("_at", "_cap", "_tokens", "min_per_s", "ratio")
 
-    def __init__(self, ratio: float, min_per_s: float) -> None:
+    def __init__(self, ratio: float = RATIO, min_per_s: float = MIN_PER_S) -> None:
         self.ratio = ratio
         self.min_per_s = min_per_s
         self._cap = max(10.0 * min_per_s, 10.0)

@@ -17,12 +17,9 @@ class TimeoutSettings(SettingsModel):
 
 
 class RetrySettings(SettingsModel):
-    #: attempts per request, the first included (failover happens only before the first byte)
+    #: attempts per request, the first included (failover happens only before the first byte);
+    #: retries are also held to a budget against retry storms (gateway/upstream/retry.py)
     max_attempts: int = Field(3, ge=1, le=10)
-    #: retries allowed as a fraction of recent requests (a retry budget against retry storms)
-    budget_ratio: float = Field(0.2, ge=0, le=1)
-    #: retries always allowed per second even when the budget is spent
-    budget_min_per_s: float = Field(5.0, ge=0)
 
 
 class UpstreamSettings(SettingsModel):

@@ -264,7 +264,7 @@ def _gateway_config(urls: dict[str, list[str]], dead_url: str, redis_url: str) -
         },
         "upstream": {
             "health": {"interval_s": 0.5, "timeout_s": 0.5, "failure_threshold": 2, "open_s": 120},
-            "retries": {"max_attempts": 3, "budget_min_per_s": 50},
+            "retries": {"max_attempts": 3},
         },
         "redis": {"url": redis_url},
         "metrics": {"bearer_token": TOKEN},

@@ -19,7 +19,7 @@ from redis.exceptions import RedisClusterException, RedisError
 from engines.sim.launcher import SimProcess
 from gateway.admission.tokens import mint_token
 from gateway.control.store import Overrides, RedisStore, audit_entry
-from gateway.core.redis_client import RedisClient, connect_redis, describe
+from gateway.core.redis_client import TIMEOUT_S, RedisClient, connect_redis, describe
 from gateway.demo import SERVED
 from gateway.settings import RedisSettings, parse_settings
 from tests.conftest import fast_sim
@@ -98,12 +98,10 @@ def test_cluster_client_construction_is_lazy() -> None:
         ("127.0.0.1", 1),
         ("::1", 2),
     ]
-    s = connect_redis(
-        RedisSettings(mode="sentinel", sentinels=["127.0.0.1:1"], service_name="m", timeout_s=0.2)
-    )
+    s = connect_redis(RedisSettings(mode="sentinel", sentinels=["127.0.0.1:1"], service_name="m"))
     assert isinstance(s, Redis)
     assert s.connection_pool.connection_kwargs["db"] == 0
-    assert s.connection_pool.connection_kwargs["socket_timeout"] == 0.2
+    assert s.connection_pool.connection_kwargs["socket_timeout"] == TIMEOUT_S
 
 
 # ------------------------------------------------------------------ helpers

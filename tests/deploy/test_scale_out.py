@@ -21,6 +21,7 @@ import pytest
 import redis as redis_sync
 
 from engines.sim.launcher import SimProcess
+from gateway.admission.limits_redis import LEASE_S
 from gateway.admission.tokens import mint_token
 from gateway.demo import SERVED
 from tests.conftest import MODEL, fast_sim
@@ -30,7 +31,6 @@ pytestmark = pytest.mark.processes
 
 SECRET = "scale-out-secret-" + "s" * 48
 RPM = 30
-LEASE_S = 3
 ADMIN = {"authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "One word, please."}], "max_tokens": 1}
 
@@ -62,7 +62,6 @@ def replica_config(urls: dict[str, list[str]], redis_url: str) -> dict[str, Any]
                 "rpm": {"requests_per_minute": RPM},
                 "conc": {"concurrent_requests": 2},
             },
-            "concurrency_lease_s": LEASE_S,
         },
         "redis": {"url": redis_url},
     }
@@ -210,7 +209,7 @@ def test_a_killed_replica_leaves_the_others_serving_and_its_slots_come_back(
             assert _status(gw, user("after-kill")) == 200
     # … the dead replica's leased slots come back within one lease (renewed every lease/3 until the
     # kill), on any survivor …
-    wait_until(lambda: _status(survivors[0], conc) == 200, LEASE_S * 3, what="slots back")
+    wait_until(lambda: _status(survivors[0], conc) == 200, LEASE_S * 2, what="slots back")
     # … and the stream in flight on a survivor all along finishes intact
     rest = [line for line in events if line]
     assert rest[-1] == "data: [DONE]" and not any('"error"' in line for line in rest)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from gateway.app import OWNED_BY
 from gateway.removed_settings import (
     REMOVED,
     Dissolved,
@@ -77,6 +78,22 @@ def test_a_dissolved_mapping_goes_once_its_keys_are_handled() -> None:
         assert migrate({"a": {"options": {}}}, removed=TABLE) == {"a": {}}
     with pytest.raises(ValueError, match=r"a\.options\.typo: not a setting"):
         migrate({"a": {"options": {"typo": 1}}}, removed=TABLE)
+
+
+def test_a_removed_field_of_list_entries_is_handled_in_each_entry() -> None:
+    table = {"items[].fixed": Frozen(60, "always 60"), "items[].sub.old": Moved("a.new")}
+    config = {"items": [{"fixed": 60}, {"name": "x"}, {"fixed": 60, "sub": {"old": 1}}]}
+    with pytest.warns(RemovedSettingWarning) as caught:
+        out = migrate(config, removed=table)
+    assert out == {"items": [{}, {"name": "x"}, {"sub": {}}], "a": {"new": 1}}
+    said = sorted(str(w.message).split(" ")[0] for w in caught)
+    assert said == ["items[0].fixed", "items[2].fixed", "items[2].sub.old"]
+    with (
+        pytest.raises(ValueError, match=r"^items\[1\]\.fixed: 30 is no longer possible"),
+        warnings.catch_warnings(),
+    ):
+        warnings.simplefilter("ignore", RemovedSettingWarning)
+        migrate({"items": [{"fixed": 60}, {"fixed": 30}]}, removed=table)
 
 
 def test_a_config_without_removed_settings_is_untouched_and_silent() -> None:
@@ -147,7 +164,7 @@ def _at(path: str, value: Any) -> dict[str, Any]:
     node = config
     *parents, key = path.split(".")
     for part in parents:
-        node = node.setdefault(part, {})
+        node = node[part[:-2]][0] if part.endswith("[]") else node.setdefault(part, {})
     node[key] = value
     return config
 
@@ -174,9 +191,10 @@ def test_every_frozen_setting_loads_at_the_value_used_and_fails_at_another(path:
     removal = REMOVED[path]
     assert isinstance(removal, Frozen)
     used = removal.used(_at(path, None))
-    with pytest.warns(RemovedSettingWarning, match=rf"^{re.escape(path)} is no longer a setting"):
+    said = re.escape(path.replace("[]", "[0]"))  # a list entry's key is named by its index
+    with pytest.warns(RemovedSettingWarning, match=rf"^{said} is no longer a setting"):
         parse_settings(_at(path, used), environ={})
-    with pytest.raises(ValueError, match=rf"^{re.escape(path)}: .* is no longer possible"):
+    with pytest.raises(ValueError, match=rf"^{said}: .* is no longer possible"):
         parse_settings(_at(path, _other(used)), environ={})
 
 
@@ -221,6 +239,41 @@ def test_a_models_own_special_tokens_join_the_one_list() -> None:
     assert settings.sanitise.special_token_list == ["<|im_start|>", "<my_turn>"]
 
 
+def test_the_models_owner_is_the_constant_it_became() -> None:
+    removal = REMOVED["models[].owned_by"]
+    assert isinstance(removal, Frozen) and removal.value == OWNED_BY
+
+
+def test_the_public_keys_algorithms_are_one_list() -> None:
+    pem = "-----BEGIN PUBLIC KEY-----"  # (not read: the settings only)
+    old = _config(
+        auth={
+            "jwt": {
+                "jwks_url": "https://idp.example/jwks",
+                "jwks_algorithms": ["RS256", "ES256"],
+                "public_keys": [{"pem": pem, "algorithms": ["RS512"]}, {"pem": pem}],
+            }
+        }
+    )
+    with pytest.warns(RemovedSettingWarning) as caught:
+        settings = parse_settings(old, environ={})
+    assert settings.auth.jwt.algorithms == ["RS256", "ES256", "RS512"]
+    said = sorted(str(w.message) for w in caught)
+    assert said[0].startswith("auth.jwt.jwks_algorithms is no longer a setting: now auth.jwt.algorithms")
+    assert said[1].startswith("auth.jwt.public_keys[0].algorithms is no longer a setting")
+    # a static key's algorithms alone join the default list, which keys without their own use
+    with pytest.warns(RemovedSettingWarning, match="public_keys"):
+        settings = parse_settings(
+            _config(auth={"jwt": {"public_keys": [{"pem": pem, "algorithms": ["ES384"]}]}}), environ={}
+        )
+    assert settings.auth.jwt.algorithms == ["RS256", "PS256", "ES256", "EdDSA", "ES384"]
+    with pytest.raises(ValueError, match="not a list of algorithms"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RemovedSettingWarning)
+        parse_settings(
+            _config(auth={"jwt": {"jwks_url": "https://x", "jwks_algorithms": "RS256"}}), environ={}
+        )
+
+
 def test_a_config_file_says_where_a_removed_setting_is(tmp_path: Path) -> None:
     base = "models: [{name: m}]\npools: [{name: p, dialect: vllm, models: {m: m}}]\n"
     path = tmp_path / "gateway.yaml"
@@ -235,3 +288,7 @@ def test_a_config_file_says_where_a_removed_setting_is(tmp_path: Path) -> None:
     (problem,) = info.value.problems
     assert (problem.line, problem.key) == (5, "routing.policy_options.placement_slack")
     assert "no longer possible" in problem.message
+    path.write_text("models:\n  - name: m\n  - name: n\n    owned_by: gateway\n" + base.split("\n", 1)[1])
+    with pytest.warns(RemovedSettingWarning, match=r"^models\[1\]\.owned_by") as caught:
+        load_settings(path, environ={})
+    assert caught[0].lineno == 4

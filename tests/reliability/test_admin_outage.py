@@ -33,7 +33,7 @@ def _gateway(urls: list[str], redis_url: str) -> GatewayProcess:
     config = single_pool_config(
         "vllm",
         urls,
-        redis={"url": redis_url, "timeout_s": 0.3},
+        redis={"url": redis_url},
         auth={"jwt": {"secret": SECRET}},
         limits={"on_redis_error": "fail_open"},
         upstream={"health": {"interval_s": 3600}},

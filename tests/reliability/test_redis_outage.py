@@ -87,7 +87,7 @@ def _gateway(sim_url: str, redis_url: str, policy: str) -> GatewayProcess:
     config = single_pool_config(
         "vllm",
         [sim_url],
-        redis={"url": redis_url, "timeout_s": 0.3},
+        redis={"url": redis_url},
         auth={"jwt": {"secret": SECRET}},
         limits={
             "tiers": {"default": {"requests_per_minute": 100000, "concurrent_requests": 100}},

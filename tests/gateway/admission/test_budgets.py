@@ -213,21 +213,16 @@ def test_spend_book_plans_per_principal() -> None:
     }
     _, day, month = PeriodClock().now()
     s = plan.spend(day, month, "m", Charge(1, 1))
-    assert len(s.ledgers) == 6  # day and month of each scope (track_spend)
+    assert len(s.ledgers) == 6  # day and month of each scope
     assert [m.budget.period for m in s.meters] == ["day", "month", "month", "rolling"]
     assert s.n_calendar == 3 and s.meters[3].key == "gw:sp:{t:acme}:t:w3600:usd"
     assert {m.label for m in s.meters} == {"user alice", "tenant acme", "API key key_1"}
     assert plan.spend(day, month, "m", Charge(2, 2)).ledgers is s.ledgers  # built once per day
     # nothing to check, nothing limited: no plan, no limiter call
     assert book.plan(Principal("bob", tier="open"), limited=False) is None
-    # limited principals are tracked (the limiter is called anyway) ...
+    # limited principals are tracked (the limiter is called anyway)
     tracked = book.plan(Principal("bob", tier="open"), limited=True)
     assert tracked is not None and [s.kind for s in tracked.scopes] == ["user"]
-    # ... unless track_spend is off: then only the ledgers calendar budgets need
-    quiet = SpendBook(limits.model_copy(update={"track_spend": False}))
-    assert quiet.plan(Principal("bob", tier="open"), limited=True) is None
-    carol = quiet.plan(Principal("carol", tier="free"), limited=False)
-    assert carol is not None and len(carol.spend(day, month, "m", Charge(1, 1)).ledgers) == 2
 
 
 def test_budget_settings_are_validated() -> None:

@@ -95,7 +95,7 @@ def budget_config(url: str, redis_url: str, **limits: Any) -> dict[str, Any]:
         ],
         "upstream": {"health": {"interval_s": 0.5}},
         "routing": {"scrape_interval_s": 0},
-        "redis": {"url": redis_url, "timeout_s": 2.0},
+        "redis": {"url": redis_url},
         "auth": {"jwt": {"secret": SECRET}},
         "limits": {"tiers": {"default": {}}, **limits},
     }

@@ -44,7 +44,7 @@ async def jwks(jwks_server: JwksServer) -> AsyncIterator[JwksCache]:
 
 
 def settings(**over: object) -> JwtSettings:
-    base: dict[str, object] = {"secret": SECRET, "jwks_algorithms": ALL_ASYMMETRIC}
+    base: dict[str, object] = {"secret": SECRET, "algorithms": ALL_ASYMMETRIC}
     base.update(over)
     return JwtSettings.model_validate(base)
 
@@ -70,22 +70,23 @@ async def test_static_pem_keys_and_their_algorithms(keys: Keys) -> None:
     verifier = JwtVerifier(
         settings(
             secret=None,
+            algorithms=["RS256", "EdDSA"],
             public_keys=[
-                PublicKeySettings(pem=pem_public(keys.rsa), algorithms=["RS256"], kid="r"),
-                PublicKeySettings(pem=pem_public(keys.ed), algorithms=["EdDSA"]),
+                PublicKeySettings(pem=pem_public(keys.rsa), kid="r"),
+                PublicKeySettings(pem=pem_public(keys.ed)),
             ],
         )
     )
     assert (await verifier.verify(Keys.sign(keys.rsa, "RS256", "r").encode())).user == "alice"
     assert (await verifier.verify(Keys.sign(keys.ed, "EdDSA").encode())).user == "alice"
-    with pytest.raises(AuthFailure) as info:  # PS256 was not allowed for this key
+    with pytest.raises(AuthFailure) as info:  # PS256 is not among the algorithms
         await verifier.verify(Keys.sign(keys.rsa, "PS256", "r").encode())
     assert info.value.reason == "bad_algorithm"
 
 
 def test_a_pem_key_cannot_be_given_another_familys_algorithm(keys: Keys) -> None:
     with pytest.raises(ValueError, match="cannot verify"):
-        JwtVerifier(settings(public_keys=[PublicKeySettings(pem=pem_public(keys.ec), algorithms=["RS256"])]))
+        JwtVerifier(settings(algorithms=["RS256"], public_keys=[PublicKeySettings(pem=pem_public(keys.ec))]))
 
 
 async def test_gateway_token_command_is_accepted_by_the_defaults() -> None:

@@ -27,6 +27,7 @@ import redis as redis_client
 
 from engines.sim.launcher import SimProcess, free_port
 from gateway.demo import SERVED
+from gateway.routing.shared_load import LEASE_S
 from policies.features import FeatureConfig, extract_features
 from policies.prefix_affinity import PrefixAffinity
 from policies.types import BackendView, FleetSnapshot, PoolView
@@ -83,12 +84,12 @@ def publishing_sim(*extra: str) -> SimProcess:
 
 
 def gateway_config(sims: list[SimProcess], redis: RedisServer | None, *, workers: int = 1,
-                   shared: bool = True, **routing: Any) -> dict[str, Any]:  # fmt: skip
+                   shared: bool = True) -> dict[str, Any]:  # fmt: skip
     config = single_pool_config("vllm", [s.base_url for s in sims])
     config["models"][0]["tokenizer"] = "sim"
     config["server"]["workers"] = workers
     config["pools"][0]["kv_event_discovery"] = True  # the sims serve GET /kv_event_sources
-    config["routing"] = {"scrape_interval_s": 0, "shared": {"enabled": shared, **routing}}
+    config["routing"] = {"scrape_interval_s": 0, "shared": {"enabled": shared}}
     config["access_log"] = {"enabled": False}
     if redis is not None:
         config["redis"] = {"url": redis.url}
@@ -211,15 +212,15 @@ def test_another_process_streams_steer_the_choice_and_a_killed_process_counts_ex
 ) -> None:
     """A holds six long streams about one document on its home, vllm-0; B, which has none in flight,
     routes new conversations whose home is vllm-0 to vllm-1 (the fleet's counts, not its own). A is
-    killed (SIGKILL: nothing said goodbye): its counts still count until its lease (1.5 s) has
+    killed (SIGKILL: nothing said goodbye): its counts still count until its lease (`LEASE_S`) has
     passed, then B sends the conversations home again."""
     slow = ("--itl-ms", "200", "--min-output-tokens", "200", "--max-output-tokens", "200")
     with publishing_sim(*slow) as s0, publishing_sim(*slow) as s1:
         sims = [s0, s1]
         doc = next(with_home("vllm-0", lambda k: f"{document(900 + k)}\n\nQuestion?"))
         conversations = with_home("vllm-0", lambda k: body(f"conversation {k}: " + document(k, 40), 1))
-        with GatewayProcess(gateway_config(sims, redis, lease_s=1.5)) as b:
-            a = GatewayProcess(gateway_config(sims, redis, lease_s=1.5)).start()
+        with GatewayProcess(gateway_config(sims, redis)) as b:
+            a = GatewayProcess(gateway_config(sims, redis)).start()
             try:
                 subscribed([a, b], NAMES)
                 for i in range(6):
@@ -235,8 +236,12 @@ def test_another_process_streams_steer_the_choice_and_a_killed_process_counts_ex
                 a.proc.kill()
                 a.proc.wait()
                 lingering = where(sims, b.base_url, next(conversations))
-                # once A's lease (1.5 s) has passed without a renewal, its counts no longer count
-                wait_until(lambda: where(sims, b.base_url, next(conversations))[0] == "vllm-0", what="home")
+                # once A's lease has passed without a renewal, its counts no longer count
+                wait_until(
+                    lambda: where(sims, b.base_url, next(conversations))[0] == "vllm-0",
+                    LEASE_S * 2,
+                    what="home",
+                )
                 home = [where(sims, b.base_url, next(conversations)) for _ in range(3)]
             finally:
                 a.stop()
@@ -266,7 +271,7 @@ def test_with_another_process_busy_a_new_document_may_be_placed_in_the_other_poo
     x1, x2, x3 = next(in_a), next(in_a), next(in_a)
     with publishing_sim(*slow) as sa, publishing_sim(*slow) as sb:
         sims = [sa, sb]
-        config = gateway_config(sims, redis, lease_s=1.0)
+        config = gateway_config(sims, redis)
         config["pools"] = [
             dict(config["pools"][0], name=n, backends=[{"name": f"{n}-0", "url": s.base_url}])
             for n, s in (("a", sa), ("b", sb))
@@ -278,13 +283,14 @@ def test_with_another_process_busy_a_new_document_may_be_placed_in_the_other_poo
             placed = [_served(sims, a.base_url, x1)]
             # two leases: A's count for x1 has expired in Redis, and B's view of it (as its renewer
             # last heard it, kept for a lease) with it
-            time.sleep(2.2)  # no signal: a count that expires in Redis is seen by its absence only
+            # no signal: a count that expires in Redis is seen by its absence only
+            time.sleep(LEASE_S * 2 + 0.2)
             placed.append(_served(sims, b.base_url, x2))
             threading.Thread(
                 target=_stream, args=(a.base_url, body("hello", 200, stream=True)), daemon=True
             ).start()
             wait_until(lambda: sum(served_by(sims)) == 3, 10, what="A's stream on an engine")
-            time.sleep(0.6)  # A's renewer (every lease / 3) has reported it
+            time.sleep(LEASE_S / 3 + 0.5)  # A's renewer (every lease / 3) has reported it
             assert post(c.base_url, body("hi", 1)).status_code == 200  # C hears the others' counts
             third = _served(sims, c.base_url, x3)
     assert placed == ["a-0", "a-0"], placed
