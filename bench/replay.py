@@ -16,9 +16,8 @@ independent `Router`s (each request goes to a random replica, as behind a load b
 several gateway replicas with their own prefix indexes and working sets decide). The engines are the
 simulators' own: `--engine batching` (the default) runs each backend's `step_model.StepEngine` (its
 dialect's batching scheduler, KV pool and prefix cache, built from the fleet's simulator flags) in
-virtual time, a step ending when its `duration_s` has passed; `--engine serial` the fleet of before
-2026-12 (one request at a time per engine, the simulators' `PrefixCache` and serial cost model; its
-output is what this command printed then, byte for byte). What it models of the gateway: every
+virtual time, a step ending when its `duration_s` has passed; `--engine serial` a serial fleet
+(one request at a time per engine, the simulators' `PrefixCache` and serial cost model). What it models of the gateway: every
 replica's own in-flight counts, the engines' running / queued / KV figures as a scrape every
 `scrape_s` seconds sees them (global, stale), and the warm-ups a decision asks for
 (`gateway.routing.warmup`: a one-token prefill of a hot group's preamble on its next holder, counted
@@ -68,7 +67,7 @@ import yaml
 from bench.replay_peers import SGLANG_CACHE_AWARE, SglangCacheAware, text_chain
 from bench.replay_share import EventFeed, SharedStore
 from bench.routing import SERIAL, FleetSpec, _pct, make_point, prompt_ids
-from bench.workloads import WORKLOADS
+from bench.workloads import WORKLOADS, Request
 from engines.sim.prefix_cache import Lease, PrefixCache, usable_hit
 from engines.sim.step_model import (
     Batch,
@@ -190,104 +189,259 @@ def replay(
     (`bench.replay_share`)."""
     spec = spec or FleetSpec()
     point = make_point(workload, load, seconds, spec, seed)  # the bench's own trace and schedule
-    trace, times, oracle_rate, n = point.trace, point.times, point.oracle_rate, len(point.trace)
-
-    names = {e: [f"{e}-{i}" for i in range(spec.per_engine)] for e in ("vllm", "sglang")}
-    every = names["vllm"] + names["sglang"]
-    batching = spec.batching
-    engines = {b: _Engine(spec) for b in every} if not batching else {}
-    if kv_events is not None and not batching:
+    if kv_events is not None and not spec.batching:
         raise ValueError("KV events need the batching engine")
-    feeds = kv_events is not None
-    steppers = {b: _BatchEngine(spec, b.split("-")[0], feeds) for b in every} if batching else {}
-    index = {b: k for k, b in enumerate(every)}
-    routers = [] if isinstance(policy, str) else [Router(policy_config=policy) for _ in range(replicas)]
-    clairvoyant = policy == CLAIRVOYANT  # the yardstick routes by itself
-    # sglang-router's cache_aware, modelled (`bench.replay_peers`): one router process per replica
-    peers = (
-        [SglangCacheAware(every, seed=seed + p) for p in range(replicas)]
-        if policy == SGLANG_CACHE_AWARE
-        else []
-    )
-    chains = [text_chain(r.messages) for r in trace] if peers else []
-    indexes: list[KvIndex | None] = [r.kv_index if feeds else None for r in routers]
-    for kv in indexes:
+    run = _Replay(point.trace, policy, spec, replicas, seed, scrape_s, kv_events, shared)
+    run.run(point.times)
+    return run.result(workload, load, point.oracle_rate)
+
+
+class _Replay:
+    """One replay in virtual time: the fleet's engines, the routing processes and their event queue.
+    `run` pops the events in time order; each kind has its handler:
+
+    - `due`: a request's time has come; a conversation's next turn waits for the previous one;
+    - `send`: a process (picked at random, as by a load balancer) routes it, its engine takes it;
+    - `step` (batching): an engine's step ends; first tokens, finished requests, KV events;
+    - `kv`: a batch of KV events reaches one process's index;
+    - `done` (serial): a request leaves its engine, the next queued one starts.
+    """
+
+    def __init__(
+        self,
+        trace: Sequence[Request],
+        policy: Policy,
+        spec: FleetSpec,
+        replicas: int,
+        seed: int,
+        scrape_s: float,
+        kv_events: EventFeed | None,
+        shared: bool,
+    ) -> None:
+        self.trace, self.spec, self.replicas, self.scrape_s = trace, spec, replicas, scrape_s
+        self.kv_events = kv_events
+        self.names = {e: [f"{e}-{i}" for i in range(spec.per_engine)] for e in ("vllm", "sglang")}
+        self.every = every = self.names["vllm"] + self.names["sglang"]
+        self.batching = batching = spec.batching
+        self.engines = {b: _Engine(spec) for b in every} if not batching else {}
+        self.feeds = feeds = kv_events is not None
+        self.steppers = {b: _BatchEngine(spec, b.split("-")[0], feeds) for b in every} if batching else {}
+        self.index = {b: k for k, b in enumerate(every)}
+        self._processes(policy, seed, shared)
+        self._requests()
+        self.events: list[tuple[float, int, str, int]] = []
+        self.seq = 0
+        self.scraped = dict.fromkeys(every, (0.0, 0.0, 0.0))
+        self.next_scrape = 0.0
+        self.sent: dict[int, float] = {}
+        self.where: dict[int, tuple[int, str]] = {}
+        self.why: dict[int, tuple[str, int]] = {}
+        self.firsts: list[FirstToken] = []
+        self.leases: dict[int, Lease] = {}
+        self.admitted_at: dict[int, float] = {}
+        self.cached_total = self.prompt_total = 0
+        self.reasons: collections.Counter[str] = collections.Counter()
+        self.served: collections.Counter[str] = collections.Counter()
+        self.warm_ids = itertools.count(WARM_IDS)
+
+    def _processes(self, policy: Policy, seed: int, shared: bool) -> None:
+        """The routing processes: their routers (or the baseline's), indexes and shared store."""
+        every, replicas = self.every, self.replicas
+        self.routers = (
+            [] if isinstance(policy, str) else [Router(policy_config=policy) for _ in range(replicas)]
+        )
+        self.clairvoyant = policy == CLAIRVOYANT  # the yardstick routes by itself
+        # sglang-router's cache_aware, modelled (`bench.replay_peers`): one router process per replica
+        self.peers = (
+            [SglangCacheAware(every, seed=seed + p) for p in range(replicas)]
+            if policy == SGLANG_CACHE_AWARE
+            else []
+        )
+        self.chains = [text_chain(r.messages) for r in self.trace] if self.peers else []
+        self.indexes: list[KvIndex | None] = [r.kv_index if self.feeds else None for r in self.routers]
+        for kv in self.indexes:
+            if kv is not None:
+                for b in every:
+                    kv.attach(b)
+                    kv.set_live(b, True)
+        self.store = SharedStore(replicas) if shared else None
+        self.shares = [SharedRouting(r) for r in self.routers] if shared else []
+        self.others: list[dict[str, int]] = [{} for _ in range(replicas)]  # the others' counts as last read
+        self.elsewhere: list[dict[str, int]] = [{} for _ in range(replicas)]  # ... and working sets
+        self.queued: list[dict[str, int]] = [{} for _ in range(replicas)]  # ... and queued prefill tokens
+        self.lose = random.Random(4321 + seed)
+        self.deliveries: dict[int, tuple[int, str, list[BlockEvent] | None]] = {}
+        self.delivery_ids = itertools.count()
+        self.own = [dict.fromkeys(every, 0) for _ in range(replicas)]  # each replica's in-flight counts
+        # ... and prefill tokens sent and not yet answered with a first token (`BackendView.prefill`)
+        self.own_prefill = [dict.fromkeys(every, 0) for _ in range(replicas)]
+        self.prefill_of: dict[int, int] = {}  # request (or warm-up) -> the tokens it added there
+        self.pick_replica = random.Random(1234 + seed)
+        self.rand = random.Random(seed)
+
+    def _requests(self) -> None:
+        """The trace's prompts as token ids and features, and the order of each conversation's turns."""
+        spec = self.spec
+        self.ids = ids = [prompt_ids(r) for r in self.trace]
+        features = [extract_features(r.body(MODEL)) for r in self.trace]
+        if self.feeds:  # the request's tokens, as the gateway's `sim` tokenizer gives them
+            features = [
+                dataclasses.replace(f, prompt=PromptBlocks(x)) for f, x in zip(features, ids, strict=True)
+            ]
+        self.features = features
+        self.blocks = [PrefixCache.block_keys(x, spec.block_size) if self.clairvoyant else [] for x in ids]
+        self.cache_tokens = spec.cache_blocks * spec.block_size
+        # a conversation's next turn is sent when the previous one has finished (as the trace runner does)
+        self.after: dict[int, int] = {}
+        last: dict[str, int] = {}
+        for i, r in enumerate(self.trace):
+            if r.session:
+                if r.session in last:
+                    self.after[i] = last[r.session]
+                last[r.session] = i
+        self.done: set[int] = set()
+        self.blocked: dict[int, list[int]] = collections.defaultdict(list)
+
+    # -- the event loop ----------------------------------------------------------------------------
+    def run(self, times: Sequence[float]) -> None:
+        for i, t in enumerate(times):
+            self.push(t, "due", i)
+        events = self.events
+        while events:
+            now, _, kind, i = heapq.heappop(events)
+            if kind == "due":
+                prev = self.after.get(i)
+                if prev is not None and prev not in self.done:
+                    self.blocked[prev].append(i)
+                    continue
+                kind = "send"
+            if kind == "send":
+                self.send(i, now)
+            elif kind == "step":
+                self.step_done(self.every[i], now)
+            elif kind == "kv":
+                self.deliver(i, now)
+            else:  # done
+                self.serial_done(i, now)
+
+    def push(self, t: float, kind: str, i: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, i))
+
+    def result(self, workload: str, load: float, oracle_rate: float) -> Result:
+        n = len(self.trace)
+        ttft = [x.ttft_ms for x in self.firsts]
+        return Result(
+            workload=workload,
+            load=load,
+            replicas=self.replicas,
+            requests=n,
+            hit_rate=self.cached_total / self.prompt_total if self.prompt_total else 0.0,
+            oracle_hit_rate=oracle_rate,
+            ttft_p50_ms=_pct(ttft, 50),
+            ttft_p99_ms=_pct(ttft, 99),
+            reasons=self.reasons,
+            per_backend={b: self.served[b] for b in self.every},
+            slowest=sorted(self.firsts, key=lambda x: -x.ttft_ms)[: max(1, n // 100) * 2],
+            answered=len(self.firsts),
+        )
+
+    # -- routing -----------------------------------------------------------------------------------
+    def send(self, i: int, now: float) -> None:
+        """Request `i` goes out: a process picked at random routes it, and its engine takes it."""
+        spec = self.spec
+        self.sent[i] = now
+        replica = self.pick_replica.randrange(self.replicas)
+        reason: str = CLAIRVOYANT
+        queues = 0  # the prompt tokens our router expects the backend to prefill (`Decision.prefill`)
+        if self.clairvoyant:
+            b = self.earliest(i, now)
+        elif self.peers:
+            b, why_peer = self.peers[replica].select(self.chains[i], self.own[replica])
+            reason = f"cache_aware:{why_peer}"
+        else:
+            b, reason, queues = self.route(i, now, replica)
+        self.reasons[reason] += 1
+        self.served[b] += 1
+        self.where[i] = (replica, b)
+        self.own[replica][b] += 1
+        if queues and self.batching:
+            self.prefill_of[i] = queues
+            self.own_prefill[replica][b] += queues
+        if self.batching:
+            st = self.steppers[b]
+            self.why[i] = (reason, len(st.model.running) + len(st.model.waiting))
+            out = [OUTPUT_IDS + i * spec.output_tokens + k for k in range(spec.output_tokens)]
+            st.model.add(
+                Seq(i, self.ids[i], spec.output_tokens, output_ids=out, max_new=self.trace[i].max_tokens)
+            )
+            if st.batch is None:
+                self.plan(b, now)
+            return
+        e = self.engines[b]
+        self.why[i] = (reason, e.running + len(e.queue))
+        if e.running < spec.max_num_seqs:
+            self.start(b, i, now)
+        else:
+            e.queue.append(i)
+
+    def route(self, i: int, now: float, replica: int) -> tuple[str, str, int]:
+        """Our router's decision for request `i` in process `replica` (after the shared store's call,
+        when shared), starting the warm-up it asks for: its backend, reason and expected prefill."""
+        kv = self.indexes[replica]
         if kv is not None:
-            for b in every:
-                kv.attach(b)
-                kv.set_live(b, True)
-    store = SharedStore(replicas) if shared else None
-    shares = [SharedRouting(r) for r in routers] if shared else []
-    others: list[dict[str, int]] = [{} for _ in range(replicas)]  # the others' counts as last read
-    elsewhere: list[dict[str, int]] = [{} for _ in range(replicas)]  # ... and working sets
-    queued: list[dict[str, int]] = [{} for _ in range(replicas)]  # ... and queued prefill tokens
-    lose = random.Random(4321 + seed)
-    deliveries: dict[int, tuple[int, str, list[BlockEvent] | None]] = {}
-    delivery_ids = itertools.count()
-    own = [dict.fromkeys(every, 0) for _ in range(replicas)]  # each replica's in-flight counts
-    # ... and prefill tokens sent and not yet answered with a first token (`BackendView.prefill`)
-    own_prefill = [dict.fromkeys(every, 0) for _ in range(replicas)]
-    prefill_of: dict[int, int] = {}  # request (or warm-up) -> the tokens it added there
-    pick_replica = random.Random(1234 + seed)
-    rand = random.Random(seed)
-    ids = [prompt_ids(r) for r in trace]
-    features = [extract_features(r.body(MODEL)) for r in trace]
-    if feeds:  # the request's tokens, as the gateway's `sim` tokenizer gives them
-        features = [
-            dataclasses.replace(f, prompt=PromptBlocks(x)) for f, x in zip(features, ids, strict=True)
-        ]
-    blocks = [PrefixCache.block_keys(x, spec.block_size) if clairvoyant else [] for x in ids]
-    cache_tokens = spec.cache_blocks * spec.block_size
+            kv.tick(now)
+        f = self.features[i]
+        if self.store is not None:
+            # the admission's call: this process's counts out, the others' in, and the
+            # placement of the request's group (set to this process's proposal if none)
+            ask = self.shares[replica].ask(
+                functools.partial(self.snapshot, now, replica),
+                f,
+                bool(self.others[replica]),
+                self.elsewhere[replica],
+            )
+            self.talk(replica)
+            if ask is not None:
+                placed, fresh = self.store.place(ask, now)
+                self.shares[replica].learn(ask.key, placed)
+                f = SharedRouting.placed(f, placed, not fresh)
+        d = self.routers[replica].decide(self.snapshot(now, replica), f, self.rand.random())
+        if d.warm is not None and self.batching:
+            self.warm_up(i, now, replica, d.warm, d.warm_tokens)
+        return d.backend, d.reason, d.prefill
 
-    # a conversation's next turn is sent when the previous one has finished (as the trace runner does)
-    after: dict[int, int] = {}
-    last: dict[str, int] = {}
-    for i, r in enumerate(trace):
-        if r.session:
-            if r.session in last:
-                after[i] = last[r.session]
-            last[r.session] = i
-    done: set[int] = set()
-    blocked: dict[int, list[int]] = collections.defaultdict(list)
+    def warm_up(self, i: int, now: float, replica: int, backend: str, tokens: int) -> None:
+        """The gateway's warm-up (gateway.routing.warmup): a one-token prefill of request `i`'s first
+        `tokens` (its group's preamble) on `backend`, in the process's in-flight count meanwhile."""
+        w = next(self.warm_ids)
+        self.reasons["warm-up"] += 1
+        self.where[w] = (replica, backend)
+        self.own[replica][backend] += 1
+        self.prefill_of[w] = tokens
+        self.own_prefill[replica][backend] += tokens
+        st = self.steppers[backend]
+        st.model.add(Seq(w, self.ids[i][:tokens], 1, output_ids=[OUTPUT_IDS * 2 + w], max_new=1))
+        if st.batch is None:
+            self.plan(backend, now)
 
-    events: list[tuple[float, int, str, int]] = []
-    seq = 0
-
-    def push(t: float, kind: str, i: int) -> None:
-        nonlocal seq
-        seq += 1
-        heapq.heappush(events, (t, seq, kind, i))
-
-    for i, t in enumerate(times):
-        push(t, "due", i)
-
-    scraped = dict.fromkeys(every, (0.0, 0.0, 0.0))
-    next_scrape = 0.0
-    sent: dict[int, float] = {}
-    where: dict[int, tuple[int, str]] = {}
-    why: dict[int, tuple[str, int]] = {}
-    firsts: list[FirstToken] = []
-    leases: dict[int, Lease] = {}
-    admitted_at: dict[int, float] = {}
-    cached_total = prompt_total = 0
-    reasons: collections.Counter[str] = collections.Counter()
-    served: collections.Counter[str] = collections.Counter()
-    warm_ids = itertools.count(WARM_IDS)
-
-    def load_of(b: str) -> tuple[float, float, float]:
+    def load_of(self, b: str) -> tuple[float, float, float]:
         """Running, queued and KV use of a backend, as its metrics show them."""
-        if batching:
-            m = steppers[b].model
+        if self.batching:
+            m = self.steppers[b].model
             return float(len(m.running)), float(len(m.waiting)), m.kv_usage
-        e = engines[b]
-        return float(e.running), float(len(e.queue)), min(1.0, e.in_use / cache_tokens)
+        e = self.engines[b]
+        return float(e.running), float(len(e.queue)), min(1.0, e.in_use / self.cache_tokens)
 
-    def snapshot(now: float, replica: int) -> FleetSnapshot:
-        nonlocal next_scrape
-        if now >= next_scrape:
-            next_scrape = now + scrape_s
-            for b in every:
-                scraped[b] = load_of(b)
+    def snapshot(self, now: float, replica: int) -> FleetSnapshot:
+        """The fleet as process `replica` sees it: its own counts and the others' as last heard, the
+        engines' figures as last scraped."""
+        if now >= self.next_scrape:
+            self.next_scrape = now + self.scrape_s
+            for b in self.every:
+                self.scraped[b] = self.load_of(b)
+        own, own_prefill = self.own[replica], self.own_prefill[replica]
+        others, queued, scraped = self.others[replica], self.queued[replica], self.scraped
         return FleetSnapshot(
             tuple(
                 PoolView(
@@ -300,48 +454,60 @@ def replay(
                     backends=tuple(
                         BackendView(
                             b,
-                            in_flight=own[replica][b] + others[replica].get(b, 0),
-                            prefill=own_prefill[replica][b] + queued[replica].get(b, 0),
+                            in_flight=own[b] + others.get(b, 0),
+                            prefill=own_prefill[b] + queued.get(b, 0),
                             running=scraped[b][0],
                             queue_depth=scraped[b][1],
                             kv_usage=scraped[b][2],
                         )
-                        for b in names[e]
+                        for b in self.names[e]
                     ),
                 )
                 for e in ("vllm", "sglang")
             )
         )
 
-    def earliest(i: int, now: float) -> str:
+    def talk(self, replica: int) -> None:
+        """A call to the store: this process's counts and working sets out, the others' in. A
+        baseline without our routers (round robin, sglang-router's model) reports its counts alone."""
+        assert self.store is not None
+        own = self.own[replica]
+        report = self.shares[replica].report(own, self.own_prefill[replica]) if self.shares else own
+        self.others[replica], self.elsewhere[replica], self.queued[replica] = split(
+            self.store.call(replica, report)
+        )
+
+    # -- the clairvoyant yardstick -----------------------------------------------------------------
+    def earliest(self, i: int, now: float) -> str:
         """The clairvoyant choice: the backend where request `i`'s first token comes earliest."""
-        size = len(ids[i])
-        best, best_t, best_cached = every[0], math.inf, 0
-        for b in every:
-            if batching:
-                t = batch_first_token(steppers[b], i, now)
+        spec = self.spec
+        size = len(self.ids[i])
+        best, best_t, best_cached = self.every[0], math.inf, 0
+        for b in self.every:
+            if self.batching:
+                t = self.batch_first_token(self.steppers[b], i, now)
                 if t < best_t:
                     best, best_t = b, t
                 continue
-            e = engines[b]
-            cached = usable_hit(e.cache.hit_blocks(blocks[i]) * spec.block_size, size, spec.block_size)
+            e = self.engines[b]
+            cached = usable_hit(e.cache.hit_blocks(self.blocks[i]) * spec.block_size, size, spec.block_size)
             t = max(now, e.drains) + spec.first_token_s(size, cached)
             if t < best_t:
                 best, best_t, best_cached = b, t, cached
-        if not batching:
-            e = engines[best]
+        if not self.batching:
+            e = self.engines[best]
             e.drains = max(now, e.drains) + spec.service_s(size, best_cached)
         return best
 
-    def batch_first_token(e: _BatchEngine, i: int, now: float) -> float:
+    def batch_first_token(self, e: _BatchEngine, i: int, now: float) -> float:
         """Batching: when request `i`'s first token would come on this engine, if nothing else
         arrived - the prefill tokens ahead of it (queued and unfinished) and its own uncached ones,
         at the step budget, each step also carrying the running decodes."""
+        ids, blocks, bs = self.ids, self.blocks, self.spec.block_size
         m = e.model
         size = len(ids[i])
         cfg = m.cfg
-        cached = usable_hit(m.cache.hit_blocks(blocks[i]) * spec.block_size, size, spec.block_size)
-        bs = spec.block_size
+        cached = usable_hit(m.cache.hit_blocks(blocks[i]) * bs, size, bs)
         ahead = sum(  # what the queued requests will prefill, their cached prefixes not counted
             len(ids[s.id]) - usable_hit(m.cache.hit_blocks(blocks[s.id]) * bs, len(ids[s.id]), bs)
             for s in m.waiting
@@ -360,64 +526,135 @@ def replay(
             + costs.prefill_token_s * tokens
         )
 
-    def start(b: str, i: int, now: float) -> None:
-        nonlocal cached_total, prompt_total
-        e = engines[b]
+    # -- the serial engines --------------------------------------------------------------------------
+    def start(self, b: str, i: int, now: float) -> None:
+        """Serial: request `i` starts on engine `b`; its first token and its end follow from the cost
+        model."""
+        spec = self.spec
+        e = self.engines[b]
         e.running += 1
-        lease = e.cache.acquire(ids[i])
-        leases[i] = lease
-        size = len(ids[i])
+        lease = e.cache.acquire(self.ids[i])
+        self.leases[i] = lease
+        size = len(self.ids[i])
         cached = usable_hit(lease.cached_tokens, size, spec.block_size)
-        cached_total += cached
-        prompt_total += size
+        self.cached_total += cached
+        self.prompt_total += size
         e.in_use += size + spec.output_tokens
         first = spec.first_token_s(size, cached)
-        reason, ahead = why[i]
-        queued = now - sent[i]
-        firsts.append(
+        reason, ahead = self.why[i]
+        sent = self.sent[i]
+        queued = now - sent
+        self.firsts.append(
             FirstToken(
-                (queued + first) * 1000, queued * 1000, first * 1000, size, cached, b, reason, ahead, sent[i]
+                (queued + first) * 1000, queued * 1000, first * 1000, size, cached, b, reason, ahead, sent
             )
         )
-        push(now + spec.service_s(size, cached), "done", i)
+        self.push(now + spec.service_s(size, cached), "done", i)
 
-    def talk(replica: int) -> None:
-        """A call to the store: this process's counts and working sets out, the others' in. A
-        baseline without our routers (round robin, sglang-router's model) reports its counts alone."""
-        assert store is not None
-        report = shares[replica].report(own[replica], own_prefill[replica]) if shares else own[replica]
-        others[replica], elsewhere[replica], queued[replica] = split(store.call(replica, report))
+    def serial_done(self, i: int, now: float) -> None:
+        """Serial: request `i` leaves its engine, which starts the next one queued."""
+        _, b = self.where[i]
+        e = self.engines[b]
+        e.cache.release(self.leases.pop(i))
+        e.in_use -= len(self.ids[i]) + self.spec.output_tokens
+        e.running -= 1
+        self.finished(i, now)
+        if e.queue:
+            self.start(b, e.queue.popleft(), now)
 
-    def finished(i: int, now: float) -> None:
+    def finished(self, i: int, now: float) -> None:
         """Request `i` left its engine: the replica's count drops, the conversation's next turn goes."""
-        replica, b = where[i]
-        own[replica][b] -= 1
-        if store is not None:  # the finish's call carries this process's counts
-            talk(replica)
-        done.add(i)
-        for j in blocked.pop(i, []):
-            push(now, "send", j)
+        replica, b = self.where[i]
+        self.own[replica][b] -= 1
+        if self.store is not None:  # the finish's call carries this process's counts
+            self.talk(replica)
+        self.done.add(i)
+        for j in self.blocked.pop(i, []):
+            self.push(now, "send", j)
 
-    def publish(b: str, batch: list[BlockEvent], now: float) -> None:
+    # -- the batching engines ------------------------------------------------------------------------
+    def plan(self, b: str, now: float) -> None:
+        """Batching: schedule the engine's next step (none when it is idle)."""
+        e = self.steppers[b]
+        batch = e.model.schedule()
+        e.batch = batch
+        if batch is None:
+            return
+        for s in batch.admitted:
+            if s.id >= WARM_IDS:
+                continue
+            self.admitted_at[s.id] = now
+            self.cached_total += s.cached_tokens
+            self.prompt_total += s.prompt_len
+        e.ends = now + batch.duration_s
+        self.push(e.ends, "step", self.index[b])
+
+    def step_done(self, b: str, now: float) -> None:
+        """Batching: engine `b`'s step ends: its first tokens, its finished requests, its events; then
+        its next step."""
+        e = self.steppers[b]
+        assert e.batch is not None
+        result = e.model.complete(e.batch)
+        if self.feeds and result.events:
+            self.publish(b, result.events, now)
+        for s in result.emitted:
+            if s.generated == 1 and s.id in self.prefill_of:
+                replica, w = self.where[s.id]
+                self.own_prefill[replica][w] -= self.prefill_of.pop(s.id)
+            if s.generated == 1 and s.id < WARM_IDS:
+                self.first_token(s, b, now)
+        for s in result.finished:
+            if s.id >= WARM_IDS:  # a warm-up: it counted in its process's in-flight requests
+                replica, w = self.where.pop(s.id)
+                self.own[replica][w] -= 1
+                continue
+            self.finished(s.id, now)
+        self.plan(b, now)
+
+    def first_token(self, s: Seq, b: str, now: float) -> None:
+        """Batching: request `s`'s first token came at the end of a step of engine `b`."""
+        i = s.id
+        reason, ahead = self.why[i]
+        sent, admitted = self.sent[i], self.admitted_at[i]
+        queued = admitted - sent
+        first = now - admitted
+        self.firsts.append(
+            FirstToken(
+                (now - sent) * 1000,
+                queued * 1000,
+                first * 1000,
+                s.prompt_len,
+                s.cached_tokens,
+                b,
+                reason,
+                ahead,
+                sent,
+            )
+        )
+
+    # -- KV events -----------------------------------------------------------------------------------
+    def publish(self, b: str, batch: list[BlockEvent], now: float) -> None:
         """An engine step's events, on their way to every routing process's index."""
-        assert kv_events is not None
-        for p, kv in enumerate(indexes):
+        feed = self.kv_events
+        assert feed is not None
+        for p, kv in enumerate(self.indexes):
             if kv is None:
                 continue
-            lost = kv_events.loss > 0 and lose.random() < kv_events.loss
-            k = next(delivery_ids)
-            push(now + kv_events.delay_s, "kv", k)
-            deliveries[k] = (p, b, None if lost else batch)
+            lost = feed.loss > 0 and self.lose.random() < feed.loss
+            k = next(self.delivery_ids)
+            self.push(now + feed.delay_s, "kv", k)
+            self.deliveries[k] = (p, b, None if lost else batch)
 
-    def deliver(k: int, now: float) -> None:
-        p, b, batch = deliveries.pop(k)
-        kv = indexes[p]
+    def deliver(self, k: int, now: float) -> None:
+        """Delivery `k` reaches its process's index: a lost one is a gap."""
+        p, b, batch = self.deliveries.pop(k)
+        kv = self.indexes[p]
         assert kv is not None
         kv.tick(now)
         if batch is None:
             kv.gap(b)
             return
-        bs = spec.block_size
+        bs = self.spec.block_size
         for ev in batch:
             if isinstance(ev, StoredBlocks):
                 kv.stored(b, ev.keys, ev.parent, ev.token_ids, bs)
@@ -426,171 +663,30 @@ def replay(
             elif isinstance(ev, ClearedBlocks):
                 kv.cleared(b)
 
-    def plan(b: str, now: float) -> None:
-        """Batching: schedule the engine's next step (none when it is idle)."""
-        nonlocal cached_total, prompt_total
-        e = steppers[b]
-        batch = e.model.schedule()
-        e.batch = batch
-        if batch is None:
-            return
-        for s in batch.admitted:
-            if s.id >= WARM_IDS:
-                continue
-            admitted_at[s.id] = now
-            cached_total += s.cached_tokens
-            prompt_total += s.prompt_len
-        e.ends = now + batch.duration_s
-        push(e.ends, "step", index[b])
-
-    def step_done(b: str, now: float) -> None:
-        e = steppers[b]
-        assert e.batch is not None
-        result = e.model.complete(e.batch)
-        if feeds and result.events:
-            publish(b, result.events, now)
-        for s in result.emitted:
-            if s.generated == 1 and s.id in prefill_of:
-                replica, w = where[s.id]
-                own_prefill[replica][w] -= prefill_of.pop(s.id)
-            if s.generated == 1 and s.id < WARM_IDS:
-                i = s.id
-                reason, ahead = why[i]
-                queued = admitted_at[i] - sent[i]
-                first = now - admitted_at[i]
-                firsts.append(
-                    FirstToken(
-                        (now - sent[i]) * 1000,
-                        queued * 1000,
-                        first * 1000,
-                        s.prompt_len,
-                        s.cached_tokens,
-                        b,
-                        reason,
-                        ahead,
-                        sent[i],
-                    )
-                )
-        for s in result.finished:
-            if s.id >= WARM_IDS:  # a warm-up: it counted in its process's in-flight requests
-                replica, w = where.pop(s.id)
-                own[replica][w] -= 1
-                continue
-            finished(s.id, now)
-        plan(b, now)
-
-    while events:
-        now, _, kind, i = heapq.heappop(events)
-        if kind == "due":
-            prev = after.get(i)
-            if prev is not None and prev not in done:
-                blocked[prev].append(i)
-                continue
-            kind = "send"
-        if kind == "send":
-            sent[i] = now
-            replica = pick_replica.randrange(replicas)
-            reason: str = CLAIRVOYANT
-            queues = 0  # the prompt tokens our router expects the backend to prefill (`Decision.prefill`)
-            if clairvoyant:
-                b = earliest(i, now)
-            elif peers:
-                b, why_peer = peers[replica].select(chains[i], own[replica])
-                reason = f"cache_aware:{why_peer}"
-            else:
-                kv = indexes[replica]
-                if kv is not None:
-                    kv.tick(now)
-                f = features[i]
-                if store is not None:
-                    # the admission's call: this process's counts out, the others' in, and the
-                    # placement of the request's group (set to this process's proposal if none)
-                    ask = shares[replica].ask(
-                        functools.partial(snapshot, now, replica),
-                        f,
-                        bool(others[replica]),
-                        elsewhere[replica],
-                    )
-                    talk(replica)
-                    if ask is not None:
-                        placed, fresh = store.place(ask, now)
-                        shares[replica].learn(ask.key, placed)
-                        f = SharedRouting.placed(f, placed, not fresh)
-                d = routers[replica].decide(snapshot(now, replica), f, rand.random())
-                b, reason, queues = d.backend, d.reason, d.prefill
-                if d.warm is not None and batching:
-                    # the gateway's warm-up (gateway.routing.warmup): a one-token prefill of the
-                    # group's preamble on its next holder, in the process's in-flight count meanwhile
-                    w = next(warm_ids)
-                    reasons["warm-up"] += 1
-                    where[w] = (replica, d.warm)
-                    own[replica][d.warm] += 1
-                    prefill_of[w] = d.warm_tokens
-                    own_prefill[replica][d.warm] += d.warm_tokens
-                    st = steppers[d.warm]
-                    st.model.add(
-                        Seq(w, ids[i][: d.warm_tokens], 1, output_ids=[OUTPUT_IDS * 2 + w], max_new=1)
-                    )
-                    if st.batch is None:
-                        plan(d.warm, now)
-            reasons[reason] += 1
-            served[b] += 1
-            where[i] = (replica, b)
-            own[replica][b] += 1
-            if queues and batching:
-                prefill_of[i] = queues
-                own_prefill[replica][b] += queues
-            if batching:
-                st = steppers[b]
-                why[i] = (reason, len(st.model.running) + len(st.model.waiting))
-                out = [OUTPUT_IDS + i * spec.output_tokens + k for k in range(spec.output_tokens)]
-                st.model.add(Seq(i, ids[i], spec.output_tokens, output_ids=out, max_new=trace[i].max_tokens))
-                if st.batch is None:
-                    plan(b, now)
-                continue
-            e = engines[b]
-            why[i] = (reason, e.running + len(e.queue))
-            if e.running < spec.max_num_seqs:
-                start(b, i, now)
-            else:
-                e.queue.append(i)
-        elif kind == "step":
-            step_done(every[i], now)
-        elif kind == "kv":
-            deliver(i, now)
-        else:  # done
-            replica, b = where[i]
-            e = engines[b]
-            e.cache.release(leases.pop(i))
-            e.in_use -= len(ids[i]) + spec.output_tokens
-            e.running -= 1
-            own[replica][b] -= 1
-            if store is not None:
-                talk(replica)
-            done.add(i)
-            for j in blocked.pop(i, []):
-                push(now, "send", j)
-            if e.queue:
-                start(b, e.queue.popleft(), now)
-
-    ttft = [x.ttft_ms for x in firsts]
-    return Result(
-        workload=workload,
-        load=load,
-        replicas=replicas,
-        requests=n,
-        hit_rate=cached_total / prompt_total if prompt_total else 0.0,
-        oracle_hit_rate=oracle_rate,
-        ttft_p50_ms=_pct(ttft, 50),
-        ttft_p99_ms=_pct(ttft, 99),
-        reasons=reasons,
-        per_backend={b: served[b] for b in every},
-        slowest=sorted(firsts, key=lambda x: -x.ttft_ms)[: max(1, n // 100) * 2],
-        answered=len(firsts),
-    )
-
 
 def main(argv: Sequence[str] | None = None) -> None:
+    ap = _parser()
+    args = ap.parse_args(argv)
+    options = {k: yaml.safe_load(v) for k, _, v in (o.partition("=") for o in args.option)}
+    feed = None if args.events is None else EventFeed(args.events / 1000, args.event_loss)
+    unknown = [w for w in args.workloads if w not in WORKLOADS]
+    if unknown:
+        ap.error(f"unknown workload {unknown[0]!r} (choose from {', '.join(WORKLOADS)})")
+    names = (args.policy, *(args.baseline or ["round_robin"]))
+    configs = [(name, _config(ap, args, name, options)) for name in names]
+    table: list[tuple[str, float, int, dict[str, tuple[float, float]]]] = []
+    for workload in args.workloads:
+        for load in args.load or [0.8]:
+            for replicas in args.replicas or [1]:
+                row, cells, tails = _point(args, configs, feed, workload, load, replicas)
+                table.append((workload, load, replicas, row))
+                print(f"{workload:<17} {load:4.0%} x{replicas}  " + " | ".join(cells), flush=True)
+                _print_tails(tails)
+    if args.table:
+        print(markdown(table, names))
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench.replay", description=__doc__.split("\n\n")[0])
     ap.add_argument("workloads", nargs="*", default=list(WORKLOADS), metavar="WORKLOAD")
     ap.add_argument("--policy", choices=list(POLICIES), default="prefix_affinity")
@@ -632,67 +728,77 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument(
         "--table", action="store_true", help="also print a markdown table of every point at the end"
     )
-    args = ap.parse_args(argv)
-    options = {k: yaml.safe_load(v) for k, _, v in (o.partition("=") for o in args.option)}
-    feed = None if args.events is None else EventFeed(args.events / 1000, args.event_loss)
-    unknown = [w for w in args.workloads if w not in WORKLOADS]
-    if unknown:
-        ap.error(f"unknown workload {unknown[0]!r} (choose from {', '.join(WORKLOADS)})")
-    names = (args.policy, *(args.baseline or ["round_robin"]))
-    table: list[tuple[str, float, int, dict[str, tuple[float, float]]]] = []
-    for workload in args.workloads:
-        for load in args.load or [0.8]:
-            for replicas in args.replicas or [1]:
-                cells = []
-                row: dict[str, tuple[float, float]] = {}
-                tails: dict[str, list[FirstToken]] = {}
-                for name in names:
-                    config = POLICIES[name]
-                    if options and name == args.policy and not isinstance(config, str):
-                        try:
-                            config = with_options(config, options)
-                        except (TypeError, ValueError) as exc:
-                            ap.error(f"--option: {exc}")
-                    serial = args.engine == "serial" and isinstance(config, PrefixAffinityConfig)
-                    if serial and "blocks_per_request" not in options:
-                        config = dataclasses.replace(config, blocks_per_request=SERIAL_BLOCKS_PER_REQUEST)
-                    runs = [
-                        replay(
-                            workload,
-                            config,
-                            load=load,
-                            seconds=args.seconds,
-                            replicas=replicas,
-                            seed=s,
-                            spec=ENGINES[args.engine],
-                            kv_events=feed,
-                            shared=args.shared,
-                        )
-                        for s in range(args.seeds)
-                    ]
-                    vs = statistics.fmean(r.vs_oracle for r in runs)
-                    p99 = statistics.fmean(r.ttft_p99_ms for r in runs)
-                    row[name] = (vs, p99)
-                    cells.append(f"{name} {vs:4.0%} of oracle, TTFT p99 {p99:6.0f} ms")
-                    if args.reasons and name == args.policy:
-                        total: collections.Counter[str] = collections.Counter()
-                        for r in runs:
-                            total.update(r.reasons)
-                        cells.append(str(dict(total.most_common())))
-                    if args.tail:
-                        tails[name] = [s for r in runs for s in r.slowest]
-                table.append((workload, load, replicas, row))
-                print(f"{workload:<17} {load:4.0%} x{replicas}  " + " | ".join(cells), flush=True)
-                for name, slowest in tails.items():
-                    print(f"  slowest first tokens, {name}:")
-                    for x in sorted(slowest, key=lambda x: -x.ttft_ms):
-                        print(
-                            f"    {x.ttft_ms:6.0f} ms = queued {x.queued_ms:6.0f} + prefill {x.prefill_ms:5.0f}"
-                            f"  prompt {x.prompt_tokens:5d} cached {x.cached_tokens:5d}"
-                            f"  {x.ahead} ahead on {x.backend} ({x.reason}) at {x.sent_s:4.1f} s"
-                        )
-    if args.table:
-        print(markdown(table, names))
+    return ap
+
+
+def _config(
+    ap: argparse.ArgumentParser, args: argparse.Namespace, name: str, options: dict[str, Any]
+) -> Policy:
+    """Policy `name`'s config: `--option` applies to `--policy`; on the serial fleet prefix
+    affinity keeps the exchange rate it ran with there."""
+    config = POLICIES[name]
+    if options and name == args.policy and not isinstance(config, str):
+        try:
+            config = with_options(config, options)
+        except (TypeError, ValueError) as exc:
+            ap.error(f"--option: {exc}")
+    serial = args.engine == "serial" and isinstance(config, PrefixAffinityConfig)
+    if serial and "blocks_per_request" not in options:
+        config = dataclasses.replace(config, blocks_per_request=SERIAL_BLOCKS_PER_REQUEST)
+    return config
+
+
+def _point(
+    args: argparse.Namespace,
+    configs: Sequence[tuple[str, Policy]],
+    feed: EventFeed | None,
+    workload: str,
+    load: float,
+    replicas: int,
+) -> tuple[dict[str, tuple[float, float]], list[str], dict[str, list[FirstToken]]]:
+    """Every policy on one point, over the seeds: its row of the table (hit rate ÷ the oracle's and
+    TTFT p99, means), the line's cells, and the slowest first tokens when `--tail` asks for them."""
+    cells = []
+    row: dict[str, tuple[float, float]] = {}
+    tails: dict[str, list[FirstToken]] = {}
+    for name, config in configs:
+        runs = [
+            replay(
+                workload,
+                config,
+                load=load,
+                seconds=args.seconds,
+                replicas=replicas,
+                seed=s,
+                spec=ENGINES[args.engine],
+                kv_events=feed,
+                shared=args.shared,
+            )
+            for s in range(args.seeds)
+        ]
+        vs = statistics.fmean(r.vs_oracle for r in runs)
+        p99 = statistics.fmean(r.ttft_p99_ms for r in runs)
+        row[name] = (vs, p99)
+        cells.append(f"{name} {vs:4.0%} of oracle, TTFT p99 {p99:6.0f} ms")
+        if args.reasons and name == args.policy:
+            total: collections.Counter[str] = collections.Counter()
+            for r in runs:
+                total.update(r.reasons)
+            cells.append(str(dict(total.most_common())))
+        if args.tail:
+            tails[name] = [s for r in runs for s in r.slowest]
+    return row, cells, tails
+
+
+def _print_tails(tails: Mapping[str, list[FirstToken]]) -> None:
+    for name, slowest in tails.items():
+        print(f"  slowest first tokens, {name}:")
+        for x in sorted(slowest, key=lambda x: -x.ttft_ms):
+            print(
+                f"    {x.ttft_ms:6.0f} ms = queued {x.queued_ms:6.0f} + prefill {x.prefill_ms:5.0f}"
+                f"  prompt {x.prompt_tokens:5d} cached {x.cached_tokens:5d}"
+                f"  {x.ahead} ahead on {x.backend} ({x.reason}) at {x.sent_s:4.1f} s"
+            )
 
 
 def with_options(config: PolicyConfig, options: Mapping[str, Any]) -> PolicyConfig:

@@ -166,8 +166,18 @@ def verdict_table(vs: list[Verdict]) -> list[str]:
 
 
 def overhead_md(o: dict[str, Any]) -> list[str]:
-    ns, st = o["nonstream"], o["stream"]
     keys = _keys(o)
+    return [
+        *_overhead_intro(o),
+        *_nonstream_md(o, keys),
+        *_stream_md(o, keys),
+        *_memory_md(o, keys),
+        *_many_streams_md(o),
+    ]
+
+
+def _overhead_intro(o: dict[str, Any]) -> list[str]:
+    """The suite's heading: what was measured and how, and what could not be."""
     L: list[str] = ["## Overhead suite", ""]
     L.append(
         f"Gateway under test: {o.get('gateway_source', '?')}. Simulator: `{' '.join(o.get('sim_argv', []))}`."
@@ -185,6 +195,13 @@ def overhead_md(o: dict[str, Any]) -> list[str]:
             + "; ".join(f"**{k}** — {v.splitlines()[0][:160]}" for k, v in o["unavailable"].items())
         )
         L.append("")
+    return L
+
+
+def _nonstream_md(o: dict[str, Any], keys: list[str]) -> list[str]:
+    """A table per concurrency of the non-streamed requests."""
+    ns = o["nonstream"]
+    L: list[str] = []
     L += ["### Non-streaming (wrk, `max_tokens` 16)", ""]
     for c in sorted({p["concurrency"] for p in ns}):
         L.append(f"**Concurrency {c}**")
@@ -206,6 +223,13 @@ def overhead_md(o: dict[str, Any]) -> list[str]:
             )
         L.append("")
     L += ["![added latency and CPU per request](plots/overhead.png)", ""]
+    return L
+
+
+def _stream_md(o: dict[str, Any], keys: list[str]) -> list[str]:
+    """A table per concurrency of the streams, then the CPU each relayed chunk costs."""
+    st = o["stream"]
+    L: list[str] = []
     L += ["### Streaming (32 content chunks, `bench.streamclient` in its own process)", ""]
     for c in sorted({p["concurrency"] for p in st}):
         L.append(f"**{c} concurrent streams**")
@@ -234,38 +258,49 @@ def overhead_md(o: dict[str, Any]) -> list[str]:
     for k in keys:
         L.append(f"| {_label(o, k)} | {_f(slope_us_per_chunk(o, k), '{:.1f}')} |")
     L += ["", "![streaming](plots/streaming.png)", ""]
-    mem = o.get("memory") or {}
-    if mem:
-        held = o["plan"]["held_streams"]
-        L += [
-            f"### Memory: {held:,} slow streams held open (a chunk every {o['plan']['drip_ms']:.0f} ms)",
-            "",
-        ]
-        L.append(
-            "| target | RSS before MB | RSS with streams open MB | RSS per 1,000 streams MB | time to open all s | errors |"
-        )
-        L.append("|---|---:|---:|---:|---:|---:|")
-        for k in keys:
-            m = mem.get(k)
-            if m:
-                L.append(
-                    f"| {_label(o, k)} | {_f(m.get('rss_before_mb', math.nan), '{:.1f}')} | {_f(m.get('rss_during_mb', math.nan), '{:.1f}')} "
-                    f"| {_f(m['rss_delta_mb'], '{:.1f}')} | {_f(m['open_s'], '{:.2f}')} | {m['errors']:.0f} |"
-                )
-        L.append("")
-        L.append("RSS is sampled with the streams open after the earlier phases warmed every process up, so it is "
-                 "the marginal memory of open streams, not the process's footprint.")  # fmt: skip
-        L.append("")
-    many = o.get("many_streams")
-    if many:
-        L.append(
-            f"**{many['streams']:,} concurrent streams through one gateway process** (bare, 1 worker): "
-            f"{many['completed']:,.0f} completed, {many['errors']:,.0f} errors, all open after {many['open_s']:.2f} s, "
-            f"TTFC p50 {many.get('ttfc_p50_ms', math.nan):.1f} ms / p99 {many.get('ttfc_p99_ms', math.nan):.1f} ms, "
-            f"RSS +{many['rss_delta_mb']:.1f} MB per 1,000."
-        )
-        L.append("")
     return L
+
+
+def _memory_md(o: dict[str, Any], keys: list[str]) -> list[str]:
+    """The memory slow streams held open cost each target (none when not measured)."""
+    mem = o.get("memory") or {}
+    if not mem:
+        return []
+    held = o["plan"]["held_streams"]
+    L: list[str] = [
+        f"### Memory: {held:,} slow streams held open (a chunk every {o['plan']['drip_ms']:.0f} ms)",
+        "",
+    ]
+    L.append(
+        "| target | RSS before MB | RSS with streams open MB | RSS per 1,000 streams MB | time to open all s | errors |"
+    )
+    L.append("|---|---:|---:|---:|---:|---:|")
+    for k in keys:
+        m = mem.get(k)
+        if m:
+            L.append(
+                f"| {_label(o, k)} | {_f(m.get('rss_before_mb', math.nan), '{:.1f}')} | {_f(m.get('rss_during_mb', math.nan), '{:.1f}')} "
+                f"| {_f(m['rss_delta_mb'], '{:.1f}')} | {_f(m['open_s'], '{:.2f}')} | {m['errors']:.0f} |"
+            )
+    L.append("")
+    L.append("RSS is sampled with the streams open after the earlier phases warmed every process up, so it is "
+             "the marginal memory of open streams, not the process's footprint.")  # fmt: skip
+    L.append("")
+    return L
+
+
+def _many_streams_md(o: dict[str, Any]) -> list[str]:
+    """One line on many concurrent streams through one gateway process (none when not measured)."""
+    many = o.get("many_streams")
+    if not many:
+        return []
+    return [
+        f"**{many['streams']:,} concurrent streams through one gateway process** (bare, 1 worker): "
+        f"{many['completed']:,.0f} completed, {many['errors']:,.0f} errors, all open after {many['open_s']:.2f} s, "
+        f"TTFC p50 {many.get('ttfc_p50_ms', math.nan):.1f} ms / p99 {many.get('ttfc_p99_ms', math.nan):.1f} ms, "
+        f"RSS +{many['rss_delta_mb']:.1f} MB per 1,000.",
+        "",
+    ]
 
 
 def profiles_md(o: dict[str, Any]) -> list[str]:

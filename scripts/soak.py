@@ -35,6 +35,7 @@ import signal
 import statistics
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 from engines.sim.launcher import SimProcess, free_port  # noqa: E402
 from gateway.admission.tokens import mint_token  # noqa: E402
 from gateway.demo import SERVED, sim_flags  # noqa: E402
+from gateway.upstream.h1 import KEEPALIVE_S  # noqa: E402
 from tests.support import GatewayProcess  # noqa: E402
 
 MODEL = "soak-model"
@@ -250,14 +252,19 @@ async def sampler(
                 await asyncio.wait_for(stop.wait(), 5)
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
-    duration = args.minutes * 60
-    flags = [*sim_flags("vllm"), "--ttft-ms", "50", "--itl-ms", "80", "--max-num-seqs", "1024"]
-    flags += ["--load-slowdown", "0", "--request-log-size", "16"]
-    sims = [SimProcess("vllm", free_port(), flags) for _ in range(3)]
-    for s in sims:
-        s.start()
-    config: dict[str, Any] = {
+@dataclass
+class Footprint:
+    """The gateway process's descriptors and memory before and after the load, and its log."""
+
+    before_fds: int
+    before_rss: float
+    after_fds: int = 0
+    after_rss: float = 0.0
+    log: str = ""
+
+
+def gateway_config(sims: list[SimProcess]) -> dict[str, Any]:
+    return {
         "server": {"graceful_shutdown_s": 5, "log_level": "warning"},
         "models": [{"name": MODEL, "context_length": 8192}],
         "pools": [
@@ -271,52 +278,85 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "upstream": {
             "health": {"interval_s": 1, "failure_threshold": 3, "open_s": 2},
             "timeouts": {"first_byte_s": 10, "idle_s": 10},
-            # pooled upstream connections idle out within 10 s, so the after-load FD count settles
-            "keepalive_s": 10,
         },
         "routing": {"policy": "least_load", "scrape_interval_s": 1},
         "auth": {"jwt": {"secret": SECRET}},
         "access_log": {"enabled": False},
     }
-    gw = GatewayProcess(config).start()
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    flags = [*sim_flags("vllm"), "--ttft-ms", "50", "--itl-ms", "80", "--max-num-seqs", "1024"]
+    flags += ["--load-slowdown", "0", "--request-log-size", "16"]
+    sims = [SimProcess("vllm", free_port(), flags) for _ in range(3)]
+    for s in sims:
+        s.start()
+    gw = GatewayProcess(gateway_config(sims)).start()
     tally = Tally()
     series: list[dict[str, Any]] = []
     fault_log: list[dict[str, Any]] = []
     try:
-        base = gw.base_url
-        # The idle steady state: health probes and scrapes keep one pooled connection each per
-        # backend, opened in the first seconds; the baseline is taken once they are there.
-        await asyncio.sleep(5)
-        before_fds = fds(gw.pid)
-        before_rss = rss_mb(gw.pid)
-        token = mint_token(SECRET, "soak", ttl_s=duration + 3600)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        tasks = [loop.create_task(worker(base, token, tally, stop, i)) for i in range(args.concurrency)]
-        side = [
-            loop.create_task(sampler(base, gw.pid, tally, stop, series, t0)),
-            loop.create_task(faults(sims, stop, fault_log, t0)),
-        ]
-        await asyncio.sleep(duration)
-        stop.set()
-        # Let every stream that is running end on its own (bounded: none lasts more than ~10 s).
-        _, pending = await asyncio.wait(tasks, timeout=60)
-        for t in pending:
-            t.cancel()
-        await asyncio.gather(*side, return_exceptions=True)
-        # Idle pooled connections (upstream keep-alive 10 s, clients gone) close; a leak would stay.
-        settle_deadline = loop.time() + 20
-        while fds(gw.pid) > before_fds + 2 and loop.time() < settle_deadline:  # noqa: ASYNC110
-            await asyncio.sleep(0.5)
-        after_fds = fds(gw.pid)
-        after_rss = rss_mb(gw.pid)
-        gateway_log = gw.log()
+        footprint = await load(args, gw, sims, tally, series, fault_log)
     finally:
         gw.stop()
         for s in sims:
             s.stop()
+    return verdict(args, tally, series, fault_log, footprint)
 
+
+async def load(
+    args: argparse.Namespace,
+    gw: GatewayProcess,
+    sims: list[SimProcess],
+    tally: Tally,
+    series: list[dict[str, Any]],
+    fault_log: list[dict[str, Any]],
+) -> Footprint:
+    """The soak itself: the workers, the sampler and the fault cycle for `args.minutes`, then the
+    streams left end and the idle connections close."""
+    duration = args.minutes * 60
+    base = gw.base_url
+    # The idle steady state: health probes and scrapes keep one pooled connection each per
+    # backend, opened in the first seconds; the baseline is taken once they are there.
+    await asyncio.sleep(5)
+    footprint = Footprint(fds(gw.pid), rss_mb(gw.pid))
+    token = mint_token(SECRET, "soak", ttl_s=duration + 3600)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    tasks = [loop.create_task(worker(base, token, tally, stop, i)) for i in range(args.concurrency)]
+    side = [
+        loop.create_task(sampler(base, gw.pid, tally, stop, series, t0)),
+        loop.create_task(faults(sims, stop, fault_log, t0)),
+    ]
+    await asyncio.sleep(duration)
+    stop.set()
+    # Let every stream that is running end on its own (bounded: none lasts more than ~10 s).
+    _, pending = await asyncio.wait(tasks, timeout=60)
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*side, return_exceptions=True)
+    # Idle pooled connections (upstream keep-alive, clients gone) close; a leak would stay.
+    settle_deadline = loop.time() + KEEPALIVE_S + 10
+    while fds(gw.pid) > footprint.before_fds + 2 and loop.time() < settle_deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.5)
+    footprint.after_fds = fds(gw.pid)
+    footprint.after_rss = rss_mb(gw.pid)
+    footprint.log = gw.log()
+    return footprint
+
+
+def verdict(
+    args: argparse.Namespace,
+    tally: Tally,
+    series: list[dict[str, Any]],
+    fault_log: list[dict[str, Any]],
+    footprint: Footprint,
+) -> dict[str, Any]:
+    """The soak's figures and whether each criterion held."""
+    duration = args.minutes * 60
+    before_rss, after_rss = footprint.before_rss, footprint.after_rss
+    before_fds, after_fds = footprint.before_fds, footprint.after_fds
     warm = max(60.0, duration * 0.2)
     warm_rss = [s["rss_mb"] for s in series if s["t"] >= warm][:3]
     end_rss = [s["rss_mb"] for s in series][-3:]
@@ -352,7 +392,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "max_p50": max(lag_p50, default=None),
             "max": max(lag_max, default=None),
         },
-        "gateway_log_tracebacks": gateway_log.count("Traceback"),
+        "gateway_log_tracebacks": footprint.log.count("Traceback"),
         "faults": fault_log,
     }
     checks = {

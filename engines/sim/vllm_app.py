@@ -174,6 +174,40 @@ class VllmApp(SimApp):
     # ---- planning ------------------------------------------------------------------------------
     def prepare(self, kind: Kind, body: dict[str, Any]) -> Prepared:
         cfg = self.cfg
+        self._check_types(kind, body)
+        lora = self._adapter(body)
+        stream, include_usage, continuous = self._usage_asked(body)
+        constraint = structured_outputs_constraint(
+            body.get("structured_outputs")
+        ) or response_format_constraint(body.get("response_format"))
+        extra: dict[str, Any] = {"return_token_ids": body.get("return_token_ids") is True}
+        prompts, calls, reasoning = self._prompts(kind, body, extra)
+        named = extra.get("tool_mode") == "named" and bool(calls)
+        per_prompt = choice_count(body)
+        first_body, seed, outputs = self._plan(body, prompts, constraint, calls, reasoning, named, per_prompt)
+        logprobs = body.get("logprobs")
+        top = body.get("top_logprobs") if kind == "chat" else logprobs
+        return Prepared(
+            kind=kind,
+            body=first_body,
+            request_id=("chatcmpl-" if kind == "chat" else "cmpl-") + hex_id(),
+            model=lora or cfg.served_model_name,  # an adapter answers under its own name
+            created=int(time.time()),
+            prompts=prompts,
+            outputs=outputs,
+            per_prompt=per_prompt,
+            stream=stream,
+            include_usage=include_usage,
+            continuous_usage=continuous,
+            logprobs=bool(logprobs) if kind == "chat" else isinstance(logprobs, int),
+            top_logprobs=top if isinstance(top, int) else 0,
+            seed=seed,
+            extra=extra,
+            lora=lora,
+        )
+
+    def _check_types(self, kind: Kind, body: dict[str, Any]) -> None:
+        """The request model's type checks, worded as vLLM 0.32 words pydantic's errors."""
         try:
             check_types(
                 body, kind, "ChatCompletionRequest" if kind == "chat" else "CompletionRequest", frozenset()
@@ -187,6 +221,10 @@ class VllmApp(SimApp):
                 err.message = re.sub(r" for \w+:", ":", located, count=1)
                 err.param = f"body.{loc.group(1)}" if loc else None
             raise
+
+    def _adapter(self, body: dict[str, Any]) -> str | None:
+        """The LoRA adapter `model` names, None for the base model; 404 for any other name."""
+        cfg = self.cfg
         model = body.get("model")
         lora = model if isinstance(model, str) and model in cfg.lora_modules else None
         if model is not None and model != cfg.served_model_name and lora is None:
@@ -196,6 +234,11 @@ class VllmApp(SimApp):
                 param="model",
                 err_type="NotFoundError",
             )
+        return lora
+
+    def _usage_asked(self, body: dict[str, Any]) -> tuple[bool, bool, bool]:
+        """Whether the answer streams, carries a usage chunk, and a running usage on every chunk."""
+        cfg = self.cfg
         stream = body.get("stream") is True
         so = body.get("stream_options")
         if so and not stream:
@@ -210,10 +253,14 @@ class VllmApp(SimApp):
             cfg.enable_force_include_usage
             or (asked and isinstance(so, dict) and so.get("continuous_usage_stats") is True)
         )
-        constraint = structured_outputs_constraint(
-            body.get("structured_outputs")
-        ) or response_format_constraint(body.get("response_format"))
-        extra: dict[str, Any] = {"return_token_ids": body.get("return_token_ids") is True}
+        return stream, include_usage, continuous
+
+    def _prompts(
+        self, kind: Kind, body: dict[str, Any], extra: dict[str, Any]
+    ) -> tuple[list[PromptIn], list[tuple[str, Any]], bool]:
+        """The request's prompts, the tool calls the model will make and whether it reasons first;
+        the answer's options go into `extra`."""
+        cfg = self.cfg
         calls: list[tuple[str, Any]] = []
         reasoning = False
         if kind == "chat":
@@ -234,8 +281,21 @@ class VllmApp(SimApp):
         else:
             prompts = self._completion_prompts(body)
             extra["echo"] = body.get("echo") is True
-        named = extra.get("tool_mode") == "named" and bool(calls)
-        per_prompt = choice_count(body)
+        return prompts, calls, reasoning
+
+    def _plan(
+        self,
+        body: dict[str, Any],
+        prompts: list[PromptIn],
+        constraint: Constraint | None,
+        calls: list[tuple[str, Any]],
+        reasoning: bool,
+        named: bool,
+        per_prompt: int,
+    ) -> tuple[dict[str, Any], int, list[Output]]:
+        """The outputs of every prompt, one engine request each with its own room in the context; and
+        the first one's body and seed."""
+        cfg = self.cfg
         outputs: list[Output] = []
         first_body, seed = body, 0
         asked_tokens = max_tokens_of(body)
@@ -267,26 +327,7 @@ class VllmApp(SimApp):
             if k == 0:
                 first_body, seed = own, planned_seed
             outputs.extend(planned)
-        logprobs = body.get("logprobs")
-        top = body.get("top_logprobs") if kind == "chat" else logprobs
-        return Prepared(
-            kind=kind,
-            body=first_body,
-            request_id=("chatcmpl-" if kind == "chat" else "cmpl-") + hex_id(),
-            model=lora or cfg.served_model_name,  # an adapter answers under its own name
-            created=int(time.time()),
-            prompts=prompts,
-            outputs=outputs,
-            per_prompt=per_prompt,
-            stream=stream,
-            include_usage=include_usage,
-            continuous_usage=continuous,
-            logprobs=bool(logprobs) if kind == "chat" else isinstance(logprobs, int),
-            top_logprobs=top if isinstance(top, int) else 0,
-            seed=seed,
-            extra=extra,
-            lora=lora,
-        )
+        return first_body, seed, outputs
 
     def _completion_prompts(self, body: dict[str, Any]) -> list[PromptIn]:
         """vLLM 0.32's checks of a completions `prompt`, in its order (measured, docs/engines.md), then
