@@ -47,6 +47,7 @@ from gateway.core.responses import (
     error_response,
 )
 from gateway.edge.request_id import request_id_from
+from gateway.flow.compare import EngineStats, report
 from gateway.observability.access_log import AccessLog
 from gateway.observability.metrics import Metrics
 from gateway.observability.metrics_export import CONTENT_TYPE, MetricsExporter
@@ -139,6 +140,8 @@ class Gateway:
             on_lost=self.metrics.shared_state_lost,
             known_keys=self.api_keys.known_ids,
         )
+        #: what each request that reached an engine cost, per model, pool and traffic class
+        self.engine_stats = EngineStats()
         self._admin_app = build_admin_app(
             self.control,
             self.admission.authorize_admin,
@@ -149,6 +152,7 @@ class Gateway:
             spend=self.admission.spend_report,
             tiers=self._tiers,
             api_docs=settings.server.api_docs,
+            engines=self._engine_report,
         )
         for pool in self.fleet.pools.values():
             self.metrics.pool_weight.labels(pool.name).set(pool.weight)
@@ -279,6 +283,10 @@ class Gateway:
     def _on_upstream_error(self, backend: Backend, kind: str) -> None:
         self.metrics.upstream_error(backend.pool, kind, backend.name)
 
+    async def _engine_report(self, window_s: int, model: str | None) -> dict[str, Any]:
+        """`GET /admin/engines/compare`: the window's comparison."""
+        return report(await self.engine_stats.window(window_s, model))
+
     # -- lifecycle --------------------------------------------------------------------------------
     async def startup(self) -> None:
         up = self.settings.upstream
@@ -323,6 +331,7 @@ class Gateway:
         kv = self.kv_events.subscriber.report if self.kv_events is not None else None
         self._sampler = MetricsSampler(self.fleet, self.metrics, redis=probe, kv=kv)
         await self._sampler.start()
+        await self.engine_stats.start(self.redis)
         healthy = sum(1 for b in self.fleet.backends.values() if b.healthy)
         log.info(
             "gateway ready: %d pools, %d backends (%d healthy), shared state: %s",
@@ -337,6 +346,7 @@ class Gateway:
     async def shutdown(self) -> None:
         if self._sampler is not None:
             await self._sampler.stop()
+        await self.engine_stats.stop()
         await self.control.store.stop()
         await self.admission.aclose()
         if self._health is not None:
@@ -417,6 +427,7 @@ class Gateway:
             await run_finalizers(ctx)
             now = time.perf_counter()
             self.metrics.observe_request(ctx, now)
+            self.engine_stats.record(ctx, now)
             self.access_log.write(ctx, now)
             if tracing is not None:
                 tracing.end(ctx, scope["method"], scope["path"])

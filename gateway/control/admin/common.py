@@ -23,6 +23,8 @@ from gateway.core.context import Principal
 Authorize = Callable[[dict[bytes, bytes]], Awaitable[Principal]]
 #: a dry run of routing for a request body and an optional pinned pool (gateway/app.py)
 Explain = Callable[[dict[str, Any], str | None], dict[str, Any]]
+#: the engine comparison over a window of seconds, of one model or all (gateway/flow/compare.py)
+EngineReport = Callable[[int, str | None], Awaitable[dict[str, Any]]]
 
 #: admin answers are never stored by a browser or a proxy
 NO_STORE = {"cache-control": "no-store"}
@@ -32,7 +34,8 @@ NO_STORE = {"cache-control": "no-store"}
 class AdminContext:
     """What the admin API acts on: the operator's verbs, the admin guard, API keys (None when off),
     routing's dry run, the models served now (API keys' model lists are checked against them), the
-    spend report (None without an admission stage) and the configured tiers."""
+    spend report (None without an admission stage), the configured tiers and the engine
+    comparison (None when the gateway records none)."""
 
     control: FleetControl
     authorize: Authorize
@@ -42,6 +45,7 @@ class AdminContext:
     spend: SpendQuery | None
     #: the configured limits tiers and the default one (what a new API key may name)
     tiers: Callable[[], tuple[list[str], str]]
+    engines: EngineReport | None = None
 
 
 def context(request: Request) -> AdminContext:
