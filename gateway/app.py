@@ -33,7 +33,7 @@ from gateway.apis import ApiRoute, Apis
 from gateway.control.admin import build_admin_app
 from gateway.control.store import MemoryStore, RedisStore, Store
 from gateway.control.verbs import ConfigRefused, FleetControl, ReloadResult
-from gateway.core.context import Api, RequestContext
+from gateway.core.context import Api, Principal, RequestContext
 from gateway.core.fleet import Backend, Fleet
 from gateway.core.redis_client import connect_redis, describe
 from gateway.core.responses import (
@@ -48,6 +48,7 @@ from gateway.core.responses import (
 )
 from gateway.edge.request_id import request_id_from
 from gateway.flow.compare import EngineStats, report
+from gateway.flow.rebalance import Rebalancer
 from gateway.observability.access_log import AccessLog
 from gateway.observability.metrics import Metrics
 from gateway.observability.metrics_export import CONTENT_TYPE, MetricsExporter
@@ -77,6 +78,8 @@ Scope = dict[str, Any]
 _HOT: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 #: `owned_by` of every model `/v1/models` lists: the gateway serves them, whoever trained them
 OWNED_BY = "gateway"
+#: who the rebalancing loop's changes are by, in the audit log
+_REBALANCER = Principal(user="gateway")
 
 #: the settings a reload applies at once (dotted-key prefixes); any other change takes a restart
 LIVE_SETTINGS = (
@@ -139,9 +142,16 @@ class Gateway:
             MemoryStore(),
             on_lost=self.metrics.shared_state_lost,
             known_keys=self.api_keys.known_ids,
+            rebalance=settings.routing.rebalance,
         )
         #: what each request that reached an engine cost, per model, pool and traffic class
         self.engine_stats = EngineStats()
+        #: the closed loop over the pool weights (`routing.rebalance`), None when off
+        self.rebalancer: Rebalancer | None = None
+        if settings.routing.rebalance:
+            self.rebalancer = Rebalancer(
+                self.engine_stats, self.fleet, lambda: self.control.overrides.weights, self._rebalanced
+            )
         self._admin_app = build_admin_app(
             self.control,
             self.admission.authorize_admin,
@@ -284,8 +294,19 @@ class Gateway:
         self.metrics.upstream_error(backend.pool, kind, backend.name)
 
     async def _engine_report(self, window_s: int, model: str | None) -> dict[str, Any]:
-        """`GET /admin/engines/compare`: the window's comparison."""
-        return report(await self.engine_stats.window(window_s, model))
+        """`GET /admin/engines/compare`: the window's comparison and the rebalancing loop."""
+        window = await self.engine_stats.window(window_s, model)
+        loop = await self.rebalancer.status() if self.rebalancer is not None else {"enabled": False}
+        return report(window, loop)
+
+    async def _rebalanced(
+        self, model: str, before: dict[str, Any], after: dict[str, Any], weights: dict[str, float]
+    ) -> bool:
+        """The rebalancing loop's move, written like an admin's change (audited, on every replica)."""
+        updates = {f"rebalance:{pool}": weight for pool, weight in weights.items()}
+        return await self.control.change_fleet(
+            _REBALANCER, "pool_rebalanced", model, before, after, updates=updates
+        )
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def startup(self) -> None:
@@ -332,6 +353,8 @@ class Gateway:
         self._sampler = MetricsSampler(self.fleet, self.metrics, redis=probe, kv=kv)
         await self._sampler.start()
         await self.engine_stats.start(self.redis)
+        if self.rebalancer is not None:
+            await self.rebalancer.start(self.redis)
         healthy = sum(1 for b in self.fleet.backends.values() if b.healthy)
         log.info(
             "gateway ready: %d pools, %d backends (%d healthy), shared state: %s",
@@ -346,6 +369,8 @@ class Gateway:
     async def shutdown(self) -> None:
         if self._sampler is not None:
             await self._sampler.stop()
+        if self.rebalancer is not None:
+            await self.rebalancer.stop()
         await self.engine_stats.stop()
         await self.control.store.stop()
         await self.admission.aclose()

@@ -13,7 +13,8 @@ own `Fleet`; the config file stays the base, so a reload of the file keeps the o
 
 Field names in the hash: `weight:<pool>` → float, `drain:<backend>` → true,
 `add:<backend>` → {"pool", "url"}, `remove:<backend>` → true, `reload:` → when a reload of the
-config file on every replica was last asked for.
+config file on every replica was last asked for, `rebalance:<pool>` → float (the weight the
+rebalancing loop set; `weight:<pool>` outranks it).
 
 Redis coming back empty (restarted without persistence, flushed, failed over to an empty replica) is
 told from an outage by a generation marker, `gw:{fleet}:generation`: a random value set once, which

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -106,8 +107,11 @@ class FleetControl:
         *,
         on_lost: OnLost | None = None,
         known_keys: KnownKeys | None = None,
+        rebalance: bool = False,
     ) -> None:
         self.fleet = fleet
+        #: the rebalancing loop's weights (`rebalance:<pool>`) apply: `routing.rebalance` is on
+        self._rebalance = rebalance
         self._config = config
         #: where overrides live; `start` binds the process's real one (Redis when configured)
         self.store = store
@@ -181,6 +185,8 @@ class FleetControl:
                     fields.pop(key, None)
                 fields.update(p.updates)
             merged = Overrides.from_fields(fields)
+        if merged.rebalanced and not self._rebalance:  # the loop is off here: the file's weights
+            merged = dataclasses.replace(merged, rebalanced={})
         if stored.reload_at > self._reload_seen:
             if self._reload_seen or stored.reload_at > self._started_at:
                 self._follow(asyncio.get_running_loop().create_task(self._reload_here(stored.reload_at)))
@@ -299,7 +305,11 @@ class FleetControl:
             "name": p.name,
             "dialect": p.dialect.name,
             "weight": p.weight,
-            "weight_source": "override" if p.name in o.weights else "file",
+            "weight_source": "override"
+            if p.name in o.weights
+            else "rebalance"
+            if p.name in o.rebalanced
+            else "file",
             "models": p.models,
             "tool_calling": p.tool_calling,
             "structured_output": p.structured_output,

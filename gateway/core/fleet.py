@@ -242,7 +242,7 @@ class Fleet:
             existing.models = dict(ps.models)
             existing.tool_calling = ps.tool_calling
             existing.structured_output = ps.structured_output
-            existing.weight = overrides.weights.get(ps.name, ps.weight)
+            existing.weight = overrides.weights.get(ps.name, overrides.rebalanced.get(ps.name, ps.weight))
         for name, backend in list(self.backends.items()):
             if desired.get(name) != (backend.pool, backend.url):
                 self.remove_backend(name)

@@ -12,6 +12,8 @@ from typing import Any
 @dataclass(slots=True)
 class Overrides:
     weights: dict[str, float] = field(default_factory=dict)
+    #: the weights the rebalancing loop set (gateway/flow/rebalance.py); an admin's `weights` outrank them
+    rebalanced: dict[str, float] = field(default_factory=dict)
     drained: set[str] = field(default_factory=set)
     added: dict[str, tuple[str, str]] = field(default_factory=dict)  # backend -> (pool, url)
     removed: set[str] = field(default_factory=set)
@@ -27,6 +29,8 @@ class Overrides:
             kind, _, name = key.partition(":")
             if kind == "weight":
                 o.weights[name] = float(value)
+            elif kind == "rebalance":
+                o.rebalanced[name] = float(value)
             elif kind == "drain" and value:
                 o.drained.add(name)
             elif kind == "add":

@@ -325,7 +325,7 @@ def summaries(series: dict[SeriesKey, Series]) -> dict[str, dict[str, dict[str, 
     return out
 
 
-def report(window: Window) -> dict[str, Any]:
+def report(window: Window, rebalance: dict[str, Any]) -> dict[str, Any]:
     """The comparison's JSON body (docs/operations.md, *Comparing engines*)."""
     figures = summaries(window.series)
     order: dict[str, int] = {c: i for i, c in enumerate(TRAFFIC_CLASSES)}
@@ -355,6 +355,7 @@ def report(window: Window) -> dict[str, Any]:
         "min_samples": MIN_SAMPLES,
         "rows": rows,
         "better": better,
+        "rebalance": rebalance,
     }
     if window.note is not None:
         body["note"] = window.note

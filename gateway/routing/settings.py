@@ -62,6 +62,9 @@ class RoutingSettings(SettingsModel):
     scrape_interval_s: float = Field(2.0, ge=0)
     #: in-flight counts and group placements shared between routing processes (with Redis)
     shared: SharedSettings = Field(default_factory=SharedSettings)
+    #: move pool weight toward the pools that serve each model better, from the engine comparison
+    #: (gateway/flow/rebalance.py; docs/operations.md, *Comparing engines*)
+    rebalance: bool = False
 
     @property
     def scrape_stale_s(self) -> float:

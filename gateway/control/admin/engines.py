@@ -20,7 +20,7 @@ MAX_WINDOW_S = 3600
 @router.get(
     "/admin/engines/compare",
     summary="Per model × pool × traffic class: requests, TTFT and TPOT percentiles, error rate and "
-    "output tokens/s over a window; which pool serves each class better",
+    "output tokens/s over a window; which pool serves each class better; the rebalancing loop",
 )
 async def compare(
     who: Admin,

@@ -60,15 +60,16 @@ async def set_weight(pool: str, body: WeightBody, who: Admin, ctx: Ctx) -> Respo
 @router.delete(
     "/admin/pools/{pool}/weight",
     response_model=OkResponse,
-    summary="Return a pool's weight to the config file's",
+    summary="Return a pool's weight to the config file's (the rebalancing loop's, when it set one)",
 )
 async def reset_weight(pool: str, who: Admin, ctx: Ctx) -> Response:
     control = ctx.control
     current = control.fleet.pools.get(pool)
     if current is None:
         raise not_found("pool", pool, "pool_not_found")
+    back_to = "rebalance" if pool in control.overrides.rebalanced else "file"
     persisted = await control.change_fleet(
-        who, "reset_weight", pool, current.weight, "file", deletes=[f"weight:{pool}"]
+        who, "reset_weight", pool, current.weight, back_to, deletes=[f"weight:{pool}"]
     )
     return json_response(200, {**written(ctx, persisted), "pool": control.describe_pool(pool)})
 

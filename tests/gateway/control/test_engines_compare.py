@@ -21,6 +21,7 @@ from tests.gateway.flow.fake_redis import FakeRedis
 from tests.gateway.flow.test_compare import FLEET, TOOLS, Clock, request
 
 ADMIN = {"authorization": "Bearer admin"}
+LOOP = {"enabled": True, "interval_s": 60.0, "last_round": None}
 
 
 async def authorize(headers: dict[bytes, bytes]) -> Principal:
@@ -39,7 +40,7 @@ class Config:
 
 def client(stats: EngineStats) -> httpx.AsyncClient:
     async def engines(window_s: int, model: str | None) -> dict[str, Any]:
-        return report(await stats.window(window_s, model))
+        return report(await stats.window(window_s, model), LOOP)
 
     app = build_admin_app(
         FleetControl(FLEET, Config(), MemoryStore()),
@@ -68,8 +69,8 @@ async def test_rows_per_model_pool_and_class_with_the_better_pool(http: httpx.As
     assert r.status_code == 200, r.text
     assert r.headers["cache-control"] == "no-store"
     body = r.json()
-    assert set(body) == {"window_s", "span_s", "scope", "note", "min_samples", "rows", "better"}
-    assert (body["window_s"], body["scope"]) == (900, "replica")
+    assert set(body) == {"window_s", "span_s", "scope", "note", "min_samples", "rows", "better", "rebalance"}
+    assert (body["window_s"], body["scope"], body["rebalance"]) == (900, "replica", LOOP)
     assert [(row["pool"], row["traffic_class"]) for row in body["rows"]] == [
         ("sglang", "tools"),
         ("sglang", "plain"),

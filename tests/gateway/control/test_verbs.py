@@ -94,3 +94,20 @@ async def test_a_replica_not_asked_to_restore_only_reports() -> None:
     store.wipe()
     await control._state_lost(StateLost({"weight:vllm": 0.3}, audit_entries=4, restore=False))
     assert await store.audit(10) == []
+
+
+@pytest.mark.parametrize("rebalance", [True, False])
+async def test_the_loops_weights_apply_below_an_admins_and_only_while_the_loop_is_on(rebalance: bool) -> None:
+    control, _ = await started(rebalance=rebalance)
+    loop = Principal(user="gateway")
+    updates = {"rebalance:vllm": 0.7, "rebalance:sglang": 0.3}
+    await control.change_fleet(loop, "pool_rebalanced", "m", {}, {}, updates=updates)
+    want = (0.7, "rebalance") if rebalance else (0.5, "file")  # off: the file's weights
+    assert (control.fleet.pools["vllm"].weight, control.describe_pool("vllm")["weight_source"]) == want
+    await control.change_fleet(WHO, "set_weight", "vllm", want[0], 0.9, updates={"weight:vllm": 0.9})
+    assert (control.fleet.pools["vllm"].weight, control.describe_pool("vllm")["weight_source"]) == (
+        0.9,
+        "override",
+    )
+    await control.change_fleet(WHO, "reset_weight", "vllm", 0.9, want[1], deletes=["weight:vllm"])
+    assert (control.fleet.pools["vllm"].weight, control.describe_pool("vllm")["weight_source"]) == want

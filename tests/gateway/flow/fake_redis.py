@@ -1,5 +1,6 @@
-"""The few Redis commands the engine comparison uses, in memory, with an outage switch: pipelines
-of HINCRBY, EXPIRE and HGETALL, and SET (NX, PX, EX) and GET. TTLs are recorded, not applied."""
+"""The few Redis commands the engine comparison and the rebalancing loop use, in memory, with an
+outage switch: pipelines of HINCRBY, EXPIRE and HGETALL, and SET (NX, PX, EX) and GET. TTLs are
+recorded, not applied."""
 
 from __future__ import annotations
 

@@ -210,9 +210,9 @@ async def test_the_report_rows_and_which_pool_serves_a_class_better() -> None:
             *request("sglang", ttft=0.050, duration=1.0, tokens=5, kind="engine_500" if i < 2 else None)
         )
         stats.record(*request("sglang", body=TOOLS, ttft=0.05))  # tools: sglang only, no verdict
-    body = report(await stats.window(600))
+    body = report(await stats.window(600), {"enabled": False})
     assert body["window_s"] == 600 and body["span_s"] == 630.0 and body["scope"] == "replica"
-    assert body["min_samples"] == MIN_SAMPLES
+    assert body["min_samples"] == MIN_SAMPLES and body["rebalance"] == {"enabled": False}
     rows = rows_by(body)
     fast, slow = rows[("m", "vllm", "plain")], rows[("m", "sglang", "plain")]
     assert fast["requests"] == n and fast["errors"] == 0 and slow["errors"] == 2
