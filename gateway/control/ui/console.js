@@ -2,12 +2,13 @@
 import { clearToken, get, onAuthFailure, setToken, token } from "./api.js";
 import { byId } from "./dom.js";
 import * as audit from "./audit.js";
+import * as engines from "./engines.js";
 import * as explain from "./explain.js";
 import * as fleet from "./fleet.js";
 import * as keys from "./keys.js";
 import * as spend from "./spend.js";
 
-const SCREENS = { fleet, explain, keys, spend, audit };
+const SCREENS = { fleet, explain, keys, spend, engines, audit };
 let current = null;
 
 /** The status line: what the last action did (`kind` "ok" or "error"). */

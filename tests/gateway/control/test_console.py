@@ -457,6 +457,29 @@ def test_spend_per_tenant_shows_after_a_request(browser: WebDriver, gateway: Gat
     shoot(browser, "07-spend")
 
 
+def test_the_engines_tab_shows_the_comparison(browser: WebDriver, gateway: GatewayProcess) -> None:
+    for i in range(3):
+        assert chat(gateway, f"compare the engines {i}", USER).status_code == 200
+    api = httpx.get(gateway.base_url + "/admin/engines/compare", headers=ADMIN, timeout=5).json()
+    expected = {(r["pool"], r["traffic_class"]): r["requests"] for r in api["rows"]}
+    assert sum(expected.values()) >= 3
+    signed_in(browser, gateway.base_url)
+    tab(browser, "engines")
+    rows = wait(
+        browser, lambda: browser.find_elements(By.CSS_SELECTOR, "#engines-body tr[data-pool]"), "the rows"
+    )
+    shown = {
+        (r.get_attribute("data-pool"), r.get_attribute("data-class")): int(
+            r.find_element(By.CSS_SELECTOR, "[data-field=requests]").text
+        )
+        for r in rows
+    }
+    assert shown == expected
+    assert "Off (routing.rebalance)" in css(browser, "#engines-loop").text
+    assert "this process's requests only" in css(browser, "#engines-body").text  # no Redis here
+    shoot(browser, "08-engines")
+
+
 def test_the_audit_log_shows_the_consoles_changes(browser: WebDriver, gateway: GatewayProcess) -> None:
     signed_in(browser, gateway.base_url)
     tab(browser, "audit")
@@ -472,7 +495,7 @@ def test_the_audit_log_shows_the_consoles_changes(browser: WebDriver, gateway: G
     assert "ops" in first
     assert LABEL.replace('"', '\\"') in css(browser, "tr[data-action=create_api_key]").text  # as JSON text
     assert browser.execute_script("return document.querySelectorAll('main img').length") == 0
-    shoot(browser, "08-audit")
+    shoot(browser, "09-audit")
 
 
 def test_the_token_lasts_for_the_tab_and_sign_out_forgets_it(
