@@ -13,16 +13,18 @@ the same on every replica, since the bucket boundaries are constants.
 
 Verdicts. Two pools compare on a traffic class when both have at least `MIN_SAMPLES` of it. Errors
 first: a pool whose error rate is `ERROR_GAP` or more above the other's serves it worse, however
-fast. Otherwise TTFT p90: the lower one serves it better, by the ratio of the two. For a model as
-a whole (`pair_verdict`), the classes both pools have enough of are weighed by their requests: the
-error rates over them, then the weighted geometric mean of the per-class TTFT p90 ratios, so a
-pool is not favoured for serving only the easy classes.
+fast. Then goodput, where requests carry a TTFT target (their priority class's) and both pools
+have `MIN_SAMPLES` such streamed answers: the share that met it, when `TARGET_GAP` or more apart.
+Otherwise TTFT p90: the lower one serves it better, by the ratio of the two. For a model as a whole
+(`pair_verdict`), the classes both pools have enough of are weighed by their requests: the error
+rates and target shares over them, then the weighted geometric mean of the per-class TTFT p90
+ratios, so a pool is not favoured for serving only the easy classes.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -37,8 +39,12 @@ HIST_MAX_BUCKET = 191
 MIN_SAMPLES = 50
 #: an error rate this much above the other pool's (5 points) outweighs any latency advantage
 ERROR_GAP = 0.05
+#: a share of requests meeting their TTFT target this much above the other pool's (5 points) decides
+#: before TTFT p90: the target is what the operator asked for; closer shares are within the noise
+#: of a few hundred requests
+TARGET_GAP = 0.05
 
-Measure = Literal["error_rate", "ttft_p90"]
+Measure = Literal["error_rate", "ttft_target", "ttft_p90"]
 
 
 def bucket_of(seconds: float) -> int:
@@ -83,12 +89,20 @@ class Series:
     ttft: dict[int, int] = field(default_factory=dict)
     #: time per output token after the first, of streamed answers with two or more tokens
     tpot: dict[int, int] = field(default_factory=dict)
+    #: streamed answers to requests with a TTFT target; of them, those that met it without failing,
+    #: and their output tokens (goodput)
+    targeted: int = 0
+    met: int = 0
+    good_tokens: int = 0
 
     def add(self, other: Series) -> None:
         """Count `other` in this series too."""
         self.requests += other.requests
         self.errors += other.errors
         self.output_tokens += other.output_tokens
+        self.targeted += other.targeted
+        self.met += other.met
+        self.good_tokens += other.good_tokens
         _add_counts(self.ttft, other.ttft)
         _add_counts(self.tpot, other.tpot)
 
@@ -113,10 +127,18 @@ class Summary:
     tpot_p50: float | None
     tpot_p90: float | None
     tpot_p99: float | None
+    targeted: int = 0
+    met: int = 0
+    good_tokens: int = 0
 
     @property
     def error_rate(self) -> float:
         return self.errors / self.requests if self.requests else 0.0
+
+    @property
+    def target_met(self) -> float | None:
+        """The share of the streamed answers with a TTFT target that met it; None without any."""
+        return self.met / self.targeted if self.targeted else None
 
 
 def summarize(series: Series) -> Summary:
@@ -133,14 +155,18 @@ def summarize(series: Series) -> Summary:
         tpot_p50=percentile(tpot, 0.5),
         tpot_p90=percentile(tpot, 0.9),
         tpot_p99=percentile(tpot, 0.99),
+        targeted=series.targeted,
+        met=series.met,
+        good_tokens=series.good_tokens,
     )
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """`better` serves the traffic better than `worse`, by `measure`: their values (error rates, or
-    TTFT p90 seconds; for a model, the weighted figures) and `ratio`, how many times slower `worse`
-    is (1.0 for an error-rate verdict). `classes` are the traffic classes it rests on."""
+    """`better` serves the traffic better than `worse`, by `measure`: their values (error rates,
+    shares that met their TTFT target, or TTFT p90 seconds; for a model, the weighted figures) and
+    `ratio`, how many times slower `worse` is (1.0 for the other measures). `classes` are the
+    traffic classes it rests on."""
 
     better: str
     worse: str
@@ -156,6 +182,11 @@ class Verdict:
         if self.measure == "error_rate":
             return (
                 f"{self.better}: error rate {self.better_value:.1%} against {self.worse}'s "
+                f"{self.worse_value:.1%} ({over})"
+            )
+        if self.measure == "ttft_target":
+            return (
+                f"{self.better}: {self.better_value:.1%} met their TTFT target against {self.worse}'s "
                 f"{self.worse_value:.1%} ({over})"
             )
         return (
@@ -174,15 +205,13 @@ def _enough(s: Summary) -> bool:
 
 def class_verdict(name_a: str, a: Summary, name_b: str, b: Summary, traffic_class: str) -> Verdict | None:
     """Which of two pools serves one traffic class better (module docstring); None while either
-    has fewer than `MIN_SAMPLES` requests of it, or neither error rates nor TTFT tell them apart."""
+    has fewer than `MIN_SAMPLES` requests of it, or no measure tells them apart."""
     if not (_enough(a) and _enough(b)):
         return None
     classes = (traffic_class,)
-    ea, eb = a.error_rate, b.error_rate
-    if abs(ea - eb) >= ERROR_GAP:
-        if ea < eb:
-            return Verdict(name_a, name_b, "error_rate", ea, eb, 1.0, classes)
-        return Verdict(name_b, name_a, "error_rate", eb, ea, 1.0, classes)
+    counted = _by_counts(name_a, _totals([a]), name_b, _totals([b]), classes)
+    if counted is not None:
+        return counted
     pa, pb = a.ttft_p90, b.ttft_p90
     if pa is None or pb is None or a.ttft_samples < MIN_SAMPLES or b.ttft_samples < MIN_SAMPLES:
         return None
@@ -207,18 +236,10 @@ def pair_verdict(
             shared.append(name)
     if not shared:
         return None
-    requests_a = errors_a = requests_b = errors_b = 0
-    for name in shared:
-        requests_a += a[name].requests
-        errors_a += a[name].errors
-        requests_b += b[name].requests
-        errors_b += b[name].errors
-    ea, eb = errors_a / requests_a, errors_b / requests_b
-    classes = tuple(shared)
-    if abs(ea - eb) >= ERROR_GAP:
-        if ea < eb:
-            return Verdict(name_a, name_b, "error_rate", ea, eb, 1.0, classes)
-        return Verdict(name_b, name_a, "error_rate", eb, ea, 1.0, classes)
+    totals_a, totals_b = _totals(a[n] for n in shared), _totals(b[n] for n in shared)
+    counted = _by_counts(name_a, totals_a, name_b, totals_b, tuple(shared))
+    if counted is not None:
+        return counted
     timed: list[str] = []
     weight = log_ratio = log_a = log_b = 0.0
     for name in shared:
@@ -241,9 +262,41 @@ def pair_verdict(
     return Verdict(name_b, name_a, "ttft_p90", pb_mean, pa_mean, 1.0 / ratio, tuple(timed))
 
 
+#: requests, errors, streamed answers with a TTFT target, of them those that met it
+_Counts = tuple[int, int, int, int]
+
+
+def _totals(summaries: Iterable[Summary]) -> _Counts:
+    requests = errors = targeted = met = 0
+    for s in summaries:
+        requests += s.requests
+        errors += s.errors
+        targeted += s.targeted
+        met += s.met
+    return requests, errors, targeted, met
+
+
+def _by_counts(name_a: str, a: _Counts, name_b: str, b: _Counts, classes: tuple[str, ...]) -> Verdict | None:
+    """The verdict of the error rates, else of the shares that met their TTFT target (module
+    docstring); None when neither tells the pools apart."""
+    ea, eb = a[1] / a[0], b[1] / b[0]
+    if abs(ea - eb) >= ERROR_GAP:
+        if ea < eb:
+            return Verdict(name_a, name_b, "error_rate", ea, eb, 1.0, classes)
+        return Verdict(name_b, name_a, "error_rate", eb, ea, 1.0, classes)
+    if a[2] < MIN_SAMPLES or b[2] < MIN_SAMPLES:
+        return None
+    ma, mb = a[3] / a[2], b[3] / b[2]
+    if abs(ma - mb) < TARGET_GAP:
+        return None
+    if ma > mb:
+        return Verdict(name_a, name_b, "ttft_target", ma, mb, 1.0, classes)
+    return Verdict(name_b, name_a, "ttft_target", mb, ma, 1.0, classes)
+
+
 def best_of(verdicts: Sequence[Verdict]) -> Verdict | None:
-    """The most telling of several pairs' verdicts: an error-rate verdict before any latency one
-    (the largest gap first), else the largest TTFT ratio; ties go to the first."""
+    """The most telling of several pairs' verdicts: an error-rate verdict before a TTFT-target one
+    before a TTFT p90 one; the largest gap first, else the largest ratio; ties go to the first."""
     best: Verdict | None = None
     for v in verdicts:
         if best is None or _strength(v) > _strength(best):
@@ -253,5 +306,7 @@ def best_of(verdicts: Sequence[Verdict]) -> Verdict | None:
 
 def _strength(v: Verdict) -> tuple[int, float]:
     if v.measure == "error_rate":
-        return (1, v.worse_value - v.better_value)
+        return (2, v.worse_value - v.better_value)
+    if v.measure == "ttft_target":
+        return (1, v.better_value - v.worse_value)
     return (0, v.ratio)

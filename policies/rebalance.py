@@ -4,9 +4,9 @@ engine comparison).
 
 For each model served by two or more pools the loop may move (weight above 0, not pinned by an
 admin), the pair of pools with the most telling verdict (`policies.engine_compare.pair_verdict`,
-`best_of`) decides: an error-rate verdict, or a TTFT verdict of at least `MIN_ADVANTAGE`, moves
-`STEP_SHARE` of the pair's weight from the worse pool to the better, never leaving the worse one
-below `FLOOR_SHARE` of it. The pair's total weight stays what it was, so other pools keep their
+`best_of`) decides: an error-rate or TTFT-target verdict, or a TTFT p90 one of at least
+`MIN_ADVANTAGE`, moves `STEP_SHARE` of the pair's weight from the worse pool to the better, never
+leaving the worse one below `FLOOR_SHARE` of it. The pair's total weight stays what it was, so other pools keep their
 share. A pool's weight applies to every model it serves: models go in order of their requests, and
 a pool moved for one model is not moved again in the same round.
 

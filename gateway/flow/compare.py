@@ -9,7 +9,10 @@ beside the metrics), for chat and completions requests that reached an engine:
 - its output tokens (the engine's usage);
 - for a streamed answer, the time to its first token and the time per output token after it (the
   rest of the stream over the tokens after the first). A non-streamed answer arrives whole: its
-  first token cannot be told from its last, so it counts in requests, errors and tokens only.
+  first token cannot be told from its last, so it counts in requests, errors and tokens only;
+- for a streamed answer to a request with a TTFT target (`ttft_target`, from its priority class),
+  whether its first token came within it without the request failing, and then its output tokens
+  (goodput).
 A request that failed over is counted for the pool that answered it last.
 
 Kept by the minute (wall clock, so every replica's minutes line up), each series a
@@ -56,6 +59,8 @@ log = logging.getLogger("gateway.flow")
 
 #: model, pool, traffic class
 SeriesKey = tuple[str, str, str]
+#: the TTFT a request was meant to meet, seconds (its priority class's target), or None
+TtftTarget = Callable[[RequestContext], float | None]
 Minutes = dict[int, dict[SeriesKey, Series]]
 Scope = Literal["fleet", "replica"]
 
@@ -111,10 +116,12 @@ class Window:
 
 
 class EngineStats:
-    """The recorder and its reads (module docstring). `clock` is wall-clock seconds."""
+    """The recorder and its reads (module docstring). `clock` is wall-clock seconds; `ttft_target`
+    a request's TTFT target (None: no request has one)."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time, ttft_target: TtftTarget | None = None) -> None:
         self._clock = clock
+        self._ttft_target = ttft_target
         self._redis: RedisClient | None = None
         #: recorded since the last flush
         self._pending: Minutes = {}
@@ -147,12 +154,19 @@ class EngineStats:
         if series is None:
             series = by_key[key] = Series()
         series.requests += 1
-        if failed(ctx.error_kind, ctx.status):
+        fault = failed(ctx.error_kind, ctx.status)
+        if fault:
             series.errors += 1
         usage = ctx.usage
         tokens = usage.completion_tokens if usage is not None else 0
         series.output_tokens += tokens
         first = ctx.first_token_at
+        target = self._ttft_target(ctx) if self._ttft_target is not None and ctx.stream else None
+        if target is not None:
+            series.targeted += 1
+            if first is not None and first - ctx.started <= target and not fault:
+                series.met += 1
+                series.good_tokens += tokens
         if first is not None:
             index = bucket_of(first - ctx.started)
             series.ttft[index] = series.ttft.get(index, 0) + 1
@@ -266,6 +280,10 @@ def _fields(series: Series) -> Iterable[tuple[str, int]]:
         yield "e", series.errors
     if series.output_tokens:
         yield "o", series.output_tokens
+    if series.targeted:
+        yield "g", series.targeted
+        yield "m", series.met
+        yield "k", series.good_tokens
     for index, n in series.ttft.items():
         yield f"t{index}", n
     for index, n in series.tpot.items():
@@ -279,6 +297,12 @@ def _count(series: Series, measure: str, n: int) -> None:
         series.errors += n
     elif measure == "o":
         series.output_tokens += n
+    elif measure == "g":
+        series.targeted += n
+    elif measure == "m":
+        series.met += n
+    elif measure == "k":
+        series.good_tokens += n
     elif measure[1:].isdigit():
         into = series.ttft if measure[0] == "t" else series.tpot if measure[0] == "p" else None
         if into is not None:
@@ -380,6 +404,9 @@ def _row(model: str, pool: str, cls: str, s: Summary, span_s: float) -> dict[str
         "tpot_p50_s": _s(s.tpot_p50),
         "tpot_p90_s": _s(s.tpot_p90),
         "tpot_p99_s": _s(s.tpot_p99),
+        "ttft_target_requests": s.targeted,
+        "ttft_target_met": None if s.target_met is None else round(s.target_met, 4),
+        "goodput_tokens_per_s": round(s.good_tokens / span_s, 3) if span_s > 0 else 0.0,
     }
 
 

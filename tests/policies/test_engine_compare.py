@@ -11,6 +11,7 @@ from policies.engine_compare import (
     HIST_BASE_S,
     HIST_MAX_BUCKET,
     MIN_SAMPLES,
+    TARGET_GAP,
     Series,
     Summary,
     best_of,
@@ -67,9 +68,14 @@ def test_series_add_up_and_summarize() -> None:
     assert empty.ttft_p90 is None and empty.error_rate == 0.0
 
 
-def summary(requests: int, p90: float | None, errors: int = 0, timed: int | None = None) -> Summary:
+def summary(
+    requests: int, p90: float | None, errors: int = 0, timed: int | None = None, met: float | None = None
+) -> Summary:
+    """`met`: the share of the streamed answers that met their TTFT target (None: no target)."""
     timed = requests if timed is None else timed
-    return Summary(requests, errors, 0, timed, p90, p90, p90, 0, None, None, None)
+    targeted = 0 if met is None else timed
+    hits = round(targeted * (met or 0.0))
+    return Summary(requests, errors, 0, timed, p90, p90, p90, 0, None, None, None, targeted, hits, hits * 10)
 
 
 def test_the_faster_pool_serves_a_class_better_by_the_ratio_of_p90s() -> None:
@@ -114,3 +120,43 @@ def test_the_most_telling_verdict_of_several_pairs() -> None:
     assert best_of([close, slow]) is slow
     assert best_of([close, slow, failing]) is failing
     assert best_of([]) is None
+
+
+def test_the_share_that_met_its_ttft_target_decides_before_ttft_p90() -> None:
+    # a is faster at p90 but misses the target more often: its tail is where the target lies
+    v = class_verdict("a", summary(100, 0.010, met=0.80), "b", summary(100, 0.020, met=0.95), "plain")
+    assert v is not None
+    assert (v.better, v.worse, v.measure) == ("b", "a", "ttft_target")
+    assert (v.better_value, v.worse_value, v.ratio) == (0.95, 0.80, 1.0)
+    assert v.why() == "b: 95.0% met their TTFT target against a's 80.0% (plain)"
+    # shares closer than the gap: TTFT p90 decides
+    close = 0.95 - TARGET_GAP / 2
+    v = class_verdict("a", summary(100, 0.010, met=close), "b", summary(100, 0.020, met=0.95), "plain")
+    assert v is not None and (v.better, v.measure) == ("a", "ttft_p90")
+    # too few answers with a target on one pool: TTFT p90 decides
+    few = summary(100, 0.010, timed=MIN_SAMPLES - 1, met=0.5)
+    v = class_verdict("a", few, "b", summary(100, 0.020, met=0.95), "plain")
+    assert v is None  # (and too few streamed answers for a p90 verdict as well)
+    # errors still come first
+    failing = summary(100, 0.020, errors=int(100 * ERROR_GAP) + 1, met=0.99)
+    v = class_verdict("a", summary(100, 0.010, met=0.5), "b", failing, "plain")
+    assert v is not None and (v.better, v.measure) == ("a", "error_rate")
+
+
+def test_a_models_target_shares_add_up_over_the_shared_classes() -> None:
+    a = {"plain": summary(300, 0.010, met=0.99), "tools": summary(100, 0.040, met=0.40)}
+    b = {"plain": summary(300, 0.020, met=0.90), "tools": summary(100, 0.020, met=0.90)}
+    v = pair_verdict("a", a, "b", b)
+    # a: (297 + 40) / 400 = 84.25 %; b: (270 + 90) / 400 = 90 %
+    assert v is not None and (v.better, v.measure, v.classes) == ("b", "ttft_target", ("plain", "tools"))
+    assert (v.better_value, v.worse_value) == (pytest.approx(0.9), pytest.approx(0.8425))
+
+
+def test_verdicts_rank_errors_then_target_shares_then_ttft_ratios() -> None:
+    slow = class_verdict("a", summary(60, 0.05), "c", summary(60, 0.5), "plain")
+    missing = class_verdict("a", summary(60, 0.05, met=0.9), "e", summary(60, 0.05, met=0.5), "plain")
+    failing = class_verdict("a", summary(60, 0.05), "d", summary(60, 0.05, errors=30), "plain")
+    assert slow is not None and missing is not None and failing is not None
+    assert missing.measure == "ttft_target"
+    assert best_of([slow, missing]) is missing
+    assert best_of([slow, missing, failing]) is failing

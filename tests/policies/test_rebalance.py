@@ -96,3 +96,13 @@ def test_a_pool_moves_once_a_round_for_its_busiest_model() -> None:
     (move,) = decided.moves
     assert (move.model, move.verdict.better) == ("big", "a")
     assert decided.held == {"small": "a, b moved for big this round"}
+
+
+def test_a_pool_that_meets_the_ttft_target_more_often_wins_even_when_slower_at_p90() -> None:
+    def targeted(p90: float, met: int) -> Summary:
+        return Summary(100, 0, 0, 100, p90, p90, p90, 0, None, None, None, 100, met, met)
+
+    data = {"m": {"fast": {"plain": targeted(0.01, 70)}, "slow": {"plain": targeted(0.011, 95)}}}
+    (move,) = plan([PoolState("fast", 1.0), PoolState("slow", 1.0)], TWO, data).moves
+    assert (move.verdict.better, move.verdict.measure) == ("slow", "ttft_target")
+    assert move.after["slow"] == pytest.approx(1.0 + STEP_SHARE * 2.0)

@@ -48,6 +48,7 @@ export async function show() {
         num(ms(x.tpot_p90_s)),
         num(ms(x.tpot_p99_s)),
         num(String(x.output_tokens_per_s)),
+        num(x.ttft_target_met === null ? "—" : (x.ttft_target_met * 100).toFixed(1) + " %"),
       ),
     );
     const better = r.better.map((b) =>
@@ -60,7 +61,7 @@ export async function show() {
       el("p", { class: "dim" }, `${r.scope === "fleet" ? "Every replica's requests" : r.note} Window: ${Math.round(r.span_s)} s. A verdict needs ${r.min_samples} requests of a class on each pool.`),
       rows.length
         ? table(
-            ["model", "pool", "class", "requests", "error rate", "TTFT p50 ms", "p90", "p99", "TPOT p50 ms", "p90", "p99", "output tokens/s"],
+            ["model", "pool", "class", "requests", "error rate", "TTFT p50 ms", "p90", "p99", "TPOT p50 ms", "p90", "p99", "output tokens/s", "TTFT target met"],
             rows,
             { class: "engines" },
           )

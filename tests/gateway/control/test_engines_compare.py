@@ -94,6 +94,9 @@ async def test_rows_per_model_pool_and_class_with_the_better_pool(http: httpx.As
         "tpot_p50_s",
         "tpot_p90_s",
         "tpot_p99_s",
+        "ttft_target_requests",
+        "ttft_target_met",
+        "goodput_tokens_per_s",
     }
     assert (row["requests"], row["errors"], row["error_rate"]) == (1, 1, 1.0)
     (better,) = body["better"]

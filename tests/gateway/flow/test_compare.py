@@ -66,12 +66,14 @@ def request(
     body: dict[str, Any] = PLAIN,
     endpoint: str = "chat",
     attempts: int = 1,
+    stream: bool = True,
 ) -> tuple[RequestContext, float]:
     """A finished request that arrived at perf time 100, and the time its answer ended."""
     ctx = RequestContext(request_id="r", endpoint=endpoint, started=100.0, headers={}, receive=_receive)  # type: ignore[arg-type]
     ctx.pool = FLEET.pools[pool]
     ctx.model = MODEL
     ctx.attempts = attempts
+    ctx.stream = stream
     ctx.extras["features"] = extract_features(body)
     ctx.usage = Usage(prompt_tokens=5, completion_tokens=tokens)
     ctx.first_token_at = None if ttft is None else 100.0 + ttft
@@ -229,6 +231,32 @@ async def test_the_report_rows_and_which_pool_serves_a_class_better() -> None:
     assert verdict["model"] == "m" and verdict["traffic_class"] == "plain"
     assert (verdict["better"], verdict["worse"], verdict["by"]) == ("vllm", "sglang", "ttft_p90")
     assert 4.5 < verdict["ratio"] < 5.5
+
+
+async def test_goodput_counts_the_streamed_answers_that_met_their_ttft_target() -> None:
+    redis = FakeRedis()
+    target = {"vllm": 0.1, "sglang": None}  # no target: not counted
+    stats = EngineStats(Clock(), ttft_target=lambda ctx: target[ctx.pool.name if ctx.pool else ""])
+    stats._redis = redis
+    stats.record(*request(ttft=0.05, tokens=11))  # met
+    stats.record(*request(ttft=0.1, tokens=3))  # met, just
+    stats.record(*request(ttft=0.2, tokens=5))  # missed
+    stats.record(*request(ttft=0.05, tokens=7, kind="upstream_broken"))  # cut: missed
+    stats.record(*request(ttft=None, tokens=2, kind="upstream_timeout", status=504))  # no first token
+    stats.record(*request(ttft=None, stream=False))  # not streamed: no TTFT to hold to the target
+    stats.record(*request("sglang", ttft=0.05))
+    await stats.flush()
+    reader = EngineStats(Clock())  # another replica, reading through Redis
+    reader._redis = redis
+    window = await reader.window(900)
+    s = window.series[("m", "vllm", "plain")]
+    assert (s.requests, s.targeted, s.met, s.good_tokens) == (6, 5, 2, 14)
+    assert window.series[("m", "sglang", "plain")].targeted == 0
+    rows = rows_by(report(window, {"enabled": False}))
+    row = rows[("m", "vllm", "plain")]
+    assert (row["ttft_target_requests"], row["ttft_target_met"]) == (5, 0.4)
+    assert row["goodput_tokens_per_s"] == round(14 / window.span_s, 3)
+    assert rows[("m", "sglang", "plain")]["ttft_target_met"] is None
 
 
 def test_the_admin_routers_window_bounds_are_the_recorders() -> None:
