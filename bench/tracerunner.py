@@ -6,14 +6,17 @@ With several `--url`s (the replicas of one router behind no load balancer of the
 are spread over them round robin, request by request in trace order: a conversation's turns land on
 different replicas, as behind a load balancer without session stickiness.
 
-The trace is JSON lines `{"t": seconds, "session": id|null, "body": {...}}`. Each request is sent
-at its time `t`, except that a session's turn waits for that session's previous turn to end (a client
-cannot send turn k+1 before it has turn k's answer). Every request streams; the time to first token is
-the time to the first SSE event (the simulators send the role chunk only after prefill). Prints one
-JSON line: per request its scheduled and actual send offset, TTFT, total time, the gaps between its
+The trace is JSON lines `{"t": seconds, "session": id|null, "body": {...}}`, optionally with its own
+`"headers"` (added to the common ones) and `"give_up"` (seconds after sending: a client that has
+neither its first token nor a refusal by then disconnects, and the record says `gave_up`). Each
+request is sent at its time `t`, except that a session's turn waits for that session's previous turn
+to end (a client cannot send turn k+1 before it has turn k's answer). Every request streams; the time
+to first token is the time to the first SSE event (the simulators send the role chunk only after
+prefill). Prints one JSON line: per request its scheduled and actual send offset, TTFT, total time, the gaps between its
 token events (`itl`) and their count (`tokens`), its usage (`[prompt, completion, cached]`, when the
-stream ends with a usage chunk), status and our gateway's `x-gateway-route` (when it answers one);
-plus this process's CPU seconds. bench/serving.py turns these into the serving figures.
+stream ends with a usage chunk), status, our gateway's `x-gateway-route`, `retry-after` and
+`x-gateway-queue-ms` (when it answers them) and a refusal's error code; plus this process's CPU
+seconds. bench/serving.py turns these into the serving figures.
 """
 
 from __future__ import annotations
@@ -28,6 +31,21 @@ from typing import Any
 import aiohttp
 import orjson
 import uvloop
+
+#: answer headers kept in a request's record, by the record's key
+ANSWER_HEADERS = {"x-gateway-route": "route", "retry-after": "retry_after", "x-gateway-queue-ms": "queue_ms"}
+
+
+def error_code(body: bytes) -> str | None:
+    """An OpenAI-shaped error body's `error.code` (else its `type`); None when it has neither."""
+    try:
+        err = orjson.loads(body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    if not isinstance(err, dict):
+        return None
+    code = err.get("code") or err.get("type")
+    return str(code) if code is not None else None
 
 
 class EventClock:
@@ -89,6 +107,7 @@ async def replay(
             i: int, item: dict[str, Any], prev: asyncio.Event | None, mine: asyncio.Event | None
         ) -> None:
             res = results[i]
+            limit: asyncio.Timeout | None = None
             try:
                 delay = t0 + item["t"] - time.perf_counter()
                 if delay > 0:
@@ -99,23 +118,41 @@ async def replay(
                 res["sent"] = start - t0
                 first = 0.0
                 clock = EventClock()
-                async with session.post(
-                    urls[i % len(urls)], data=orjson.dumps(item["body"]), headers=headers
-                ) as r:
-                    res["status"] = r.status
-                    if route := r.headers.get("x-gateway-route"):
-                        res["route"] = route
-                    async for chunk in r.content.iter_any():
-                        now = time.perf_counter()
-                        if not first and b"data:" in chunk:
-                            first = now
-                        clock.feed(chunk, now)
-                    end = time.perf_counter()
+                refusal = b""
+                async with asyncio.timeout(item.get("give_up")) as limit:
+                    async with session.post(
+                        urls[i % len(urls)],
+                        data=orjson.dumps(item["body"]),
+                        headers={**headers, **item.get("headers", {})},
+                    ) as r:
+                        res["status"] = r.status
+                        for name, key in ANSWER_HEADERS.items():
+                            if value := r.headers.get(name):
+                                res[key] = value
+                        if r.status != 200:
+                            limit.reschedule(None)  # refused in time
+                        async for chunk in r.content.iter_any():
+                            now = time.perf_counter()
+                            if r.status != 200:
+                                refusal += chunk
+                                continue
+                            if not first and b"data:" in chunk:
+                                first = now
+                                limit.reschedule(None)
+                            clock.feed(chunk, now)
+                        end = time.perf_counter()
                 if r.status == 200 and first:
                     res["ttft"] = first - start
                     res["total"] = end - start
                     res.update(clock.record())
-            except (TimeoutError, aiohttp.ClientError, OSError) as e:
+                elif refusal:
+                    res["code"] = error_code(refusal)
+            except TimeoutError as e:
+                if limit is not None and limit.expired():
+                    res["gave_up"] = True
+                else:
+                    res["error"] = type(e).__name__
+            except (aiohttp.ClientError, OSError) as e:
                 res["error"] = type(e).__name__
             finally:
                 if mine is not None:
