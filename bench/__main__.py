@@ -21,8 +21,11 @@ bench/share_cost.py — Redis's own CPU per admission and finish call with share
 (in-process, no servers: bench/kv_micro.py — tokenization, the routing decision's CPU with the engines'
 KV events, the index's memory at 8 backends x 1M events — and bench/replay.py's table of every workload
 at 50 / 80 % load with 1, 2, 4 and 8 routing processes, events and shared load on, against round robin
-and, on uniform traffic, least load). Progress is printed as it goes; everything started is stopped by
-PID.
+and, on uniform traffic, least load), `overload` (bench/overload.py: flow control off and on side by
+side on a saturated batching fleet, three tenants in two classes at 0.5, 1.5 and 2 times its capacity, 3
+seeds; interactive TTFT, batch tenants' fair shares, every request's outcome, goodput, added latency;
+about eight minutes, three with flow off alone; `python -m bench.overload` runs it shortened). Progress
+is printed as it goes; everything started is stopped by PID.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from bench import machine, overhead, peers, report
 from bench.procs import BENCH, ROOT
 
 RESULTS = BENCH / "results"
-SUITES = ("overhead", "routing", "micro", "kv")
+SUITES = ("overhead", "routing", "micro", "kv", "overload")
 
 
 class Progress:
@@ -268,13 +271,20 @@ def main(argv: list[str] | None = None) -> int:
         figures.pop("_date", None)
         figures.update(micro(quick, log, a.micro, measured["machine"]["date"]))
         kept.write_text(json.dumps(figures, indent=1))
+    if "overload" in suites:
+        from bench import overload
+
+        log("overload suite")
+        res = overload.run(log, a.gateway_ref)
+        res["machine"] = measured["machine"]
+        (RESULTS / "overload.json").write_text(json.dumps(res, indent=1))
     if "kv" in suites:
         figures = kv(quick, log)
         figures["_date"] = measured["machine"]["date"]
         figures["_commit"] = measured["machine"]["commit"]
         (RESULTS / "kv.json").write_text(json.dumps(figures, indent=1))
 
-    for name in ("overhead", "routing", "routing_processes", "micro", "kv"):
+    for name in ("overhead", "routing", "routing_processes", "micro", "kv", "overload"):
         f = RESULTS / f"{name}.json"
         if f.exists():
             run[name] = json.loads(f.read_text())

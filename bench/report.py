@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.overload_report import overload_md, overload_verdicts
 from bench.procs import BENCH
 from bench.serving import METRICS, PERCENTILES, Sla
 from bench.verdicts import (
@@ -473,6 +474,8 @@ def write(run: dict[str, Any], path: Path) -> None:
         verdicts += overhead_verdicts(o)
     if r:
         verdicts += routing_verdicts(r)
+    if run.get("overload"):
+        verdicts += overload_verdicts(run["overload"])
     if verdicts:
         L += ["## Targets", "", *verdict_table(verdicts), ""]
         missed = [v for v in verdicts if v.met is False]
@@ -494,6 +497,8 @@ def write(run: dict[str, Any], path: Path) -> None:
         L += processes_md(
             processes, fleet="Fleet: the routing-quality suite's (above)." if same_fleet else None
         )
+    if run.get("overload"):
+        L += overload_md(run["overload"])
     micro = dict(run.get("micro") or {})
     date = micro.pop("_date", "")
     if micro:
