@@ -30,6 +30,7 @@ from gateway.demo import SERVED
 from gateway.routing.shared_load import LEASE_S
 from policies.features import FeatureConfig, extract_features
 from policies.prefix_affinity import PrefixAffinity
+from policies.shared_load import PREFILL, SETS
 from policies.types import BackendView, FleetSnapshot, PoolView
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.support import GatewayProcess, RedisServer, received_chat, wait_until
@@ -106,6 +107,14 @@ def gauge(gw: GatewayProcess, name: str, backend: str) -> float | None:
         if line.startswith(name + "{") and f'backend="{backend}"' in line:
             return float(line.rsplit(" ", 1)[1])
     return None
+
+
+def shared_in_flight(redis: RedisServer) -> int:
+    """The requests in flight that the routing processes have reported to the shared load hash (each
+    field: "<lease expiry ms>|" and its figures by name)."""
+    live = redis_client.Redis.from_url(redis.url).hgetall("gw:rt:{rt}:live")
+    figures = [json.loads(v.split(b"|", 1)[1]) for v in live.values()]
+    return sum(n for f in figures for name, n in f.items() if not name.startswith((SETS, PREFILL)))
 
 
 def subscribed(gws: list[GatewayProcess], backends: list[str]) -> None:
@@ -290,7 +299,7 @@ def test_with_another_process_busy_a_new_document_may_be_placed_in_the_other_poo
                 target=_stream, args=(a.base_url, body("hello", 200, stream=True)), daemon=True
             ).start()
             wait_until(lambda: sum(served_by(sims)) == 3, 10, what="A's stream on an engine")
-            time.sleep(LEASE_S / 3 + 0.5)  # A's renewer (every lease / 3) has reported it
+            wait_until(lambda: shared_in_flight(redis) >= 1, LEASE_S, what="A's renewer reporting its stream")
             assert post(c.base_url, body("hi", 1)).status_code == 200  # C hears the others' counts
             third = _served(sims, c.base_url, x3)
     assert placed == ["a-0", "a-0"], placed
