@@ -2,11 +2,12 @@
 
 vLLM caches a full block when it *schedules* the step that computes it (`KVCacheManager.allocate_slots`
 caches up to the tokens the step computes), so a request scheduled later in the same step already hits
-the blocks an earlier one is computing. Four identical prompts sent at once (one request of four prompts) while the engine is busy
-with a long prefill all wait and are scheduled together: one computes the prompt, the three others
-report its full blocks as cached - on the real engine and on the simulator alike. On the real engine
-the step histogram shows that the four ran in one step (so the hits are same-step hits, not later
-ones). A simulator that cached a block only after its step had run would report 0 for the three.
+the blocks an earlier one is computing. Four identical prompts sent together (one request of four
+prompts) while the engine is busy with a long prefill wait and are scheduled together: one computes
+the prompt, the three others hit its full blocks - on the real engine and on the simulator alike. A
+simulator that cached a block only after its step had run would count 0 hits for the three. (Whether
+the real engine ran the four in one step depends on how fast its API server hands them on, which a
+busy machine changes: the real engine's test checks the hits, not the step.)
 """
 
 from __future__ import annotations
@@ -78,11 +79,6 @@ def assert_followers_hit(base: str, model: str, seed: int) -> None:
     assert hit_tokens(base) - before == 3 * full, (n, full)
 
 
-def iterations(server: VllmServer) -> float:
-    """Steps the real engine has reported output for (`vllm:iteration_tokens_total_count`)."""
-    return engine_metric(server, "vllm:iteration_tokens_total_count")
-
-
 def wait_idle(server: VllmServer) -> None:
     """Until nothing runs or waits on the engine (an earlier test's request would add steps)."""
     wait_until(
@@ -100,14 +96,9 @@ def sim() -> Iterator[SimProcess]:
         yield process
 
 
-def test_real_vllm_hits_blocks_computed_in_the_same_step(real_vllm: VllmServer) -> None:
+def test_real_vllm_hits_the_blocks_of_prompts_sent_together(real_vllm: VllmServer) -> None:
     wait_idle(real_vllm)
-    before = iterations(real_vllm)
     assert_followers_hit(real_vllm.base_url, real_vllm.served_model_name, seed=1)
-    # the long prompt's step and the four's: had the four run in steps of their own, there would be
-    # at least three more (max_tokens 1: each request's only output comes with its prefill); at
-    # least one, or the metric is not there (`engine_metric` reads a missing one as 0)
-    assert 1 <= iterations(real_vllm) - before <= 2
 
 
 def test_the_simulator_hits_blocks_computed_in_the_same_step(sim: SimProcess) -> None:

@@ -117,6 +117,11 @@ def shared_in_flight(redis: RedisServer) -> int:
     return sum(n for f in figures for name, n in f.items() if not name.startswith((SETS, PREFILL)))
 
 
+def events_applied(gw: GatewayProcess, backend: str) -> float:
+    """The KV events of `backend`'s stream the gateway's workers have applied, summed over them."""
+    return gauge(gw, "gateway_kv_events_total", backend) or 0.0
+
+
 def subscribed(gws: list[GatewayProcess], backends: list[str]) -> None:
     """Every worker of every gateway is connected to every backend's event stream (the gauge is the
     workers' minimum); what was published before is replayed to it."""
@@ -166,9 +171,13 @@ def test_four_routing_processes_send_every_question_where_the_engine_holds_the_d
             doc = document(11)
             holder = 1 - NAMES.index(home_of(body(f"{doc}\n\nQuestion 0?")))
             direct = dict(body(f"{doc}\n\nQuestion 0?"), model=SERVED["vllm"])
+            applied = [events_applied(gw, NAMES[holder]) for gw in gws]
             r = httpx.post(sims[holder].base_url + "/v1/chat/completions", json=direct, timeout=30)
             assert r.status_code == 200, r.text
-            time.sleep(0.5)  # the engine's events reach every process (loopback: well under a ms)
+            for gw, before in zip(gws, applied, strict=True):  # the request's stored event, in both workers
+                wait_until(
+                    lambda gw=gw, n=before: events_applied(gw, NAMES[holder]) >= n + 2, what="the event"
+                )
             routes = [where(sims, gws[i % 2].base_url, body(f"{doc}\n\nQuestion {i}?")) for i in range(1, 25)]
     wrong = [(i, r) for i, r in enumerate(routes, 1) if r != (NAMES[holder], "default+affinity:index")]
     assert not wrong, f"the engine holding the document is {NAMES[holder]}; requests not sent there: {wrong}"
