@@ -1,0 +1,105 @@
+"""policies/flow.py: the queue discipline at saturation, on handed-in time (no clock, no asyncio)."""
+
+from __future__ import annotations
+
+from policies.flow import FlowClass, FlowQueue, Waiting
+
+CLASSES = [
+    FlowClass("interactive", 0, max_queue_s=2.0, max_depth=100),
+    FlowClass("standard", 1, max_queue_s=10.0, max_depth=10_000),
+    FlowClass("batch", 2, max_queue_s=60.0, max_depth=4),
+]
+
+
+def waiting(
+    klass: str, tenant: str = "t", cost: int = 100, weight: float = 1.0, deadline: float = 100.0
+) -> Waiting:
+    return Waiting(klass, tenant, cost, weight, deadline)
+
+
+def anyone(_: Waiting) -> bool:
+    return True
+
+
+def test_classes_go_strictly_by_priority_whatever_arrived_first() -> None:
+    q = FlowQueue(CLASSES)
+    order = [waiting("batch"), waiting("standard"), waiting("interactive"), waiting("batch")]
+    for w in order:
+        assert q.push(w) is None
+    popped = [q.pop(anyone) for _ in range(4)]
+    assert [w.klass for w in popped if w] == ["interactive", "standard", "batch", "batch"]
+    assert q.pop(anyone) is None and len(q) == 0
+
+
+def served_tokens(q: FlowQueue, pops: int) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for _ in range(pops):
+        w = q.pop(anyone)
+        assert w is not None
+        out[w.tenant] = out.get(w.tenant, 0) + w.cost
+    return out
+
+
+def test_tenants_share_by_tokens_not_requests() -> None:
+    q = FlowQueue(CLASSES)
+    for _ in range(50):
+        q.push(waiting("standard", "long", cost=1000))
+    for _ in range(500):
+        q.push(waiting("standard", "short", cost=100))
+    served = served_tokens(q, 110)  # both still backlogged
+    assert abs(served["long"] - served["short"]) <= 1000, served  # within one request's cost
+
+
+def test_weights_set_the_shares() -> None:
+    q = FlowQueue(CLASSES)
+    for _ in range(300):
+        q.push(waiting("standard", "gold", cost=100, weight=2.0))
+        q.push(waiting("standard", "plain", cost=100, weight=1.0))
+    served = served_tokens(q, 150)
+    assert abs(served["gold"] - 2 * served["plain"]) <= 200, served
+
+
+def test_an_idle_tenant_gets_no_credit_for_its_idle_time() -> None:
+    q = FlowQueue(CLASSES)
+    for _ in range(100):
+        q.push(waiting("standard", "busy"))
+    served_tokens(q, 50)
+    for _ in range(100):
+        q.push(waiting("standard", "late"))
+    served = served_tokens(q, 20)
+    assert served["late"] <= 11 * 100, served  # it shares from now on; it does not catch up
+
+
+def test_deadlines_expire_in_order() -> None:
+    q = FlowQueue(CLASSES)
+    first, second = waiting("interactive", deadline=5.0), waiting("batch", deadline=7.0)
+    q.push(first)
+    q.push(second)
+    assert q.next_deadline() == 5.0
+    assert q.expired(4.9) == []
+    assert q.expired(5.0) == [first]
+    assert q.next_deadline() == 7.0
+    assert q.expired(10.0) == [second] and q.next_deadline() is None
+
+
+def test_a_full_class_refuses_over_share_as_quota_else_as_saturated() -> None:
+    q = FlowQueue(CLASSES)
+    for _ in range(3):
+        assert q.push(waiting("batch", "hog", cost=1000)) is None
+    assert q.push(waiting("batch", "small", cost=100)) is None
+    assert q.depth("batch") == 4 and q.queued_tokens("batch") == 3100
+    assert q.push(waiting("batch", "hog", cost=1000)) == "quota"  # it holds more than its half
+    assert q.push(waiting("batch", "small", cost=100)) == "saturated"  # its share is not used up
+    assert q.push(waiting("batch", "new", cost=100)) == "saturated"
+    assert q.depth("batch") == 4
+
+
+def test_only_a_request_a_free_backend_can_take_is_released() -> None:
+    q = FlowQueue(CLASSES)
+    a, b = waiting("interactive", "a"), waiting("batch", "b")
+    a.ref, b.ref = "model-x", "model-y"
+    q.push(a)
+    q.push(b)
+    assert q.pop(lambda w: w.ref == "model-y") is b  # model-x's backends are all busy
+    assert q.pop(lambda w: w.ref == "model-y") is None
+    assert q.remove(a) and not q.remove(a) and len(q) == 0
