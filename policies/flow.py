@@ -1,30 +1,63 @@
-"""The gateway's queue at saturation: which waiting request goes next, and which to refuse. Pure: no
-clock (time is handed in), no I/O, no asyncio.
+"""Flow control at saturation: when a backend is saturated, which waiting request goes next, which to
+refuse, and what a request's time to first token is predicted to be. Pure: no clock (time is handed
+in), no I/O, no asyncio.
 
-1. **Classes, strictly by priority.** Each request belongs to a class (`interactive`, `standard`,
+1. **Saturation** (`engine_backlog`, `saturated`). A backend is saturated while its engine queues
+   requests or while the prefill queued there is long. The engine's own waiting gauge says the first,
+   as of its last scrape; the gateway corrects it for what it saw since: every request sent there
+   since the scrape adds one, every first token (or end) since takes one away, so the backlog is
+   known between scrapes and one that drains is seen at once. The second is the prompt tokens sent
+   there and not yet answered with a first token (`BackendView.prefill`, every routing process's).
+2. **Classes, strictly by priority.** Each request belongs to a class (`interactive`, `standard`,
    `batch` by default); a lower `priority` number always goes first.
-2. **Fair shares within a class, by tokens.** Start-time fair queuing over tenants: a tenant's next
+3. **Fair shares within a class, by tokens.** Start-time fair queuing over tenants: a tenant's next
    request is tagged `start = max(V, finish[tenant])`, and `finish[tenant] = start + cost / weight`,
    where `cost` is the request's prompt tokens plus the output it asks for and `weight` the tenant's
    share. The smallest start tag goes first and the class's virtual time `V` moves to it. A tenant
    of long prompts gets tokens at its weight's share, not requests, and cannot starve one of short
    prompts; an idle tenant's credit does not pile up (its start never lies behind `V`).
-3. **Deadlines.** A request leaves at its deadline (its class's `max_queue_s`, or shorter when it
+4. **Deadlines.** A request leaves at its deadline (its class's `max_queue_s`, or shorter when it
    asks): `expired` hands those back to be refused (503: the fleet is saturated).
-4. **Depth.** A class holds at most `max_depth` waiting requests. A newcomer to a full class is
+5. **Depth.** A class holds at most `max_depth` waiting requests. A newcomer to a full class is
    refused: 429 when its tenant already holds at least its weighted share of the class's queued
    tokens (the caller's share is used up), else 503 (the fleet is saturated).
-5. **Release.** `pop(can_start)` gives the first request, in the order above, for which
+6. **Release.** `pop(can_start)` gives the first request, in the order above, for which
    `can_start` says a backend can take it now (the caller's view of which backends are free).
+7. **Time to first token** (`TtftModel`). A backend's first token comes after the prefill queued
+   ahead of the request and its own: `(ahead + own) * seconds_per_token`, where seconds per token is
+   learned per backend from the first tokens it sent back (the ratio of recent times to first token
+   to the tokens they waited for).
 """
 
 from __future__ import annotations
 
+import heapq
+from bisect import insort
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Refusal = Literal["quota", "saturated"]
+
+#: queued prefill at which a backend takes no more: a vLLM engine step computes 8192 prompt tokens by
+#: default (`max_num_batched_tokens`), so a request sent behind more waits more than a step for its own
+PREFILL_SATURATED_TOKENS = 8192
+
+
+def engine_backlog(waiting: float | None, sent_since: int, started_since: int) -> float:
+    """The requests the engine is estimated to hold waiting now: its waiting gauge as of the last
+    scrape (None: unknown or stale), plus the requests sent there since, less the requests that got
+    a first token (or ended) since. 0 when the scrape showed no queue: the requests sent since are
+    then being computed, not waiting."""
+    if not waiting:
+        return 0.0
+    return waiting + sent_since - started_since
+
+
+def saturated(backlog: float, prefill: int) -> bool:
+    """A backend takes no more requests now: its engine queues some, or the prefill queued there
+    (every routing process's) reaches `PREFILL_SATURATED_TOKENS`."""
+    return backlog > 0 or prefill >= PREFILL_SATURATED_TOKENS
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,11 +69,14 @@ class FlowClass:
     max_queue_s: float
     #: waiting requests the class holds at most
     max_depth: int
+    #: the time to first token the class aims for (None: none)
+    ttft_target_s: float | None = None
 
 
 @dataclass(slots=True, eq=False)
 class Waiting:
-    """One queued request. `ref` is the caller's handle for it (its future, its context)."""
+    """One queued request. `ref` is the caller's handle for it (its future, its context); `since`
+    when it was queued (the caller's clock)."""
 
     klass: str
     tenant: str
@@ -48,16 +84,30 @@ class Waiting:
     weight: float
     deadline: float
     ref: Any = None
+    since: float = 0.0
     start: float = 0.0
     finish: float = 0.0
+    seq: int = 0
+    queued: bool = False
+
+
+def _order(w: Waiting) -> tuple[float, int]:
+    return (w.start, w.seq)
 
 
 @dataclass(slots=True)
 class _ClassQueue:
     spec: FlowClass
+    #: by start tag, then arrival
     items: list[Waiting] = field(default_factory=list)
     virtual: float = 0.0
     finish: dict[str, float] = field(default_factory=dict)
+    tokens: int = 0
+    #: per tenant with requests queued: its queued tokens, its requests, its weight
+    held: dict[str, int] = field(default_factory=dict)
+    count: dict[str, int] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+    weight_sum: float = 0.0
 
 
 class FlowQueue:
@@ -67,15 +117,34 @@ class FlowQueue:
         specs = sorted(classes, key=lambda c: c.priority)
         self._queues: dict[str, _ClassQueue] = {c.name: _ClassQueue(c) for c in specs}
         self._order = [self._queues[c.name] for c in specs]
+        self._deadlines: list[tuple[float, int, Waiting]] = []
+        self._seq = 0
+        self._len = 0
 
     def __len__(self) -> int:
-        return sum(len(q.items) for q in self._order)
+        return self._len
 
     def depth(self, klass: str) -> int:
         return len(self._queues[klass].items)
 
     def queued_tokens(self, klass: str) -> int:
-        return sum(w.cost for w in self._queues[klass].items)
+        return self._queues[klass].tokens
+
+    def held(self, klass: str, tenant: str) -> tuple[int, int]:
+        """The tokens `tenant` holds queued in `klass`, and the class's queued tokens in all."""
+        q = self._queues[klass]
+        return q.held.get(tenant, 0), q.tokens
+
+    def items(self, klass: str) -> list[Waiting]:
+        """The class's waiting requests, in the order they would go (a copy)."""
+        return list(self._queues[klass].items)
+
+    def top_priority(self) -> int | None:
+        """The most urgent priority with a request waiting (None: nothing waits)."""
+        for q in self._order:
+            if q.items:
+                return q.spec.priority
+        return None
 
     def push(self, item: Waiting) -> Refusal | None:
         """Queue `item`; a refusal (and nothing queued) when its class is full."""
@@ -84,56 +153,135 @@ class FlowQueue:
             return "quota" if self._over_share(q, item) else "saturated"
         item.start = max(q.virtual, q.finish.get(item.tenant, 0.0))
         item.finish = item.start + item.cost / item.weight
+        self._seq += 1
+        item.seq = self._seq
+        item.queued = True
         q.finish[item.tenant] = item.finish
-        q.items.append(item)
+        insort(q.items, item, key=_order)
+        q.tokens += item.cost
+        tenant = item.tenant
+        n = q.count.get(tenant, 0)
+        if n == 0:
+            q.weights[tenant] = item.weight
+            q.weight_sum += item.weight
+        q.count[tenant] = n + 1
+        q.held[tenant] = q.held.get(tenant, 0) + item.cost
+        heapq.heappush(self._deadlines, (item.deadline, item.seq, item))
+        self._len += 1
         return None
 
     def _over_share(self, q: _ClassQueue, item: Waiting) -> bool:
         """Does `item`'s tenant hold at least its weighted share of the class's queued tokens?"""
-        weights: dict[str, float] = {w.tenant: w.weight for w in q.items}
-        weights[item.tenant] = item.weight
-        held = sum(w.cost for w in q.items if w.tenant == item.tenant)
-        total = sum(w.cost for w in q.items)
-        return total > 0 and held >= total * item.weight / sum(weights.values())
+        if q.tokens <= 0:
+            return False
+        weight_sum = q.weight_sum
+        if item.tenant not in q.weights:
+            weight_sum += item.weight
+        held = q.held.get(item.tenant, 0)
+        return held >= q.tokens * item.weight / weight_sum
+
+    def _taken(self, q: _ClassQueue, item: Waiting) -> None:
+        """Bookkeeping of `item` leaving class queue `q` (its list entry is already gone)."""
+        item.queued = False
+        q.tokens -= item.cost
+        tenant = item.tenant
+        n = q.count[tenant] - 1
+        if n:
+            q.count[tenant] = n
+            q.held[tenant] -= item.cost
+        else:
+            del q.count[tenant]
+            del q.held[tenant]
+            q.weight_sum -= q.weights.pop(tenant)
+        self._len -= 1
+        if not q.items:
+            q.finish.clear()  # an empty class starts afresh: no credit carried over
+            q.weight_sum = 0.0
+        if not self._len:
+            self._deadlines.clear()
 
     def pop(self, can_start: Callable[[Waiting], bool]) -> Waiting | None:
         """The next request a backend can take now, taken out of the queue (None: none can)."""
         for q in self._order:
-            best: Waiting | None = None
-            for w in q.items:
-                if (best is None or w.start < best.start) and can_start(w):
-                    best = w
-            if best is not None:
-                q.items.remove(best)
-                q.virtual = max(q.virtual, best.start)
-                if not q.items:
-                    q.finish.clear()  # an empty class starts afresh: no credit carried over
-                return best
+            items = q.items
+            for i in range(len(items)):
+                w = items[i]
+                if can_start(w):
+                    del items[i]
+                    q.virtual = max(q.virtual, w.start)
+                    self._taken(q, w)
+                    return w
         return None
 
     def remove(self, item: Waiting) -> bool:
         """Take `item` out (its client left); False when it was not queued."""
-        q = self._queues[item.klass]
-        try:
-            q.items.remove(item)
-        except ValueError:
+        if not item.queued:
             return False
-        if not q.items:
-            q.finish.clear()
+        q = self._queues[item.klass]
+        q.items.remove(item)
+        self._taken(q, item)
         return True
 
     def expired(self, now: float) -> list[Waiting]:
-        """Every request whose deadline has passed, taken out of the queue."""
+        """Every request whose deadline has passed, taken out of the queue, earliest first."""
         out: list[Waiting] = []
-        for q in self._order:
-            late = [w for w in q.items if w.deadline <= now]
-            for w in late:
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            w = heapq.heappop(heap)[2]
+            if w.queued:
+                q = self._queues[w.klass]
                 q.items.remove(w)
-            out += late
-            if late and not q.items:
-                q.finish.clear()
+                self._taken(q, w)
+                out.append(w)
         return out
 
     def next_deadline(self) -> float | None:
-        deadlines = [w.deadline for q in self._order for w in q.items]
-        return min(deadlines) if deadlines else None
+        heap = self._deadlines
+        while heap and not heap[0][2].queued:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+
+#: a backend's seconds per token forgets old first tokens with this weight per new one (about the
+#: last fifty count): an engine's speed changes with its batch, and the estimate follows within seconds
+TTFT_DECAY = 0.98
+#: first tokens a backend must have sent back before its estimate is used
+TTFT_MIN_SAMPLES = 3
+
+
+@dataclass(slots=True)
+class _Rate:
+    seconds: float = 0.0
+    tokens: float = 0.0
+    samples: int = 0
+
+
+class TtftModel:
+    """Seconds per prefill token per backend, learned from its first tokens (item 7 above)."""
+
+    __slots__ = ("_rates",)
+
+    def __init__(self) -> None:
+        self._rates: dict[str, _Rate] = {}
+
+    def observe(self, backend: str, seconds: float, tokens: int) -> None:
+        """A first token from `backend`, `seconds` after the request was sent, which waited for
+        `tokens` of prefill (the queue ahead of it and its own)."""
+        if tokens <= 0 or seconds < 0:
+            return
+        rate = self._rates.get(backend)
+        if rate is None:
+            rate = self._rates[backend] = _Rate()
+        rate.seconds = rate.seconds * TTFT_DECAY + seconds
+        rate.tokens = rate.tokens * TTFT_DECAY + tokens
+        rate.samples += 1
+
+    def seconds_per_token(self, backend: str) -> float | None:
+        """The learned rate, None until `TTFT_MIN_SAMPLES` first tokens came back."""
+        rate = self._rates.get(backend)
+        if rate is None or rate.samples < TTFT_MIN_SAMPLES or rate.tokens <= 0:
+            return None
+        return rate.seconds / rate.tokens
+
+    def forget(self, backend: str) -> None:
+        self._rates.pop(backend, None)

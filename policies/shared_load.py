@@ -184,11 +184,13 @@ class WithOthers:
 SETS = "\x1f"
 #: ... of a backend's queued prefill tokens (`BackendView.prefill`)
 PREFILL = "\x1e"
+#: ... of the requests waiting in the process's flow queue, by class (what follows is the class's name)
+FLOW = "\x1d"
 
 
 def split(others: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
     """The other processes' figures summed by name, taken apart: (in-flight counts, working sets and
-    tails, queued prefill tokens), each by backend."""
+    tails, queued prefill tokens), each by backend (the flow queues' figures are `flow_waiting`'s)."""
     counts: dict[str, int] = {}
     sets: dict[str, int] = {}
     prefill: dict[str, int] = {}
@@ -197,9 +199,18 @@ def split(others: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int], di
             sets[name[1:]] = n
         elif name.startswith(PREFILL):
             prefill[name[1:]] = n
-        else:
+        elif not name.startswith(FLOW):
             counts[name] = n
     return counts, sets, prefill
+
+
+def flow_waiting(others: Mapping[str, int]) -> dict[str, int]:
+    """The requests waiting in the other processes' flow queues, by class, from their figures."""
+    out: dict[str, int] = {}
+    for name, n in others.items():
+        if name.startswith(FLOW) and n > 0:
+            out[name[1:]] = n
+    return out
 
 
 def key_text(key: int) -> str:
@@ -322,12 +333,14 @@ class SharedRouting:
 
 
 __all__ = [
+    "FLOW",
     "PREFILL",
     "SETS",
     "Ask",
     "PlacedBlocks",
     "SharedRouting",
     "WithOthers",
+    "flow_waiting",
     "key_text",
     "split",
     "with_others",

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from policies.flow import FlowClass, FlowQueue, Waiting
+from policies.flow import (
+    PREFILL_SATURATED_TOKENS,
+    FlowClass,
+    FlowQueue,
+    TtftModel,
+    Waiting,
+    engine_backlog,
+    saturated,
+)
 
 CLASSES = [
     FlowClass("interactive", 0, max_queue_s=2.0, max_depth=100),
@@ -103,3 +111,40 @@ def test_only_a_request_a_free_backend_can_take_is_released() -> None:
     assert q.pop(lambda w: w.ref == "model-y") is b  # model-x's backends are all busy
     assert q.pop(lambda w: w.ref == "model-y") is None
     assert q.remove(a) and not q.remove(a) and len(q) == 0
+
+
+def test_the_queue_keeps_each_tenants_tokens_as_requests_come_and_go() -> None:
+    q = FlowQueue(CLASSES)
+    a1, a2, b = (
+        waiting("standard", "a", cost=300),
+        waiting("standard", "a", cost=200),
+        waiting("standard", "b"),
+    )
+    for w in (a1, a2, b):
+        q.push(w)
+    assert q.held("standard", "a") == (500, 600) and q.top_priority() == 1
+    assert q.remove(a2) and q.held("standard", "a") == (300, 400)
+    assert q.expired(1000.0) == [a1, b]  # a2 left already: its deadline is not handed back
+    assert q.held("standard", "a") == (0, 0) and q.top_priority() is None and len(q) == 0
+
+
+def test_a_backend_is_saturated_while_its_engine_queues_or_its_prefill_is_long() -> None:
+    assert engine_backlog(None, 5, 0) == 0 and engine_backlog(0.0, 5, 0) == 0  # no queue scraped
+    assert engine_backlog(2.0, 1, 0) == 3  # two waiting at the scrape, one sent since
+    assert engine_backlog(2.0, 1, 3) == 0  # ... and three started since: drained
+    assert saturated(1.0, 0) and not saturated(0.0, PREFILL_SATURATED_TOKENS - 1)
+    assert saturated(0.0, PREFILL_SATURATED_TOKENS)
+
+
+def test_seconds_per_token_are_learned_per_backend_after_a_few_first_tokens() -> None:
+    model = TtftModel()
+    model.observe("a", 0.2, 1000)
+    model.observe("a", 0.2, 1000)
+    assert model.seconds_per_token("a") is None  # too few first tokens yet
+    model.observe("a", 0.2, 1000)
+    model.observe("b", 1.0, 0)  # no prefill behind it: says nothing of the rate
+    rate = model.seconds_per_token("a")
+    assert rate is not None and abs(rate - 0.0002) < 1e-9
+    assert model.seconds_per_token("b") is None
+    model.forget("a")
+    assert model.seconds_per_token("a") is None
