@@ -47,7 +47,9 @@ from gateway.core.responses import (
     error_response,
 )
 from gateway.edge.request_id import request_id_from
+from gateway.flow import FlowStage, build_flow
 from gateway.flow.compare import EngineStats, report
+from gateway.flow.gate import SHED_REASONS
 from gateway.flow.rebalance import Rebalancer
 from gateway.observability.access_log import AccessLog
 from gateway.observability.metrics import Metrics
@@ -135,6 +137,15 @@ class Gateway:
         self.auth_enabled = self.authenticator is not None
         #: API keys (create / revoke / list) for the admin API
         self.api_keys = self.admission.api_keys
+        #: flow control: each request's class, and the queue at saturation (gateway/flow/)
+        self.flow: FlowStage = build_flow(
+            settings.flow,
+            self.fleet,
+            settings.routing.scrape_stale_s,
+            self.admission.priority_class,
+            self.metrics,
+        )
+        self.metrics.flow_classes(list(settings.flow.classes), SHED_REASONS)
         #: the operator's verbs (admin API): fleet changes, audit, reload; the store is bound at start-up
         self.control = FleetControl(
             self.fleet,
@@ -163,6 +174,8 @@ class Gateway:
             tiers=self._tiers,
             api_docs=settings.server.api_docs,
             engines=self._engine_report,
+            flow_classes=lambda: list(self.settings.flow.classes),
+            flow_report=self.flow.report,
         )
         for pool in self.fleet.pools.values():
             self.metrics.pool_weight.labels(pool.name).set(pool.weight)
@@ -189,11 +202,19 @@ class Gateway:
         validate = ValidateStage()
         media = self.admission.media_stage(self._engine_hosts)
         route.models, route.permits = self.models, self.admission.permits
-        proxy = ProxyStage(transport, s.upstream, route.reroute, self._on_upstream_error, route.fallback)
+        flow = self._wire_flow(route)
+        proxy = ProxyStage(
+            transport,
+            s.upstream,
+            route.reroute,
+            self._on_upstream_error,
+            route.fallback,
+            lease_watch=flow.gate,
+        )
         permits = self.admission.permits
         parse = ParseStage(self.models, s.server.max_body_bytes, permits)
         apis = self.apis
-        chat: list[Stage] = [*auth, parse, validate, media, sanitise, *caps, *admit, route, proxy]
+        chat: list[Stage] = [*auth, parse, validate, media, sanitise, *caps, *admit, flow, route, proxy]
         pipelines: dict[Api, list[Stage]] = {
             "chat": chat,
             "responses": [
@@ -205,6 +226,7 @@ class Gateway:
                 sanitise,
                 *caps,
                 *admit,
+                flow,
                 route,
                 proxy,
             ],
@@ -217,6 +239,7 @@ class Gateway:
                 sanitise,
                 *caps,
                 *admit,
+                flow,
                 route,
                 proxy,
             ],
@@ -235,6 +258,7 @@ class Gateway:
                 ParseStage(self.models, s.server.max_body_bytes, permits, task="embed"),
                 apis.embeddings_intake(features, BOUNDS.context_slack),
                 *admit,
+                flow,
                 route,
                 proxy,
             ],
@@ -244,21 +268,36 @@ class Gateway:
         pipelines["detokenize"] = [*auth, any_task, apis.detokenize_intake(features), *admit, route, proxy]
         scores = ParseStage(self.models, s.server.max_body_bytes, permits, task="score")
         slack = BOUNDS.context_slack
-        pipelines["rerank"] = [*auth, scores, apis.rerank_intake(features, slack), *admit, route, proxy]
-        pipelines["score"] = [*auth, scores, apis.score_intake(features, slack), *admit, route, proxy]
+        pipelines["rerank"] = [*auth, scores, apis.rerank_intake(features, slack), *admit, flow, route, proxy]
+        pipelines["score"] = [*auth, scores, apis.score_intake(features, slack), *admit, flow, route, proxy]
         # an uploaded audio file is a media item: the media cap is its cap
         media_max = s.sanitise.media.max_bytes
         form = FormParseStage(self.models, apis.audio_body_bytes(media_max), permits, task="transcribe")
         transcribe = apis.audio_intake("transcribe", features, media_max)
         translate = apis.audio_intake("translate", features, media_max)
-        pipelines["audio.transcriptions"] = [*auth, form, transcribe, *admit, route, proxy]
-        pipelines["audio.translations"] = [*auth, form, translate, *admit, route, proxy]
+        pipelines["audio.transcriptions"] = [*auth, form, transcribe, *admit, flow, route, proxy]
+        pipelines["audio.translations"] = [*auth, form, translate, *admit, flow, route, proxy]
         for lookup in ("responses.get", "responses.delete", "responses.input_items"):
             pipelines[lookup] = [*auth, apis.lookup(lookup)]
         tracing = self.tracing
         if tracing is not None:  # spans around the stages a trace shows (auth, admit, route)
             return {api: Pipeline(tracing.wrap(stages)) for api, stages in pipelines.items()}
         return {api: Pipeline(stages) for api, stages in pipelines.items()}
+
+    def _wire_flow(self, route: RouteStage) -> FlowStage:
+        """The flow stage joined to routing: the route stage's tokens before a request waits, and
+        with shared routing state the other processes' queued prefill and flow queues, this one's
+        queue in the figures it writes, and the store's refresh while requests wait."""
+        flow = self.flow
+        flow.gate.prepare = route.prepare
+        shared = route.shared
+        if shared is not None:
+            shared.flow_queued = flow.gate.queued
+            flow.gate.others = shared.others_flow
+            flow.pressure.others_prefill = shared.others_prefill
+            flow.gate.refresh = self.admission.report_share
+            flow.figures = self.admission.shared_figures
+        return flow
 
     def _shares_routing(self) -> bool:
         """Routing processes share in-flight counts and placements through Redis (docs/routing.md,
@@ -367,6 +406,7 @@ class Gateway:
             self._on_ready()
 
     async def shutdown(self) -> None:
+        await self.flow.aclose()
         if self._sampler is not None:
             await self._sampler.stop()
         if self.rebalancer is not None:
@@ -450,6 +490,7 @@ class Gateway:
             ctx.error_kind = ctx.error_kind or "client_disconnect"
         finally:
             await run_finalizers(ctx)
+            self.flow.finished(ctx)
             now = time.perf_counter()
             self.metrics.observe_request(ctx, now)
             self.engine_stats.record(ctx, now)
@@ -585,13 +626,16 @@ class Gateway:
         )
         return ReloadResult(changed, live, restart)
 
-    def explain(self, body: dict[str, Any], pin: str | None) -> dict[str, Any]:
-        """Where `body` would be routed now, and why (the admin API's dry run)."""
+    def explain(self, body: dict[str, Any], pin: str | None, priority: str | None = None) -> dict[str, Any]:
+        """Where `body` would be routed now, and why, with its flow-control class and what the flow
+        stage would do with it (the admin API's dry run; `priority` as `x-gateway-priority`)."""
         assert self.route is not None, "lifespan start-up has not run"
         model = body.get("model")
         if not isinstance(model, str) or model not in self.models:
             raise model_not_found(str(model))
-        return self.route.explain(body, pin)
+        out = self.route.explain(body, pin)
+        out["flow"] = self.flow.explain(body, priority)
+        return out
 
     def _model_object(self, name: str) -> dict[str, Any]:
         return {

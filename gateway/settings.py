@@ -34,6 +34,7 @@ from gateway.core.settings import (
     SettingsModel,
 )
 from gateway.edge.settings import ServerSettings
+from gateway.flow.settings import FlowSettings
 from gateway.observability.settings import AccessLogSettings, MetricsSettings, TracingSettings
 from gateway.removed_settings import RemovedSettingError, migrate
 from gateway.routing.settings import RoutingSettings, RuleSettings
@@ -46,6 +47,7 @@ __all__ = [
     "AuthSettings",
     "BackendSettings",
     "ConfigError",
+    "FlowSettings",
     "HealthSettings",
     "KvEventsSettings",
     "LimitsSettings",
@@ -84,6 +86,7 @@ class Settings(SettingsModel):
     limits: LimitsSettings = LimitsSettings()
     sanitise: SanitiseSettings = SanitiseSettings()
     apis: ApisSettings = ApisSettings()
+    flow: FlowSettings = FlowSettings()
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
@@ -112,6 +115,12 @@ class Settings(SettingsModel):
             unknown = scope.named_models() - model_names
             if unknown:
                 raise ValueError(f"{where} names models not listed under models: {sorted(unknown)}")
+        for where, scope in self.limits.scopes():
+            if scope.priority_class is not None and scope.priority_class not in self.flow.classes:
+                raise ValueError(
+                    f"{where}.priority_class names the class {scope.priority_class!r}, which flow.classes "
+                    f"does not define (defined: {', '.join(self.flow.classes)})"
+                )
         for rule in self.routing.rules:
             missing = set(rule.pools) - set(names)
             if missing:

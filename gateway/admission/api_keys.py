@@ -55,8 +55,8 @@ _REVOKED = "gw:{apikeys}:revoked"
 @dataclass(frozen=True, slots=True)
 class ApiKeySpec:
     """Who a new key speaks for, and what the key itself narrows: `allow_models` (None: whatever the
-    principal's tier and tenant allow), `deny_models`, and its own `budgets` (on top of the user's
-    and the tenant's)."""
+    principal's tier and tenant allow), `deny_models`, its own `budgets` (on top of the user's and
+    the tenant's) and its flow-control `priority_class` (None: its tier's)."""
 
     user: str
     tenant: str | None = None
@@ -66,6 +66,7 @@ class ApiKeySpec:
     allow_models: tuple[str, ...] | None = None
     deny_models: tuple[str, ...] = ()
     budgets: tuple[Budget, ...] = ()
+    priority_class: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +87,7 @@ class ApiKeyRecord:
     deny_models: tuple[str, ...] = ()
     budgets: tuple[Budget, ...] = ()
     rev: int = 0
+    priority_class: str | None = None
 
     @property
     def access(self) -> ModelAccess | None:
@@ -103,6 +105,7 @@ class ApiKeyRecord:
             key_access=self.access,
             key_budgets=self.budgets,
             key_rev=self.rev,
+            key_class=self.priority_class,
         )
 
     def to_json(self) -> bytes:
@@ -298,6 +301,7 @@ class ApiKeys:
             allow_models=None if spec.allow_models is None else tuple(spec.allow_models),
             deny_models=tuple(spec.deny_models),
             budgets=tuple(spec.budgets),
+            priority_class=spec.priority_class,
         )
         digest = self.digest(plaintext.encode())
         await self._backend.put(digest, record)

@@ -209,6 +209,38 @@ class Admission:
         stage.principals = self.principals
         return [stage]
 
+    def priority_class(self, principal: Principal) -> str | None:
+        """The flow-control class `principal`'s tier names, else its tenant's (None: neither names
+        one; an API key's own class comes before both, gateway/flow/classes.py)."""
+        limits = self._limits
+        tier = limits.tiers.get(principal.tier) or limits.tiers[limits.default_tier]
+        if tier.priority_class is not None or principal.tenant is None:
+            return tier.priority_class
+        return limits.tenants.get(principal.tenant, limits.tenant_default).priority_class
+
+    async def report_share(self) -> bool:
+        """Write this process's routing figures to the shared store and read the others' now (the
+        flow queue's refresh while requests wait); False when nothing is shared or the store is down."""
+        limiter = self._redis_limiter
+        if limiter is None or not limiter.shares:
+            return False
+        try:
+            await limiter.report()
+        except (StoreDown, RedisError, OSError):
+            return False
+        return True
+
+    async def shared_figures(self) -> dict[str, dict[str, int]] | None:
+        """Every live routing process's figures by process, as the shared store holds them; None
+        without shared routing state or while the store is unreachable."""
+        limiter = self._redis_limiter
+        if limiter is None or not limiter.shares:
+            return None
+        try:
+            return await limiter.live()
+        except (StoreDown, RedisError, OSError):
+            return None
+
     async def principal(self, headers: dict[bytes, bytes]) -> Principal:
         """The caller, authenticated exactly as the pipeline's authenticate stage does it (ApiError
         401/503 otherwise); `anonymous` when authentication is off. For the endpoints outside the

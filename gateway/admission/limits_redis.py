@@ -612,6 +612,11 @@ class RedisLimiter:
         """Carry `share`'s routing state in this limiter's calls (gateway/core/shared_load.py)."""
         self._share = share
 
+    @property
+    def shares(self) -> bool:
+        """Routing state rides in this limiter's calls (`bind_share`)."""
+        return self._share is not None
+
     async def acquire(
         self,
         id: str,
@@ -742,6 +747,26 @@ class RedisLimiter:
             raise StoreDown(str(exc)) from exc
         self._shared_at = time.monotonic()
         share.heard(_others(r))
+
+    async def live(self) -> dict[str, dict[str, int]]:
+        """Every live routing process's figures as it last wrote them, by process (the admin API's
+        view of the replicas; StoreDown when unreachable)."""
+        try:
+            seconds, micros = await self._redis.time()
+            raw = await self._redis.hgetall(LOAD_KEY)
+        except _OUTAGE as exc:
+            raise StoreDown(str(exc)) from exc
+        now_ms = seconds * 1000 + micros // 1000
+        out: dict[str, dict[str, int]] = {}
+        for proc, value in raw.items():
+            expiry, _, blob = _text(value).partition("|")
+            try:
+                figures = orjson.loads(blob)
+            except orjson.JSONDecodeError:
+                continue
+            if expiry.isdigit() and int(expiry) >= now_ms and type(figures) is dict:
+                out[_text(proc)] = figures
+        return out
 
     async def read_spend(self, ledgers: Sequence[str], logs: Sequence[tuple[str, int]]) -> SpendFigures:
         """One read-only script (Redis's clock for the rolling windows); StoreDown when unreachable."""

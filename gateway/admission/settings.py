@@ -164,6 +164,9 @@ class LimitSet(ModelLimits):
     deny_models: list[str] = Field(default_factory=list)
     #: spending limits of the scope (each user of a tier; all users of a tenant together)
     budgets: list[BudgetSettings] = Field(default_factory=list, max_length=16)
+    #: the flow-control class of the scope's requests (`flow.classes`; docs/flow-control.md): an API
+    #: key's own class comes first, then the tier's, then the tenant's, else `standard`
+    priority_class: str | None = Field(None, min_length=1, max_length=64)
 
     @property
     def spending_limits(self) -> tuple[Budget, ...]:

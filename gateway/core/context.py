@@ -51,8 +51,8 @@ class Principal:
     """Who is calling. `anonymous` when authentication is off.
 
     A principal proven by an API key also carries the key's own grants: `key_id`, its model access
-    (None: the key narrows nothing) and its budgets; `key_rev` changes whenever an operator changes
-    them, so caches keyed by it see the change.
+    (None: the key narrows nothing), its budgets and its flow-control class (None: its tier's);
+    `key_rev` changes whenever an operator changes them, so caches keyed by it see the change.
     """
 
     user: str
@@ -63,6 +63,7 @@ class Principal:
     key_access: ModelAccess | None = None
     key_budgets: tuple[Budget, ...] = ()
     key_rev: int = 0
+    key_class: str | None = None
 
     @property
     def is_admin(self) -> bool:
@@ -114,6 +115,8 @@ class RequestContext:
     upstream_type: str | None = None
     #: this request's trace when tracing is on (gateway/core/trace.py); None when it is off
     trace: RequestTrace | None = None
+    #: the request's flow-control class (gateway/flow/classes.py; "" before the flow stage ran)
+    flow_class: str = ""
 
 
 def session_header(ctx: RequestContext) -> str | None:

@@ -35,10 +35,23 @@ class Backend:
     load: EngineLoad | None = None
     load_at: float = 0.0
     requests_total: int = 0
+    #: attempts there that got a first token or ended (`requests_total` less this: not yet started)
+    started: int = 0
+    #: `requests_total` and `started` when `load` was scraped: what was sent and started since then
+    #: corrects the engine's waiting gauge between scrapes (`policies.flow.engine_backlog`)
+    scrape_sent: int = 0
+    scrape_started: int = 0
     #: the last view (`view`) and the scrape it was made with: returned again while nothing it shows
     #: changed (a frozen dataclass costs ~2 us to build; every request takes a snapshot)
     _view: BackendView | None = field(default=None, init=False, repr=False)
     _view_load: EngineLoad | None = field(default=None, init=False, repr=False)
+
+    def scraped(self, load: EngineLoad, at: float) -> None:
+        """The engine's metrics as scraped at `at`."""
+        self.load = load
+        self.load_at = at
+        self.scrape_sent = self.requests_total
+        self.scrape_started = self.started
 
     def routable(self, now: float) -> bool:
         return self.healthy is not False and not self.draining and not self.circuit.is_open(now)
@@ -141,6 +154,8 @@ class Fleet:
         self.pools: dict[str, Pool] = {}
         self.backends: dict[str, Backend] = {}
         self._snapshot: FleetSnapshot | None = None  # the last one (`snapshot`)
+        #: changes whenever a backend or pool is added or removed, or a pool's models change
+        self.generation = 0
         #: engines' bearer keys by pool and by backend (`set_keys`), and by backend base URL
         self._pool_keys: dict[str, str] = {}
         self._backend_keys: dict[str, str] = {}
@@ -171,11 +186,13 @@ class Fleet:
         )
         pool.backends[bs.name] = backend
         self.backends[bs.name] = backend
+        self.generation += 1
         self._key_of(backend)
         return backend
 
     def remove_backend(self, name: str) -> Backend:
         backend = self.backends.pop(name)
+        self.generation += 1
         self._keys_by_url.pop(backend.url, None)
         pool = self.pools.get(backend.pool)
         if pool is not None:
@@ -217,6 +234,7 @@ class Fleet:
         requests already sent to them (those hold their own reference).
         """
         base = list(base)
+        self.generation += 1
         desired: dict[str, tuple[str, str]] = {}
         for ps in base:
             for bs in ps.backends:

@@ -35,6 +35,7 @@ class AccessLog:
             "request_id": ctx.request_id,
             "principal": ctx.principal.user,
             "tenant": ctx.principal.tenant,
+            "class": ctx.flow_class or None,
             "endpoint": ctx.api,
             "model": ctx.model.name if ctx.model else None,
             "stream": ctx.stream,

@@ -7,6 +7,7 @@ gateways in one process. Who feeds what:
     observe_decision(decision)  the route stage's decision hook (pool, reason, affinity outcome)
     upstream_error(pool, kind)  the proxy stage's hook, once per failed attempt
     reject(stage, reason, ctx)  a stage that refuses a request (admission: limits, sanitiser, auth)
+    flow_*(...)                 the flow queue (gateway/flow/): depth, waits, shed, engaged, TTFT by class
     observe_redis(op, seconds) / redis_failure(op) / set_redis_up(up)   whoever talks to Redis
     fleet gauges                gateway/observability/metrics_sampler.py, sampled from the fleet in every worker
 
@@ -393,6 +394,50 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemin",
         )
+        # Flow control (docs/flow-control.md): the queue at saturation, per class.
+        self.flow_queued_requests = Gauge(
+            "gateway_flow_queued",
+            "Requests waiting in the gateway's flow queue, by class (sum over workers).",
+            ["class"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.flow_queue_seconds = Histogram(
+            "gateway_flow_queue_seconds",
+            "Time requests waited in the flow queue, by class (served or not).",
+            ["class"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.flow_shed_requests = Counter(
+            "gateway_flow_shed",
+            "Queued requests that left unserved, by class and reason: deadline, full, share (429), "
+            "disconnect.",
+            ["class", "reason"],
+            registry=r,
+        )
+        self.flow_saturated_gauge = Gauge(
+            "gateway_flow_saturated",
+            "1 while the flow queue is engaged (requests wait in some worker).",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.ttft_predicted = Histogram(
+            "gateway_ttft_predicted_seconds",
+            "Time to first token predicted when the request was dispatched (its wait included), by class, "
+            "for classes with a TTFT target.",
+            ["class"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft_by_class = Histogram(
+            "gateway_ttft_seconds",
+            "Time to first token from arrival (streamed requests), by class, for classes with a TTFT target.",
+            ["class"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._flow: dict[str, tuple[Gauge, _Hist, _Hist, _Hist]] = {}
         self._series: dict[tuple[str, str], _Series] = {}
         self._decisions: dict[tuple[str, str, str], tuple[Counter, Counter]] = {}
         self._upstream: dict[tuple[str, str], Counter] = {}
@@ -506,6 +551,45 @@ class Metrics:
     def warmup(self, pool: str, backend: str, outcome: str) -> None:
         """A warm-up's outcome (`gateway.routing.warmup`): rare, so no cached children."""
         self.kv_warmups.labels(pool, backend, outcome).inc()
+
+    # -- flow control (gateway/flow/) --------------------------------------------------------------
+    def flow_classes(self, names: list[str], reasons: tuple[str, ...]) -> None:
+        """Create each class's series at zero, so "nothing queued or shed" is a series, not a gap."""
+        for name in names:
+            self._flow_child(name)
+            for reason in reasons:
+                self.flow_shed_requests.labels(name, reason)
+        self.flow_saturated_gauge.set(0)
+
+    def _flow_child(self, klass: str) -> tuple[Gauge, _Hist, _Hist, _Hist]:
+        found = self._flow.get(klass)
+        if found is None:
+            found = self._flow[klass] = (
+                self.flow_queued_requests.labels(klass),
+                _Hist(self.flow_queue_seconds.labels(klass)),
+                _Hist(self.ttft_predicted.labels(klass)),
+                _Hist(self.ttft_by_class.labels(klass)),
+            )
+        return found
+
+    def flow_queued(self, klass: str, waiting: int) -> None:
+        self._flow_child(klass)[0].set(waiting)
+
+    def flow_waited(self, klass: str, seconds: float) -> None:
+        self._flow_child(klass)[1].observe(seconds)
+
+    def flow_shed(self, klass: str, reason: str) -> None:
+        self.flow_shed_requests.labels(klass, reason).inc()
+
+    def flow_saturated(self, engaged: bool) -> None:
+        self.flow_saturated_gauge.set(1 if engaged else 0)
+
+    def flow_ttft(self, klass: str, predicted: float | None, observed: float | None) -> None:
+        child = self._flow_child(klass)
+        if predicted is not None:
+            child[2].observe(predicted)
+        if observed is not None:
+            child[3].observe(observed)
 
     # -- admission and Redis ----------------------------------------------------------------------
     def reject(self, stage: str, reason: str, ctx: RequestContext | None = None) -> None:

@@ -23,7 +23,7 @@ from gateway.core.context import RequestContext
 from gateway.core.fleet import Fleet
 from gateway.core.shared_load import ShareAsk, ShareReply
 from policies.router import Router
-from policies.shared_load import Ask, SharedRouting, WithOthers, key_text, split
+from policies.shared_load import FLOW, Ask, SharedRouting, WithOthers, flow_waiting, key_text, split
 from policies.types import FleetSnapshot, RequestFeatures
 
 #: a group's placement lives this long in the store after it was last read or set: ten minutes
@@ -65,6 +65,10 @@ class SharedLoad:
         self._others: Mapping[str, int] = {}
         self._sets: Mapping[str, int] = {}  # the others' working sets and tails (`policies.shared_load`)
         self._prefill: Mapping[str, int] = {}  # ... and queued prefill tokens
+        self._flow: Mapping[str, int] = {}  # ... and their flow queues' waiting requests by class
+        #: this process's flow queue's waiting requests by class (set by the root), or None
+        self.flow_queued: Callable[[], Mapping[str, int]] | None = None
+        self._flow_names: dict[str, str] = {}  # class -> its name among the figures, built once
         self._at = -float("inf")
         self._with_others = WithOthers()  # the snapshot with the others' figures, rebuilt as they change
         #: answers received, and requests whose group placement came from the store (for operators)
@@ -106,10 +110,25 @@ class SharedLoad:
                 own[name] = b.in_flight
             if b.prefill > 0:
                 prefill[name] = b.prefill
-        return self._routing.report(own, prefill)
+        out = self._routing.report(own, prefill)
+        queued = self.flow_queued() if self.flow_queued is not None else None
+        if queued:
+            names = self._flow_names
+            for klass, n in queued.items():
+                key = names.get(klass)
+                if key is None:
+                    key = names[klass] = FLOW + klass
+                out[key] = n
+        return out
 
     def heard(self, others: Mapping[str, int]) -> None:
-        self._others, self._sets, self._prefill = split(others)
+        counts, self._sets, self._prefill = split(others)
+        self._others = counts
+        # the figures split took are backends'; any other name is a flow queue's
+        if len(counts) + len(self._sets) + len(self._prefill) < len(others):
+            self._flow = flow_waiting(others)
+        elif self._flow:
+            self._flow = {}
         self._at = self._clock()
         self.replies += 1
 
@@ -127,6 +146,11 @@ class SharedLoad:
         """The other processes' queued prefill tokens by backend as last heard, empty once older than
         a lease."""
         return self._prefill if self._heard_lately() else {}
+
+    def others_flow(self) -> Mapping[str, int]:
+        """The requests waiting in the other processes' flow queues by class as last heard, empty
+        once older than a lease."""
+        return self._flow if self._heard_lately() else {}
 
     def _heard_lately(self) -> bool:
         """The last answer is at most a lease old (a crashed process's figures expire with it)."""

@@ -129,13 +129,27 @@ class RouteStage:
                 self._apply(ctx, self._pinned_backend(ctx, backend.decode("latin-1")))
                 return None
         try:
-            decision = self.decide(self.snapshot(now), ctx, pin)
+            decision = self._decide_flow(self.snapshot(now), ctx, pin)
         except ApiError as err:
             if err.status != 503 or not self.fallback(ctx):
                 raise
             return None
         self._apply(ctx, decision)
         return None
+
+    def _decide_flow(self, snapshot: FleetSnapshot, ctx: RequestContext, pin: str | None) -> Decision:
+        """`decide`, leaving out the backends the flow stage named (saturated ones, and those predicted
+        to miss the class's TTFT target), unless that leaves none routing may use."""
+        exclude: frozenset[str] | None = ctx.extras.get("flow_exclude")
+        if exclude:
+            kind = ctx.error_kind
+            try:
+                return self.decide(snapshot, ctx, pin, exclude)
+            except ApiError as err:
+                if err.status != 503:
+                    raise
+                ctx.error_kind = kind
+        return self.decide(snapshot, ctx, pin)
 
     def _pinned_backend(self, ctx: RequestContext, name: str) -> Decision:
         """An admin's `x-gateway-backend`: that backend, whatever routing would choose (a deploy

@@ -170,5 +170,4 @@ class HealthChecker:
             return
         if resp.status != 200:
             return
-        backend.load = dialect.parse_metrics(text.decode("utf-8", "replace"))
-        backend.load_at = self._clock()
+        backend.scraped(dialect.parse_metrics(text.decode("utf-8", "replace")), self._clock())

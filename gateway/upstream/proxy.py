@@ -34,7 +34,7 @@ from gateway.core.context import RequestContext
 from gateway.core.disconnect import ClientWatch
 from gateway.core.fleet import Backend
 from gateway.core.responses import JSON, BytesResponse, Response, error_response
-from gateway.upstream.lease import Lease, OnFailure
+from gateway.upstream.lease import Lease, LeaseWatch, OnFailure
 from gateway.upstream.relay import SSESplitter, StreamRelay
 from gateway.upstream.retry import RetryBudget
 from gateway.upstream.settings import UpstreamSettings
@@ -74,8 +74,11 @@ class ProxyStage:
         reroute: Reroute,
         on_upstream_error: OnFailure,
         fallback: Fallback | None = None,
+        lease_watch: LeaseWatch | None = None,
     ) -> None:
         self._fallback = fallback
+        #: hears of every attempt's opening, first token and end (the flow queue), or None
+        self._lease_watch = lease_watch
         self._transport = transport
         self._timeouts = settings.timeouts
         self._max_attempts = settings.retries.max_attempts
@@ -130,7 +133,7 @@ class ProxyStage:
                     raise last_error from None
                 continue
             ctx.attempts += 1
-            lease = Lease(backend, ctx.prefill, self._on_upstream_error)
+            lease = Lease(backend, ctx.prefill, self._on_upstream_error, self._lease_watch)
             headers = None
             if ctx.upstream_type is not None:  # not JSON: a multipart audio upload
                 headers = {**JSON_HEADERS, "content-type": ctx.upstream_type}

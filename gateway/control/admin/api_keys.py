@@ -36,6 +36,11 @@ class ApiKeyBody(BaseModel):
     allow_models: list[str] | None = Field(None, max_length=1024, description=_MODELS_DOC)
     deny_models: list[str] = Field(default_factory=list, max_length=1024, description=_DENY_DOC)
     budgets: list[BudgetSettings] = Field(default_factory=list, max_length=16, description=_BUDGETS_DOC)
+    priority_class: str | None = Field(
+        None,
+        max_length=64,
+        description="the key's flow-control class (flow.classes; default: its tier's, else its tenant's)",
+    )
 
 
 class ApiKeyChange(BaseModel):
@@ -61,6 +66,13 @@ async def create_api_key(body: ApiKeyBody, who: Admin, ctx: Ctx) -> Response:
             f"Unknown tier {tier!r}: the configured tiers (limits.tiers) are {', '.join(tiers)}.",
             param="tier",
         )
+    classes = ctx.flow_classes()
+    if body.priority_class is not None and body.priority_class not in classes:
+        raise invalid_request(
+            f"Unknown priority class {body.priority_class!r}: the configured classes (flow.classes) are "
+            f"{', '.join(classes)}.",
+            param="priority_class",
+        )
     spec = ApiKeySpec(
         user=body.user,
         tenant=body.tenant,
@@ -70,6 +82,7 @@ async def create_api_key(body: ApiKeyBody, who: Admin, ctx: Ctx) -> Response:
         allow_models=None if body.allow_models is None else tuple(body.allow_models),
         deny_models=tuple(body.deny_models),
         budgets=_budgets(body.budgets),
+        priority_class=body.priority_class,
     )
     record, plaintext = await api_keys.create(spec)
     await ctx.control.audit_only(who, "create_api_key", record.id, None, _public(record))
@@ -144,6 +157,7 @@ def _public(record: ApiKeyRecord) -> dict[str, Any]:
         "tier": record.tier,
         "name": record.name,
         "created": record.created,
+        "priority_class": record.priority_class,
         **_grants(record),
     }
 

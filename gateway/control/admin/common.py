@@ -21,8 +21,9 @@ from gateway.core.context import Principal
 #: the caller's principal if it may use the admin API (request headers, lower-case names); raises
 #: ApiError 401/403 otherwise (gateway/admission/assembly.py `Admission.authorize_admin`)
 Authorize = Callable[[dict[bytes, bytes]], Awaitable[Principal]]
-#: a dry run of routing for a request body and an optional pinned pool (gateway/app.py)
-Explain = Callable[[dict[str, Any], str | None], dict[str, Any]]
+#: a dry run of routing for a request body, an optional pinned pool and an optional flow-control
+#: class (`x-gateway-priority`; gateway/app.py)
+Explain = Callable[[dict[str, Any], str | None, str | None], dict[str, Any]]
 #: the engine comparison over a window of seconds, of one model or all (gateway/flow/compare.py)
 EngineReport = Callable[[int, str | None], Awaitable[dict[str, Any]]]
 
@@ -34,8 +35,8 @@ NO_STORE = {"cache-control": "no-store"}
 class AdminContext:
     """What the admin API acts on: the operator's verbs, the admin guard, API keys (None when off),
     routing's dry run, the models served now (API keys' model lists are checked against them), the
-    spend report (None without an admission stage), the configured tiers and the engine
-    comparison (None when the gateway records none)."""
+    spend report (None without an admission stage), the configured tiers and flow classes, the flow
+    queues' report and the engine comparison (None when the gateway records none)."""
 
     control: FleetControl
     authorize: Authorize
@@ -45,6 +46,10 @@ class AdminContext:
     spend: SpendQuery | None
     #: the configured limits tiers and the default one (what a new API key may name)
     tiers: Callable[[], tuple[list[str], str]]
+    #: the configured flow-control classes (what a new API key may name)
+    flow_classes: Callable[[], list[str]]
+    #: `GET /admin/flow`: the queues of this replica and the others' (gateway/flow/)
+    flow: Callable[[], Awaitable[dict[str, Any]]]
     engines: EngineReport | None = None
 
 

@@ -29,7 +29,10 @@ async def explain(request: Request, who: Admin, ctx: Ctx) -> Response:
         raise invalid_request("The body is not valid JSON.") from None
     if not isinstance(body, dict):
         raise invalid_request("The body must be a JSON object.")
-    return json_response(200, ctx.explain(body, request.headers.get("x-gateway-pool")))
+    headers = request.headers
+    return json_response(
+        200, ctx.explain(body, headers.get("x-gateway-pool"), headers.get("x-gateway-priority"))
+    )
 
 
 @router.post(

@@ -1,0 +1,207 @@
+"""How full the backends a request may use are: saturated or free, and where its first token would
+come soonest, from this process's fleet, the other routing processes' queued prefill and the
+requests the flow queue has just released (`policies.flow` holds the rules).
+
+`check(model, tokens, klass, now)` is the flow stage's one question per request. It walks the
+routable backends of the pools serving `model` (their pool's weight above 0; routing rules are not
+applied: a rule's preference is routing's business) and answers
+
+    FREE   some backend can take the request now: route it (`exclude` names the backends it must
+           not go to, None when there are none)
+    FULL   every routable backend is saturated: the request waits
+    HOLD   backends are free, but each is predicted to miss the class's TTFT target by far because of
+           the prefill queued there: the request waits
+    NONE   no backend is routable: routing answers (503)
+
+For a class with a TTFT target (`ttft_target_s`), a free backend whose predicted time to first token,
+`(queued prefill + the request's tokens) * its learned seconds per token`, exceeds the target is left
+out of the route when at least one other meets it; one whose queued prefill alone is predicted to take
+`FAR_MISS_FACTOR` times the target is left out always. A backend whose rate is not learned yet counts
+as meeting the target.
+
+Below saturation a check reads a few attributes per backend and allocates nothing for a class
+without a target (a dict of predictions for one with a target).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Final
+
+from gateway.core.fleet import Backend, Fleet
+from policies.flow import FlowClass, TtftModel, engine_backlog, saturated
+
+#: a request whose backends' queued prefill alone is predicted to take this many times its class's
+#: TTFT target waits instead (it would miss by far whatever it did; the queue ahead may drain)
+FAR_MISS_FACTOR = 3.0
+
+FREE: Final = 0
+FULL: Final = 1
+HOLD: Final = 2
+NONE: Final = 3
+
+#: (state, backends to leave out or None, predicted TTFT by backend or None)
+Verdict = tuple[int, "frozenset[str] | None", "dict[str, float] | None"]
+_FREE: Verdict = (FREE, None, None)
+_FULL: Verdict = (FULL, None, None)
+_HOLD: Verdict = (HOLD, None, None)
+_NONE: Verdict = (NONE, None, None)
+
+#: the other routing processes' queued prefill tokens by backend (`SharedLoad.others_prefill`)
+OthersPrefill = Callable[[], Mapping[str, int]]
+
+
+class Pressure:
+    """See the module docstring. Event loop only."""
+
+    def __init__(self, fleet: Fleet, stale_s: float) -> None:
+        self._fleet = fleet
+        self._stale_s = stale_s
+        #: set by the root when routing processes share their load
+        self.others_prefill: OthersPrefill | None = None
+        #: seconds per prefill token per backend, learned from first tokens
+        self.ttft = TtftModel()
+        #: requests released from the queue and not yet sent, by the backend they were counted on:
+        #: [requests, prompt tokens]
+        self.transit: dict[str, list[int]] = {}
+        self._backends: dict[str, tuple[Backend, ...]] = {}
+        self._generation = -1
+
+    def backends(self, model: str) -> tuple[Backend, ...]:
+        """The backends of the pools serving `model` (remembered until the fleet changes)."""
+        fleet = self._fleet
+        if fleet.generation != self._generation:
+            self._backends.clear()
+            self._generation = fleet.generation
+        found = self._backends.get(model)
+        if found is None:
+            found = self._backends[model] = tuple(
+                b for p in fleet.pools.values() if model in p.models for b in p.backends.values()
+            )
+        return found
+
+    def prefill(self, backend: Backend, others: Mapping[str, int] | None = None) -> int:
+        """The prefill tokens queued on `backend`: every process's, and what is on its way there."""
+        if others is None:
+            others = self.others_prefill() if self.others_prefill is not None else {}
+        tokens = backend.prefill + others.get(backend.name, 0)
+        transit = self.transit.get(backend.name)
+        return tokens + transit[1] if transit is not None else tokens
+
+    def backlog(self, backend: Backend, now: float) -> float:
+        """The requests `backend`'s engine holds waiting, as estimated now (`engine_backlog`)."""
+        load = backend.load
+        if load is None or now - backend.load_at > self._stale_s or not load.waiting:
+            return 0.0
+        transit = self.transit.get(backend.name)
+        sent = backend.requests_total - backend.scrape_sent + (transit[0] if transit is not None else 0)
+        return engine_backlog(load.waiting, sent, backend.started - backend.scrape_started)
+
+    def is_saturated(self, backend: Backend, now: float, others: Mapping[str, int] | None = None) -> bool:
+        return saturated(self.backlog(backend, now), self.prefill(backend, others))
+
+    def check(self, model: str, tokens: int, klass: FlowClass, now: float) -> Verdict:
+        """See the module docstring; `now` is `time.monotonic()` (circuits and scrapes)."""
+        others = self.others_prefill() if self.others_prefill is not None else {}
+        pools = self._fleet.pools
+        target = klass.ttft_target_s
+        full: list[str] | None = None
+        routable = free = 0
+        for b in self.backends(model):
+            if not b.routable(now) or pools[b.pool].weight <= 0:
+                continue
+            routable += 1
+            if self.is_saturated(b, now, others):
+                if full is None:
+                    full = []
+                full.append(b.name)
+            else:
+                free += 1
+        if not routable:
+            return _NONE
+        if not free:
+            return _FULL
+        if target is None:
+            return _FREE if full is None else (FREE, frozenset(full), None)
+        return self._placed(model, tokens, target, now, others, full)
+
+    def _placed(
+        self,
+        model: str,
+        tokens: int,
+        target: float,
+        now: float,
+        others: Mapping[str, int],
+        full: list[str] | None,
+    ) -> Verdict:
+        """The free backends sorted by their predicted time to first token against `target`."""
+        pools = self._fleet.pools
+        predicted: dict[str, float] = {}
+        meets: list[str] = []
+        misses: list[str] = []
+        far: list[str] = list(full) if full is not None else []
+        for b in self.backends(model):
+            if b.name in far or not b.routable(now) or pools[b.pool].weight <= 0:
+                continue
+            spt = self.ttft.seconds_per_token(b.name)
+            if spt is None:
+                meets.append(b.name)
+                continue
+            ahead = self.prefill(b, others)
+            guess = predicted[b.name] = (ahead + tokens) * spt
+            if guess <= target:
+                meets.append(b.name)
+            elif ahead * spt > target * FAR_MISS_FACTOR:
+                far.append(b.name)
+            else:
+                misses.append(b.name)
+        if not meets and not misses:
+            return (HOLD, None, predicted)
+        left_out = far + misses if meets else far
+        return (FREE, frozenset(left_out) if left_out else None, predicted)
+
+    def soonest(self, model: str, exclude: frozenset[str] | None, now: float) -> Backend | None:
+        """The free backend of `model` outside `exclude` with the least queued ahead (where a request
+        released now is counted until it is sent)."""
+        others = self.others_prefill() if self.others_prefill is not None else {}
+        pools = self._fleet.pools
+        best: Backend | None = None
+        best_key = (0.0, 0)
+        for b in self.backends(model):
+            if (exclude is not None and b.name in exclude) or not b.routable(now):
+                continue
+            if pools[b.pool].weight <= 0 or self.is_saturated(b, now, others):
+                continue
+            key = (self.backlog(b, now), self.prefill(b, others))
+            if best is None or key < best_key:
+                best, best_key = b, key
+        return best
+
+    def add_transit(self, backend: str, tokens: int) -> None:
+        entry = self.transit.get(backend)
+        if entry is None:
+            self.transit[backend] = [1, tokens]
+        else:
+            entry[0] += 1
+            entry[1] += tokens
+
+    def drop_transit(self, backend: str, tokens: int) -> None:
+        entry = self.transit.get(backend)
+        if entry is None:
+            return
+        entry[0] -= 1
+        entry[1] -= tokens
+        if entry[0] <= 0:
+            del self.transit[backend]
+
+    def backend_names(self) -> list[str]:
+        return list(self._fleet.backends)
+
+    def saturated_backends(self, now: float) -> list[str]:
+        """Every routable backend that is saturated now (for operators)."""
+        others = self.others_prefill() if self.others_prefill is not None else {}
+        return [
+            b.name
+            for b in self._fleet.backends.values()
+            if b.routable(now) and self.is_saturated(b, now, others)
+        ]
