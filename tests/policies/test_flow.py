@@ -11,6 +11,7 @@ from policies.flow import (
     engine_backlog,
     saturated,
 )
+from policies.shared_load import FLOW, PREFILL, flow_waiting, split
 
 CLASSES = [
     FlowClass("interactive", 0, max_queue_s=2.0, max_depth=100),
@@ -148,3 +149,10 @@ def test_seconds_per_token_are_learned_per_backend_after_a_few_first_tokens() ->
     assert model.seconds_per_token("b") is None
     model.forget("a")
     assert model.seconds_per_token("a") is None
+
+
+def test_the_shared_figures_carry_the_flow_queues_apart_from_the_backends() -> None:
+    figures = {"b0": 3, PREFILL + "b0": 900, FLOW + "interactive": 2, FLOW + "batch": 0}
+    counts, _, prefill = split(figures)
+    assert counts == {"b0": 3} and prefill == {"b0": 900}
+    assert flow_waiting(figures) == {"interactive": 2}

@@ -1,0 +1,209 @@
+"""gateway/flow/: the flow stage over an in-process fleet on virtual time. A backend is made saturated
+by its queued prefill, and freed again by hand; the queue's release order, deadlines, refusals and
+disconnects are asserted by order and counts."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from engines.base import EngineLoad
+from engines.errors import ApiError
+from gateway.core.context import Principal, RequestContext
+from gateway.core.fleet import Backend, Fleet
+from gateway.core.settings import BackendSettings, HealthSettings, ModelSettings, PoolSettings
+from gateway.flow import FlowSettings, FlowStage, build_flow
+from gateway.flow.gate import SHED_REASONS
+from policies.flow import PREFILL_SATURATED_TOKENS
+from tests.virtual_time import elapse, on_virtual_time, virtual_loop
+
+MODEL = ModelSettings(name="m")
+TIERS = {"chat": "interactive", "bulk": "batch"}
+
+
+class Observer:
+    def __init__(self) -> None:
+        self.queued: dict[str, int] = {}
+        self.shed: list[tuple[str, str]] = []
+        self.engaged: list[bool] = []
+        self.ttft: list[tuple[str, float | None, float | None]] = []
+
+    def flow_queued(self, klass: str, waiting: int) -> None:
+        self.queued[klass] = waiting
+
+    def flow_waited(self, klass: str, seconds: float) -> None:
+        pass
+
+    def flow_shed(self, klass: str, reason: str) -> None:
+        assert reason in SHED_REASONS
+        self.shed.append((klass, reason))
+
+    def flow_saturated(self, engaged: bool) -> None:
+        self.engaged.append(engaged)
+
+    def flow_ttft(self, klass: str, predicted: float | None, observed: float | None) -> None:
+        self.ttft.append((klass, predicted, observed))
+
+
+def setup(**flow: Any) -> tuple[FlowStage, Backend, Observer]:
+    pool = PoolSettings(
+        name="vllm",
+        dialect="vllm",
+        models={"m": "m"},
+        backends=[BackendSettings(name="b0", url="http://127.0.0.1:9000")],
+    )
+    fleet = Fleet([pool], HealthSettings(), 5.0)
+    observer = Observer()
+    stage = build_flow(FlowSettings(**flow), fleet, 5.0, lambda p: TIERS.get(p.tier), observer)
+    return stage, fleet.backends["b0"], observer
+
+
+async def _no_body() -> dict[str, Any]:
+    await asyncio.Event().wait()  # the client never leaves unless the test says so
+    return {"type": "http.disconnect"}
+
+
+def request(
+    user: str, tier: str = "default", headers: dict[bytes, bytes] | None = None
+) -> tuple[RequestContext, list[Callable[[], None] | None]]:
+    """A request, and where its disconnect callback lands (call it: the client left)."""
+    leave: list[Callable[[], None] | None] = [None]
+
+    def on_disconnect(callback: Callable[[], None] | None) -> None:
+        leave[0] = callback
+
+    ctx = RequestContext(
+        request_id=user,
+        endpoint="chat",
+        started=0.0,
+        headers=headers or {},
+        receive=_no_body,
+        on_disconnect=on_disconnect,
+        body={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10},
+        principal=Principal(user, tier=tier),
+        model=MODEL,
+    )
+    return ctx, leave
+
+
+def saturate(backend: Backend) -> None:
+    backend.prefill = PREFILL_SATURATED_TOKENS
+
+
+def free(stage: FlowStage, backend: Backend) -> None:
+    backend.prefill = 0
+    stage.gate.wake()
+
+
+@on_virtual_time
+async def test_below_saturation_a_request_passes_at_once_with_its_class() -> None:
+    stage, _, observer = setup()
+    ctx, _ = request("u", tier="chat")
+    assert await stage(ctx) is None
+    assert ctx.flow_class == "interactive" and not observer.engaged
+    assert not any(h == b"x-gateway-queue-ms" for h, _ in ctx.response_headers)
+
+
+@on_virtual_time
+async def test_at_saturation_requests_wait_and_leave_by_class() -> None:
+    stage, backend, observer = setup()
+    saturate(backend)
+    done: list[str] = []
+
+    async def send(user: str, tier: str) -> None:
+        ctx, _ = request(user, tier)
+        await stage(ctx)
+        done.append(user)
+        assert any(h == b"x-gateway-queue-ms" for h, _ in ctx.response_headers)
+
+    tasks = [asyncio.create_task(send(u, t)) for u, t in [("b1", "bulk"), ("s1", "default"), ("i1", "chat")]]
+    await elapse(1.0)
+    assert not done and observer.queued == {"batch": 1, "standard": 1, "interactive": 1}
+    assert observer.engaged == [True]
+    free(stage, backend)
+    await asyncio.gather(*tasks)
+    assert done == ["i1", "s1", "b1"]
+    await elapse(1.0)
+    assert observer.engaged == [True, False]
+
+
+@on_virtual_time
+async def test_a_request_past_its_deadline_is_shed_with_503() -> None:
+    stage, backend, observer = setup()
+    saturate(backend)
+    ctx, _ = request("u", headers={b"x-gateway-max-queue-ms": b"300"})
+    with pytest.raises(ApiError) as raised:
+        await stage(ctx)
+    assert raised.value.status == 503 and raised.value.code == "fleet_saturated"
+    assert int(raised.value.headers["retry-after"]) >= 1
+    assert virtual_loop().time() >= 0.3
+    assert observer.shed == [("standard", "deadline")] and len(stage.gate.queue) == 0
+
+
+@on_virtual_time
+async def test_a_full_class_refuses_429_over_share_and_503_otherwise() -> None:
+    classes = {"standard": {"priority": 1, "max_queue_s": 30, "max_queued": 2}}
+    stage, backend, observer = setup(classes=classes)
+    saturate(backend)
+    waiting = [asyncio.create_task(stage(request("hog")[0])) for _ in range(2)]
+    await elapse(0.1)
+    with pytest.raises(ApiError) as hog:
+        await stage(request("hog")[0])
+    with pytest.raises(ApiError) as other:
+        await stage(request("other")[0])
+    assert (hog.value.status, hog.value.type, hog.value.code) == (429, "requests", "rate_limit_exceeded")
+    assert (other.value.status, other.value.code) == (503, "fleet_saturated")
+    assert observer.shed == [("standard", "share"), ("standard", "full")]
+    free(stage, backend)
+    await asyncio.gather(*waiting)
+
+
+@on_virtual_time
+async def test_a_client_that_leaves_while_queued_is_out_of_the_queue_at_once() -> None:
+    stage, backend, observer = setup()
+    saturate(backend)
+    ctx, leave = request("u")
+    task = asyncio.create_task(stage(ctx))
+    await elapse(0.1)
+    callback = leave[0]
+    assert callback is not None and len(stage.gate.queue) == 1
+    callback()
+    with pytest.raises(ApiError) as raised:
+        await task
+    assert raised.value.status == 499 and ctx.error_kind == "client_disconnect"
+    assert observer.shed == [("standard", "disconnect")] and len(stage.gate.queue) == 0
+
+
+@on_virtual_time
+async def test_a_lower_class_waits_while_another_replica_has_a_higher_one_waiting() -> None:
+    stage, _, _ = setup()
+    others = {"interactive": 1}
+    stage.gate.others = lambda: others
+    ctx, _ = request("u", tier="bulk")
+    task = asyncio.create_task(stage(ctx))
+    await elapse(0.5)
+    assert not task.done()  # the backend is free, but another replica's interactive request waits
+    others.clear()
+    await elapse(0.5)
+    assert task.done() and task.result() is None
+
+
+@on_virtual_time
+async def test_flow_off_passes_everything_through() -> None:
+    stage, backend, observer = setup(enabled=False)
+    saturate(backend)
+    ctx, _ = request("u", tier="bulk")
+    assert await stage(ctx) is None and ctx.flow_class == "batch" and not observer.engaged
+
+
+def test_a_scraped_queue_saturates_until_the_requests_since_have_started() -> None:
+    stage, backend, _ = setup()
+    now = 100.0
+    backend.scraped(EngineLoad(waiting=1.0), now)
+    assert stage.pressure.is_saturated(backend, now)
+    backend.started += 1  # a first token since the scrape: the engine's queue moved up
+    assert not stage.pressure.is_saturated(backend, now)
+    assert not stage.pressure.is_saturated(backend, now + 60)  # a stale scrape says nothing
