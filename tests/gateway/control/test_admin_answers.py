@@ -94,3 +94,21 @@ def test_api_documentation_is_off_unless_asked(http: httpx.Client, urls: list[st
         doc = httpx.get(gw.base_url + "/openapi.json", timeout=10).json()
         assert "/v1/chat/completions" in doc["paths"] and "/admin/pools" in doc["paths"]
         assert httpx.get(gw.base_url + "/docs", timeout=10).status_code == 200
+
+
+def test_an_api_keys_class_must_be_defined_and_is_the_class_of_its_requests(
+    http: httpx.Client, urls: list[str]
+) -> None:
+    r = http.post("/admin/api-keys", json={"user": "carol", "priority_class": "urgent"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "priority_class", r.text
+    created = http.post("/admin/api-keys", json={"user": "carol", "priority_class": "batch"})
+    assert created.status_code == 201 and created.json()["priority_class"] == "batch", created.text
+    body = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    chat = http.post(
+        "/v1/chat/completions", json=body, headers={"authorization": "Bearer " + created.json()["key"]}
+    )
+    assert chat.status_code == 200, chat.text
+    explained = http.post("/admin/routes/explain", json=body, headers={"x-gateway-priority": "batch"})
+    assert explained.json()["flow"]["class"] == "batch" and explained.json()["flow"]["state"] == "free"
+    flow = http.get("/admin/flow").json()
+    assert list(flow["classes"]) == ["interactive", "standard", "batch"] and flow["enabled"] is True

@@ -261,6 +261,7 @@ def test_access_log_line_has_the_fields_and_no_text(caplog: pytest.LogCaptureFix
     ctx = _ctx(fleet, settings, stream=True)
     ctx.raw_body = b'{"messages": [{"role": "user", "content": "secret prompt"}]}'
     ctx.route_reason, ctx.affinity, ctx.attempts = "default+affinity:hit", "hit", 2
+    ctx.flow_class = "batch"
     with caplog.at_level(logging.INFO, logger="gateway.access"):
         AccessLog(AccessLogSettings()).write(ctx, now=101.25)
         AccessLog(AccessLogSettings(include_text=True)).write(ctx, now=101.25)
@@ -275,6 +276,7 @@ def test_access_log_line_has_the_fields_and_no_text(caplog: pytest.LogCaptureFix
     ) == (10, 21, 4, 31)
     assert plain["ttft_ms"] == 500.0 and plain["duration_ms"] == 1250.0
     assert plain["route"] == "default+affinity:hit" and plain["affinity"] == "hit" and plain["attempts"] == 2
+    assert plain["class"] == "batch"
     assert "secret prompt" not in json.dumps(plain)
     assert "secret prompt" in with_text["request_body"]
 
