@@ -5,8 +5,9 @@ of each dialect for each side model: embeddings, a reranker, speech to text) and
 of them, with in-memory state (Redis when `REDIS_URL` is set) and a JWT secret from
 `GATEWAY_JWT_SECRET` (generated when unset). Prints the base URL, a user token (tier `default`: 60
 requests/min, 100k tokens/min, 8 concurrent — the `x-ratelimit-*` headers show them), a tight token
-(tier `tight`: 3 requests/min, so a few quick requests get 429), an admin token, and ready-to-paste
-curl and OpenAI SDK examples. Ctrl-C (or SIGTERM) stops everything it started.
+(tier `tight`: 3 requests/min, so a few quick requests get 429), a batch token (tier `batch`, flow
+class `batch`: room enough to saturate the fleet, whose requests then wait behind the user token's),
+an admin token, and ready-to-paste curl and OpenAI SDK examples. Ctrl-C (or SIGTERM) stops everything it started.
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ SIDE_MODELS = (
 USER_LIMITS = {"requests_per_minute": 60, "tokens_per_minute": 100_000, "concurrent_requests": 8}
 #: the tight tier: a few quick requests hit 429
 TIGHT_LIMITS = {"requests_per_minute": 3, "tokens_per_minute": 20_000, "concurrent_requests": 1}
+#: the batch tier: enough streams and requests a minute that a load generator saturates the fleet
+#: before any limit answers 429; its requests are of the flow class `batch` (docs/flow-control.md)
+BATCH_LIMITS = {"requests_per_minute": 100_000, "tokens_per_minute": 100_000_000, "concurrent_requests": 1024}
 
 
 def demo_config(
@@ -114,7 +118,11 @@ def demo_config(
         },
         "upstream": {"health": {"interval_s": 2.0}},
         "limits": {
-            "tiers": {"default": dict(USER_LIMITS), "tight": dict(TIGHT_LIMITS)},
+            "tiers": {
+                "default": dict(USER_LIMITS),
+                "tight": dict(TIGHT_LIMITS),
+                "batch": {**BATCH_LIMITS, "priority_class": "batch"},
+            },
             # the admin token has no tier: the default tier's limits apply to it as well
         },
     }
@@ -156,12 +164,19 @@ def sim_flags(engine: str) -> list[str]:
 
 def _limits(limits: dict[str, int]) -> str:
     return (
-        f"{limits['requests_per_minute']} requests/min, {limits['tokens_per_minute']:,} tokens/min, "
+        f"{limits['requests_per_minute']:,} requests/min, {limits['tokens_per_minute']:,} tokens/min, "
         f"{limits['concurrent_requests']} concurrent"
     )
 
 
-def _banner(base: str, user_token: str, admin_token: str, with_auth: bool, tight_token: str = "") -> str:
+def _banner(
+    base: str,
+    user_token: str,
+    admin_token: str,
+    with_auth: bool,
+    tight_token: str = "",
+    batch_token: str = "",
+) -> str:
     auth = f'-H "Authorization: Bearer {user_token}" ' if with_auth else ""
     key = user_token if with_auth else "unused"
     limits = (
@@ -174,6 +189,10 @@ Limits per user (every answer's x-ratelimit-* headers show them):
     -H "Authorization: Bearer {tight_token}" -H "Content-Type: application/json" \\
     -d '{{"model": "{MODEL}", "max_tokens": 5, "messages": [{{"role": "user", "content": "Hi"}}]}}'; done; echo
   Spend so far (admin): curl -s "{base}/admin/spend?user=demo-user" -H "Authorization: Bearer {admin_token}"
+  batch token  tier batch:   {_limits(BATCH_LIMITS)}, class batch: at saturation its requests wait
+  {batch_token}
+  Flood with it (the user token stays fast; watch {base}/admin/flow or the console's Queues):
+  for i in $(seq 400); do curl -s -o /dev/null {base}/v1/chat/completions -H "Authorization: Bearer {batch_token}" -H "Content-Type: application/json" -d "{{\\"model\\": \\"{MODEL}\\", \\"max_tokens\\": 300, \\"messages\\": [{{\\"role\\": \\"user\\", \\"content\\": \\"$(printf 'page %.0s' $(seq 1800))\\"}}]}}" & done; wait
 """
         if with_auth and tight_token
         else ""
@@ -253,6 +272,7 @@ def run_demo(port: int = 8080, host: str = "127.0.0.1") -> None:
             mint_token(secret, "demo-admin", roles=["admin"]),
             with_auth=settings.auth.active,
             tight_token=mint_token(secret, "demo-tight", tier="tight"),
+            batch_token=mint_token(secret, "demo-batch", tier="batch"),
         )
         # The banner goes out once the gateway serves, so what it offers works when it is read.
         gateway = Gateway(settings, on_ready=lambda: print(banner, flush=True))

@@ -192,6 +192,12 @@ def test_the_demo_enforces_limits_and_reports_spend(demo: Demo) -> None:
     assert statuses == [200, 200, 200, 429, 429], statuses
     assert t.json()["error"]["code"] == "rate_limit_exceeded" and int(t.headers["retry-after"]) >= 1
     assert f"{base}/admin/spend?user=demo-user" in banner
+    batch = re.search(r"batch token  tier batch: .*class batch.*\n\s+(\S+)", banner)
+    assert batch, banner
+    b = httpx.post(
+        base + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {batch.group(1)}"}
+    )
+    assert b.status_code == 200 and b.headers["x-ratelimit-limit-requests"] == "100000", b.text
     spend = httpx.get(
         base + "/admin/spend",
         params={"user": "demo-user"},
