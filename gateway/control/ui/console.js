@@ -6,9 +6,10 @@ import * as engines from "./engines.js";
 import * as explain from "./explain.js";
 import * as fleet from "./fleet.js";
 import * as keys from "./keys.js";
+import * as queues from "./queues.js";
 import * as spend from "./spend.js";
 
-const SCREENS = { fleet, explain, keys, spend, engines, audit };
+const SCREENS = { fleet, explain, keys, queues, spend, engines, audit };
 let current = null;
 
 /** The status line: what the last action did (`kind` "ok" or "error"). */

@@ -480,6 +480,24 @@ def test_the_engines_tab_shows_the_comparison(browser: WebDriver, gateway: Gatew
     shoot(browser, "08-engines")
 
 
+def test_the_queues_show_the_classes_and_this_replicas_waiting_requests(
+    browser: WebDriver, gateway: GatewayProcess
+) -> None:
+    api = httpx.get(gateway.base_url + "/admin/flow", headers=ADMIN).json()
+    signed_in(browser, gateway.base_url)
+    tab(browser, "queues")
+    rows = "#queues-body tr[data-class]"
+    wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR, rows), "the classes")
+    shown = [r.get_attribute("data-class") for r in browser.find_elements(By.CSS_SELECTOR, rows)]
+    assert shown == list(api["classes"]) == ["interactive", "standard", "batch"]
+    assert (
+        css(browser, "#queues-body tr[data-class=batch] .queued").text == "0"
+    )  # the fleet is idle: nothing waits
+    assert css(browser, "#queues-saturated").text == "none"
+    assert "this replica only" in css(browser, "#queues-updated").text
+    shoot(browser, "09-queues")
+
+
 def test_the_audit_log_shows_the_consoles_changes(browser: WebDriver, gateway: GatewayProcess) -> None:
     signed_in(browser, gateway.base_url)
     tab(browser, "audit")
