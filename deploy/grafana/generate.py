@@ -153,6 +153,43 @@ def overview() -> list[Row]:
                 ),
             ],
         ),
+        Row(
+            "Flow control (docs/flow-control.md)",
+            [
+                Panel(
+                    "Waiting in the gateway's queue, by class",
+                    [
+                        ("sum by (class) (gateway_flow_queued)", "{{class}}"),
+                        ("max(gateway_flow_saturated)", "queue engaged (1)"),
+                    ],
+                    "short",
+                    "Requests wait in the gateway only while every backend they may use is saturated.",
+                ),
+                Panel(
+                    "Time waited in the queue p50 / p99, by class",
+                    [
+                        (q(x, "gateway_flow_queue_seconds", "class"), f"p{int(x * 100)} {{{{class}}}}")
+                        for x in (0.5, 0.99)
+                    ],
+                    "s",
+                ),
+                Panel(
+                    "Shed per second, by class and reason",
+                    [(rate("gateway_flow_shed_total", "class, reason"), "{{class}} {{reason}}")],
+                    "ops",
+                    "deadline and full answer 503 fleet_saturated, share answers 429; disconnect: the client left.",
+                ),
+                Panel(
+                    "Time to first token p90, predicted and observed, by class",
+                    [
+                        (q(0.9, "gateway_ttft_predicted_seconds", "class"), "predicted {{class}}"),
+                        (q(0.9, "gateway_ttft_seconds", "class"), "observed {{class}}"),
+                    ],
+                    "s",
+                    "Classes with a TTFT target (flow.classes.<name>.ttft_target_s).",
+                ),
+            ],
+        ),
     ]
 
 
