@@ -48,17 +48,23 @@ class Observer:
         self.ttft.append((klass, predicted, observed))
 
 
-def setup(**flow: Any) -> tuple[FlowStage, Backend, Observer]:
+def setup(backends: int = 1, **flow: Any) -> tuple[FlowStage, Backend, Observer]:
+    """The stage over one pool of `backends` backends (`b0`, `b1`, ...); the first one returned."""
     pool = PoolSettings(
         name="vllm",
         dialect="vllm",
         models={"m": "m"},
-        backends=[BackendSettings(name="b0", url="http://127.0.0.1:9000")],
+        backends=[BackendSettings(name=f"b{i}", url=f"http://127.0.0.1:{9000 + i}") for i in range(backends)],
     )
     fleet = Fleet([pool], HealthSettings(), 5.0)
     observer = Observer()
     stage = build_flow(FlowSettings(**flow), fleet, 5.0, lambda p: TIERS.get(p.tier), observer)
     return stage, fleet.backends["b0"], observer
+
+
+def learn(stage: FlowStage, backend: str, seconds_per_token: float) -> None:
+    for _ in range(5):
+        stage.pressure.ttft.observe(backend, seconds_per_token * 1000, 1000)
 
 
 async def _no_body() -> dict[str, Any]:
@@ -197,6 +203,29 @@ async def test_flow_off_passes_everything_through() -> None:
     saturate(backend)
     ctx, _ = request("u", tier="bulk")
     assert await stage(ctx) is None and ctx.flow_class == "batch" and not observer.engaged
+
+
+@on_virtual_time
+async def test_a_class_with_a_ttft_target_avoids_backends_predicted_to_miss_it() -> None:
+    stage, fast, _ = setup(backends=2)
+    slow = stage.pressure.backends("m")[1]
+    learn(stage, "b0", 0.001)
+    learn(stage, "b1", 0.01)
+    slow.prefill = 500  # 5 s of prefill ahead at its rate: far over the 1 s target, not saturated
+    ctx, _ = request("u", tier="chat")
+    assert await stage(ctx) is None
+    assert ctx.extras["flow_exclude"] == {"b1"} and set(ctx.extras["flow_predicted"]) == {"b0", "b1"}
+    standard, _ = request("v")
+    assert await stage(standard) is None and "flow_exclude" not in standard.extras  # no target
+    fast.prefill = 4000  # now both are predicted to miss it by far: the request waits instead
+    held, _ = request("w", tier="chat")
+    task = asyncio.create_task(stage(held))
+    await elapse(0.2)
+    assert not task.done() and stage.gate.queue.depth("interactive") == 1
+    fast.prefill = 0
+    stage.gate.wake()
+    await elapse(0.1)
+    assert task.done() and held.extras["flow_exclude"] == {"b1"}
 
 
 def test_a_scraped_queue_saturates_until_the_requests_since_have_started() -> None:
