@@ -381,6 +381,8 @@ class Gateway:
             elsewhere=shared.elsewhere if shared is not None else None,
         )
         await self._health.start()
+        if self.settings.routing.scrape_interval_s > 0:  # while requests wait, the engines are read often
+            self.flow.gate.scrape = self._health.scrape_all
         self.kv_events = build_kv_sync(
             self.route.router.kv_index, self.fleet, self.base_pools, self._get_json
         )

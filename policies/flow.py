@@ -3,11 +3,14 @@ refuse, and what a request's time to first token is predicted to be. Pure: no cl
 in), no I/O, no asyncio.
 
 1. **Saturation** (`engine_backlog`, `saturated`). A backend is saturated while its engine queues
-   requests or while the prefill queued there is long. The engine's own waiting gauge says the first,
-   as of its last scrape; the gateway corrects it for what it saw since: every request sent there
-   since the scrape adds one, every first token (or end) since takes one away, so the backlog is
-   known between scrapes and one that drains is seen at once. The second is the prompt tokens sent
-   there and not yet answered with a first token (`BackendView.prefill`, every routing process's).
+   requests or while the prefill queued there would take long. The engine's own waiting gauge says
+   the first, as of its last scrape; the gateway corrects it for what it saw since: every request
+   sent there since the scrape adds one, every first token (or end) since takes one away, so the
+   backlog is known between scrapes and one that drains is seen at once. The second is the prompt
+   tokens sent there and not yet answered with a first token (`BackendView.prefill`, every routing
+   process's), timed at the backend's learned seconds per token (item 7). Until a backend has a
+   rate, its queued prefill says nothing: a count of tokens is no measure of time, and a
+   non-streamed request's prompt counts there until its whole answer is back.
 2. **Classes, strictly by priority.** Each request belongs to a class (`interactive`, `standard`,
    `batch` by default); a lower `priority` number always goes first.
 3. **Fair shares within a class, by tokens.** Start-time fair queuing over tenants: a tenant's next
@@ -24,9 +27,10 @@ in), no I/O, no asyncio.
 6. **Release.** `pop(can_start)` gives the first request, in the order above, for which
    `can_start` says a backend can take it now (the caller's view of which backends are free).
 7. **Time to first token** (`TtftModel`). A backend's first token comes after the prefill queued
-   ahead of the request and its own: `(ahead + own) * seconds_per_token`, where seconds per token is
-   learned per backend from the first tokens it sent back (the ratio of recent times to first token
-   to the tokens they waited for).
+   ahead of the request and its own: `base + (ahead + own) * seconds_per_token`, a line fitted per
+   backend (least squares over its recent first tokens) to the times to first token it showed
+   against the tokens they waited for. `base` is what a request costs whatever its size (a step, the
+   scheduling); a backend whose first tokens all waited for about as many tokens has no rate yet.
 """
 
 from __future__ import annotations
@@ -39,9 +43,9 @@ from typing import Any, Literal
 
 Refusal = Literal["quota", "saturated"]
 
-#: queued prefill at which a backend takes no more: a vLLM engine step computes 8192 prompt tokens by
-#: default (`max_num_batched_tokens`), so a request sent behind more waits more than a step for its own
-PREFILL_SATURATED_TOKENS = 8192
+#: queued prefill, in seconds at the backend's learned rate, at which it takes no more: a request sent
+#: behind it waits that long for its own first token, a quarter of the interactive class's target
+PREFILL_SATURATED_S = 0.25
 
 
 def engine_backlog(waiting: float | None, sent_since: int, started_since: int) -> float:
@@ -54,10 +58,13 @@ def engine_backlog(waiting: float | None, sent_since: int, started_since: int) -
     return waiting + sent_since - started_since
 
 
-def saturated(backlog: float, prefill: int) -> bool:
+def saturated(backlog: float, prefill: int, seconds_per_token: float | None = None) -> bool:
     """A backend takes no more requests now: its engine queues some, or the prefill queued there
-    (every routing process's) reaches `PREFILL_SATURATED_TOKENS`."""
-    return backlog > 0 or prefill >= PREFILL_SATURATED_TOKENS
+    (every routing process's) takes `PREFILL_SATURATED_S` at its learned rate (None: not learned
+    yet, and then the queued prefill does not count)."""
+    if backlog > 0:
+        return True
+    return seconds_per_token is not None and prefill * seconds_per_token >= PREFILL_SATURATED_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,46 +249,72 @@ class FlowQueue:
         return heap[0][0] if heap else None
 
 
-#: a backend's seconds per token forgets old first tokens with this weight per new one (about the
-#: last fifty count): an engine's speed changes with its batch, and the estimate follows within seconds
+#: a backend's fit forgets old first tokens with this weight per new one (about the last fifty count):
+#: an engine's speed changes with its batch, and the estimate follows within seconds
 TTFT_DECAY = 0.98
-#: first tokens a backend must have sent back before its estimate is used
+#: first tokens a backend must have sent back before its fit is used
 TTFT_MIN_SAMPLES = 3
+#: the spread of tokens waited for (standard deviation) below which the fit has no slope: first tokens
+#: of requests behind about the same prefill say what a request costs, not what a token costs
+TTFT_MIN_SPREAD_TOKENS = 64.0
 
 
 @dataclass(slots=True)
-class _Rate:
-    seconds: float = 0.0
-    tokens: float = 0.0
+class _Fit:
+    """Decayed sums of (tokens x, seconds y) for a least-squares line."""
+
+    n: float = 0.0
+    x: float = 0.0
+    y: float = 0.0
+    xx: float = 0.0
+    xy: float = 0.0
     samples: int = 0
 
 
 class TtftModel:
-    """Seconds per prefill token per backend, learned from its first tokens (item 7 above)."""
+    """Time to first token per backend against the prefill it waited for (item 7 above)."""
 
-    __slots__ = ("_rates",)
+    __slots__ = ("_fits",)
 
     def __init__(self) -> None:
-        self._rates: dict[str, _Rate] = {}
+        self._fits: dict[str, _Fit] = {}
 
     def observe(self, backend: str, seconds: float, tokens: int) -> None:
         """A first token from `backend`, `seconds` after the request was sent, which waited for
         `tokens` of prefill (the queue ahead of it and its own)."""
         if tokens <= 0 or seconds < 0:
             return
-        rate = self._rates.get(backend)
-        if rate is None:
-            rate = self._rates[backend] = _Rate()
-        rate.seconds = rate.seconds * TTFT_DECAY + seconds
-        rate.tokens = rate.tokens * TTFT_DECAY + tokens
-        rate.samples += 1
+        fit = self._fits.get(backend)
+        if fit is None:
+            fit = self._fits[backend] = _Fit()
+        d = TTFT_DECAY
+        fit.n = fit.n * d + 1.0
+        fit.x = fit.x * d + tokens
+        fit.y = fit.y * d + seconds
+        fit.xx = fit.xx * d + float(tokens) * tokens
+        fit.xy = fit.xy * d + seconds * tokens
+        fit.samples += 1
+
+    def line(self, backend: str) -> tuple[float, float] | None:
+        """(base seconds, seconds per token) of the fitted line; None until `TTFT_MIN_SAMPLES` first
+        tokens with a spread of at least `TTFT_MIN_SPREAD_TOKENS` came back, or when the fit is not
+        rising (more prefill ahead never makes a first token sooner)."""
+        fit = self._fits.get(backend)
+        if fit is None or fit.samples < TTFT_MIN_SAMPLES:
+            return None
+        mean_x = fit.x / fit.n
+        variance = fit.xx / fit.n - mean_x * mean_x
+        if variance < TTFT_MIN_SPREAD_TOKENS * TTFT_MIN_SPREAD_TOKENS:
+            return None
+        slope = (fit.xy / fit.n - mean_x * fit.y / fit.n) / variance
+        if slope <= 0:
+            return None
+        return max(0.0, fit.y / fit.n - slope * mean_x), slope
 
     def seconds_per_token(self, backend: str) -> float | None:
-        """The learned rate, None until `TTFT_MIN_SAMPLES` first tokens came back."""
-        rate = self._rates.get(backend)
-        if rate is None or rate.samples < TTFT_MIN_SAMPLES or rate.tokens <= 0:
-            return None
-        return rate.seconds / rate.tokens
+        """The fitted seconds per prefill token (`line`'s slope), None while there is none."""
+        found = self.line(backend)
+        return found[1] if found is not None else None
 
     def forget(self, backend: str) -> None:
-        self._rates.pop(backend, None)
+        self._fits.pop(backend, None)

@@ -19,7 +19,8 @@ finalizer releases its whole reservation.
 
 Passes over the queue run when an attempt opens, gets its first token or ends on any backend (the
 proxy's `LeaseWatch`), and on a tick of `TICK_S` while anything waits (what other processes finish,
-and scrapes, change without an event here); the tick also expires deadlines. While requests wait and
+and scrapes, change without an event here); the tick also expires deadlines, and reads the engines'
+metrics every `SCRAPE_WHILE_QUEUED_S` (a pass follows each read). While requests wait and
 routing state is shared, every `SHARE_REFRESH_S` this process writes its queue's figures (waiting
 requests by class) to the store and reads the others' (`refresh`): so a process does not release a
 less urgent class while another one has a more urgent class waiting, with that view at most about
@@ -49,6 +50,10 @@ from policies.flow import FlowClass, FlowQueue, Waiting
 TICK_S = 0.05
 #: seconds between this process's reports of its queue to the shared store while requests wait
 SHARE_REFRESH_S = 0.5
+#: seconds between reads of the engines' metrics while requests wait: between reads an engine's queue
+#: is only estimated (a non-streamed request shows no first token until it ends), and a queue that
+#: drained must release the waiting requests within a fraction of any class's TTFT target
+SCRAPE_WHILE_QUEUED_S = 0.25
 #: the typical wait of a class (what `retry-after` says) follows its released requests with this
 #: weight per new one
 WAIT_DECAY = 0.9
@@ -109,9 +114,14 @@ class Gate:
         #: the store's report of this process's figures (`Admission.report_share`); set by the root
         self.others: Callable[[], Mapping[str, int]] | None = None
         self.refresh: Callable[[], Coroutine[Any, Any, bool]] | None = None
+        #: reads every backend's metrics now (the health checker's scrape; set by the root when the
+        #: engines are scraped)
+        self.scrape: Callable[[], Coroutine[Any, Any, None]] | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._refreshing: asyncio.Task[bool] | None = None
+        self._scraping: asyncio.Task[None] | None = None
         self._refreshed_at = -math.inf
+        self._scraped_at = -math.inf
         self._pass_due = False
         #: requests shed by class and reason since start, and each class's typical wait (seconds)
         self.shed: dict[tuple[str, str], int] = {}
@@ -324,6 +334,7 @@ class Gate:
                 self._expire()
                 self._release()
                 self._refresh(loop.time())
+                self._rescrape(loop.time())
         finally:
             self._observer.flow_saturated(False)
         if self.refresh is not None:  # the others stop holding for what waited here at once
@@ -337,8 +348,21 @@ class Gate:
         self._refreshed_at = now
         self._refreshing = asyncio.get_running_loop().create_task(self.refresh())
 
+    def _rescrape(self, now: float) -> None:
+        if self.scrape is None or not len(self.queue) or now - self._scraped_at < SCRAPE_WHILE_QUEUED_S:
+            return
+        if self._scraping is not None and not self._scraping.done():
+            return
+        self._scraped_at = now
+        self._scraping = asyncio.get_running_loop().create_task(self._scraped())
+
+    async def _scraped(self) -> None:
+        assert self.scrape is not None
+        await self.scrape()
+        self.wake()
+
     async def aclose(self) -> None:
-        tasks = [t for t in (self._ticker, self._refreshing) if t is not None]
+        tasks = [t for t in (self._ticker, self._refreshing, self._scraping) if t is not None]
         if tasks:
             await cancel_and_wait(tasks, within_s=2.0, what="the flow queue's tick")
 

@@ -14,10 +14,10 @@ applied: a rule's preference is routing's business) and answers
     NONE   no backend is routable: routing answers (503)
 
 For a class with a TTFT target (`ttft_target_s`), a free backend whose predicted time to first token,
-`(queued prefill + the request's tokens) * its learned seconds per token`, exceeds the target is left
-out of the route when at least one other meets it; one whose queued prefill alone is predicted to take
-`FAR_MISS_FACTOR` times the target is left out always. A backend whose rate is not learned yet counts
-as meeting the target.
+`base + (queued prefill + the request's tokens) * seconds per token` (its fitted line,
+`policies.flow.TtftModel`), exceeds the target is left out of the route when at least one other meets
+it; one whose queued prefill alone is predicted to take `FAR_MISS_FACTOR` times the target is left out
+always. A backend without a fitted line yet counts as meeting the target.
 
 Below saturation a check reads a few attributes per backend and allocates nothing for a class
 without a target (a dict of predictions for one with a target).
@@ -98,7 +98,8 @@ class Pressure:
         return engine_backlog(load.waiting, sent, backend.started - backend.scrape_started)
 
     def is_saturated(self, backend: Backend, now: float, others: Mapping[str, int] | None = None) -> bool:
-        return saturated(self.backlog(backend, now), self.prefill(backend, others))
+        rate = self.ttft.seconds_per_token(backend.name)
+        return saturated(self.backlog(backend, now), self.prefill(backend, others), rate)
 
     def check(self, model: str, tokens: int, klass: FlowClass, now: float) -> Verdict:
         """See the module docstring; `now` is `time.monotonic()` (circuits and scrapes)."""
@@ -143,12 +144,13 @@ class Pressure:
         for b in self.backends(model):
             if b.name in far or not b.routable(now) or pools[b.pool].weight <= 0:
                 continue
-            spt = self.ttft.seconds_per_token(b.name)
-            if spt is None:
+            line = self.ttft.line(b.name)
+            if line is None:
                 meets.append(b.name)
                 continue
+            base, spt = line
             ahead = self.prefill(b, others)
-            guess = predicted[b.name] = (ahead + tokens) * spt
+            guess = predicted[b.name] = base + (ahead + tokens) * spt
             if guess <= target:
                 meets.append(b.name)
             elif ahead * spt > target * FAR_MISS_FACTOR:

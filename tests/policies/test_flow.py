@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from policies.flow import (
-    PREFILL_SATURATED_TOKENS,
+    PREFILL_SATURATED_S,
     FlowClass,
     FlowQueue,
     TtftModel,
@@ -133,22 +133,27 @@ def test_a_backend_is_saturated_while_its_engine_queues_or_its_prefill_is_long()
     assert engine_backlog(None, 5, 0) == 0 and engine_backlog(0.0, 5, 0) == 0  # no queue scraped
     assert engine_backlog(2.0, 1, 0) == 3  # two waiting at the scrape, one sent since
     assert engine_backlog(2.0, 1, 3) == 0  # ... and three started since: drained
-    assert saturated(1.0, 0) and not saturated(0.0, PREFILL_SATURATED_TOKENS - 1)
-    assert saturated(0.0, PREFILL_SATURATED_TOKENS)
+    assert saturated(1.0, 0) and not saturated(0.0, 10**9)  # without a rate tokens say nothing
+    # with a learned rate the queued prefill is timed: the same tokens are saturation on a slow backend
+    slow, fast = PREFILL_SATURATED_S / 1000, PREFILL_SATURATED_S / 100_000
+    assert saturated(0.0, 1000, slow) and not saturated(0.0, 99_999, fast)
 
 
-def test_seconds_per_token_are_learned_per_backend_after_a_few_first_tokens() -> None:
+def test_a_line_is_fitted_per_backend_once_its_first_tokens_waited_for_varied_prefill() -> None:
     model = TtftModel()
-    model.observe("a", 0.2, 1000)
-    model.observe("a", 0.2, 1000)
-    assert model.seconds_per_token("a") is None  # too few first tokens yet
-    model.observe("a", 0.2, 1000)
-    model.observe("b", 1.0, 0)  # no prefill behind it: says nothing of the rate
-    rate = model.seconds_per_token("a")
-    assert rate is not None and abs(rate - 0.0002) < 1e-9
-    assert model.seconds_per_token("b") is None
+    model.observe("a", 0.02 + 0.0002 * 1000, 1000)
+    model.observe("a", 0.02 + 0.0002 * 3000, 3000)
+    assert model.line("a") is None  # too few first tokens yet
+    model.observe("a", 0.02 + 0.0002 * 2000, 2000)
+    line = model.line("a")
+    assert line is not None and abs(line[0] - 0.02) < 1e-9 and abs(line[1] - 0.0002) < 1e-12
+    for _ in range(5):  # short requests behind nothing: what a request costs, not what a token costs
+        model.observe("b", 0.015, 12)
+    assert model.line("b") is None and model.seconds_per_token("b") is None
+    model.observe("c", 1.0, 0)  # no prefill behind it: says nothing
+    assert model.line("c") is None
     model.forget("a")
-    assert model.seconds_per_token("a") is None
+    assert model.line("a") is None
 
 
 def test_the_shared_figures_carry_the_flow_queues_apart_from_the_backends() -> None:

@@ -5,6 +5,7 @@ disconnects are asserted by order and counts."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,6 @@ from gateway.core.fleet import Backend, Fleet
 from gateway.core.settings import BackendSettings, HealthSettings, ModelSettings, PoolSettings
 from gateway.flow import FlowSettings, FlowStage, build_flow
 from gateway.flow.gate import SHED_REASONS
-from policies.flow import PREFILL_SATURATED_TOKENS
 from tests.virtual_time import elapse, on_virtual_time, virtual_loop
 
 MODEL = ModelSettings(name="m")
@@ -62,9 +62,17 @@ def setup(backends: int = 1, **flow: Any) -> tuple[FlowStage, Backend, Observer]
     return stage, fleet.backends["b0"], observer
 
 
+class Tokens:
+    """What the flow stage reads of a request's features."""
+
+    def __init__(self, total_prompt_tokens: int) -> None:
+        self.total_prompt_tokens = total_prompt_tokens
+
+
 def learn(stage: FlowStage, backend: str, seconds_per_token: float) -> None:
-    for _ in range(5):
-        stage.pressure.ttft.observe(backend, seconds_per_token * 1000, 1000)
+    """First tokens from `backend` behind varied prefill, on a line through 0 of that slope."""
+    for tokens in (500, 1000, 1500, 2000, 2500):
+        stage.pressure.ttft.observe(backend, seconds_per_token * tokens, tokens)
 
 
 async def _no_body() -> dict[str, Any]:
@@ -96,11 +104,12 @@ def request(
 
 
 def saturate(backend: Backend) -> None:
-    backend.prefill = PREFILL_SATURATED_TOKENS
+    """The engine's scrape shows a request waiting."""
+    backend.scraped(EngineLoad(waiting=1.0), time.monotonic())
 
 
 def free(stage: FlowStage, backend: Backend) -> None:
-    backend.prefill = 0
+    backend.scraped(EngineLoad(waiting=0.0), time.monotonic())
     stage.gate.wake()
 
 
@@ -168,6 +177,23 @@ async def test_a_full_class_refuses_429_over_share_and_503_otherwise() -> None:
 
 
 @on_virtual_time
+async def test_while_requests_wait_the_engines_are_read_often_and_a_drained_queue_releases() -> None:
+    stage, backend, _ = setup()
+    saturate(backend)
+    reads: list[float] = []
+
+    async def scrape() -> None:  # the engine's queue has drained by the third read
+        reads.append(virtual_loop().time())
+        backend.scraped(EngineLoad(waiting=1.0 if len(reads) < 3 else 0.0), time.monotonic())
+
+    stage.gate.scrape = scrape
+    task = asyncio.create_task(stage(request("u")[0]))
+    await elapse(5.0)
+    assert task.done() and task.result() is None
+    assert len(reads) == 3 and reads == sorted(reads)  # no reads once nothing waits
+
+
+@on_virtual_time
 async def test_a_client_that_leaves_while_queued_is_out_of_the_queue_at_once() -> None:
     stage, backend, observer = setup()
     saturate(backend)
@@ -207,17 +233,30 @@ async def test_flow_off_passes_everything_through() -> None:
 
 @on_virtual_time
 async def test_a_class_with_a_ttft_target_avoids_backends_predicted_to_miss_it() -> None:
-    stage, fast, _ = setup(backends=2)
-    slow = stage.pressure.backends("m")[1]
-    learn(stage, "b0", 0.001)
-    learn(stage, "b1", 0.01)
-    slow.prefill = 500  # 5 s of prefill ahead at its rate: far over the 1 s target, not saturated
+    stage, _, _ = setup(backends=2)
+    learn(stage, "b0", 0.0001)
+    learn(stage, "b1", 0.001)
     ctx, _ = request("u", tier="chat")
+    ctx.extras["features"] = Tokens(2000)  # 0.2 s of prefill on b0, 2 s on b1: over the 1 s target
     assert await stage(ctx) is None
     assert ctx.extras["flow_exclude"] == {"b1"} and set(ctx.extras["flow_predicted"]) == {"b0", "b1"}
     standard, _ = request("v")
+    standard.extras["features"] = Tokens(2000)
     assert await stage(standard) is None and "flow_exclude" not in standard.extras  # no target
-    fast.prefill = 4000  # now both are predicted to miss it by far: the request waits instead
+
+
+@on_virtual_time
+async def test_a_request_every_backend_would_miss_by_far_waits_until_one_would_not() -> None:
+    classes = {
+        "interactive": {"priority": 0, "max_queue_s": 5, "max_queued": 8, "ttft_target_s": 0.05},
+        "standard": {"priority": 1, "max_queue_s": 20, "max_queued": 8},
+        "batch": {"priority": 2, "max_queue_s": 20, "max_queued": 8},
+    }
+    stage, fast, _ = setup(backends=2, classes=classes)
+    slow = stage.pressure.backends("m")[1]
+    learn(stage, "b0", 0.0001)
+    learn(stage, "b1", 0.001)
+    fast.prefill, slow.prefill = 2000, 200  # 0.2 s ahead on each: not saturated, 4x the target
     held, _ = request("w", tier="chat")
     task = asyncio.create_task(stage(held))
     await elapse(0.2)
@@ -226,6 +265,17 @@ async def test_a_class_with_a_ttft_target_avoids_backends_predicted_to_miss_it()
     stage.gate.wake()
     await elapse(0.1)
     assert task.done() and held.extras["flow_exclude"] == {"b1"}
+
+
+def test_queued_prefill_saturates_a_backend_only_at_its_learned_rate() -> None:
+    stage, backend, _ = setup()
+    backend.prefill = 10**6
+    assert not stage.pressure.is_saturated(backend, time.monotonic())  # no rate: tokens say nothing
+    learn(stage, "b0", 0.001)
+    backend.prefill = 300  # 0.3 s of prefill ahead
+    assert stage.pressure.is_saturated(backend, time.monotonic())
+    backend.prefill = 100
+    assert not stage.pressure.is_saturated(backend, time.monotonic())
 
 
 def test_a_scraped_queue_saturates_until_the_requests_since_have_started() -> None:
