@@ -290,6 +290,7 @@ class Gateway:
         queue in the figures it writes, and the store's refresh while requests wait."""
         flow = self.flow
         flow.gate.prepare = route.prepare
+        flow.pools_for = route.flow_pools
         shared = route.shared
         if shared is not None:
             shared.flow_queued = flow.gate.queued

@@ -5,8 +5,11 @@ in), no I/O, no asyncio.
 1. **Saturation** (`engine_backlog`, `saturated`). A backend is saturated while its engine queues
    requests or while the prefill queued there would take long. The engine's own waiting gauge says
    the first, as of its last scrape; the gateway corrects it for what it saw since: every request
-   sent there since the scrape adds one, every first token (or end) since takes one away, so the
-   backlog is known between scrapes and one that drains is seen at once. The second is the prompt
+   sent there since the scrape adds one, every first token (or end, for a request that showed none)
+   since takes one away, so the backlog is known between scrapes and one that drains is seen at
+   once. An engine that queued nothing at the scrape had room for more, how many is not known: as
+   many as it was running then, at least `SCRAPE_ROOM` (so a queue that drained is not refilled all
+   at once between two reads). The second is the prompt
    tokens sent there and not yet answered with a first token (`BackendView.prefill`, every routing
    process's), timed at the backend's learned seconds per token (item 7). Until a backend has a
    rate, its queued prefill says nothing: a count of tokens is no measure of time, and a
@@ -48,14 +51,25 @@ Refusal = Literal["quota", "saturated"]
 PREFILL_SATURATED_S = 0.25
 
 
-def engine_backlog(waiting: float | None, sent_since: int, started_since: int) -> float:
-    """The requests the engine is estimated to hold waiting now: its waiting gauge as of the last
-    scrape (None: unknown or stale), plus the requests sent there since, less the requests that got
-    a first token (or ended) since. 0 when the scrape showed no queue: the requests sent since are
-    then being computed, not waiting."""
-    if not waiting:
+#: requests an engine that queued nothing at its last scrape is assumed to take, at least, before
+#: it queues (it may take as many as it was running then): a release after a drained queue is a burst
+#: of this size, not the whole gateway queue
+SCRAPE_ROOM = 16
+
+
+def engine_backlog(
+    waiting: float | None, running: float | None, sent_since: int, started_since: int
+) -> float:
+    """The requests the engine is estimated to hold waiting now (above 0: saturated): its waiting
+    gauge as of the last scrape (None: unknown or stale, then 0), plus the requests sent there
+    since, less the requests that got a first token (or ended) since. When the scrape showed no
+    queue, the requests sent since and not started fill its room first (item 1)."""
+    if waiting is None:
         return 0.0
-    return waiting + sent_since - started_since
+    unstarted = sent_since - started_since
+    if waiting > 0:
+        return waiting + unstarted
+    return float(unstarted - max(SCRAPE_ROOM, int(running or 0)))
 
 
 def saturated(backlog: float, prefill: int, seconds_per_token: float | None = None) -> bool:

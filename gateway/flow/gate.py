@@ -82,12 +82,15 @@ class FlowObserver(Protocol):
 class _Ticket:
     """A waiting request's handle (`Waiting.ref`)."""
 
-    __slots__ = ("exclude", "future", "model", "predicted", "tokens", "transit")
+    __slots__ = ("exclude", "future", "model", "pools", "predicted", "tokens", "transit")
 
-    def __init__(self, model: str, tokens: int, future: asyncio.Future[str]) -> None:
+    def __init__(
+        self, model: str, tokens: int, future: asyncio.Future[str], pools: frozenset[str] | None
+    ) -> None:
         self.model = model
         self.tokens = tokens
         self.future = future
+        self.pools = pools
         self.exclude: frozenset[str] | None = None
         self.predicted: dict[str, float] | None = None
         self.transit: str | None = None
@@ -155,7 +158,14 @@ class Gate:
         return {name: n for name in self.classes if (n := self.queue.depth(name))}
 
     # -- waiting ----------------------------------------------------------------------------------
-    async def wait(self, ctx: RequestContext, klass: FlowClass, wait_s: float, tokens: int) -> None:
+    async def wait(
+        self,
+        ctx: RequestContext,
+        klass: FlowClass,
+        wait_s: float,
+        tokens: int,
+        pools: frozenset[str] | None = None,
+    ) -> None:
         """Hold the request until a backend can take it (then return, with `flow_exclude` set for
         the route stage); ApiError 429 / 503 when it is refused or shed, 499 when the client left."""
         assert ctx.model is not None
@@ -172,7 +182,7 @@ class Gate:
         cost = tokens
         if ctx.endpoint not in INPUT_ONLY:
             cost += completion_budget(ctx.body, ctx.model.default_max_tokens)
-        ticket = _Ticket(ctx.model.name, tokens, loop.create_future())
+        ticket = _Ticket(ctx.model.name, tokens, loop.create_future(), pools)
         weight = self._weights.get(principal.tenant or "", 1.0)
         item = Waiting(klass.name, tenant, max(1, cost), weight, now + wait_s, ticket, now)
         refusal = self.queue.push(item)
@@ -281,18 +291,19 @@ class Gate:
         others_top = self._others_top()
         pressure = self.pressure
         classes = self.classes
-        blocked: set[str] = set()
+        blocked: set[tuple[str, frozenset[str] | None]] = set()
 
         def can_start(w: Waiting) -> bool:
             klass = classes[w.klass]
             if others_top < klass.priority:
                 return False
             ticket: _Ticket = w.ref
-            if ticket.model in blocked:
+            where = (ticket.model, ticket.pools)
+            if where in blocked:
                 return False
-            state, exclude, predicted = pressure.check(ticket.model, ticket.tokens, klass, now)
+            state, exclude, predicted = pressure.check(ticket.model, ticket.tokens, klass, now, ticket.pools)
             if state in (FULL, HOLD):
-                blocked.add(ticket.model)  # nothing less urgent of this model overtakes it
+                blocked.add(where)  # nothing less urgent for these backends overtakes it
                 return False
             ticket.exclude, ticket.predicted = exclude, predicted
             return True
@@ -303,7 +314,7 @@ class Gate:
                 break
             ticket = item.ref
             self._observer.flow_queued(item.klass, queue.depth(item.klass))
-            soonest = pressure.soonest(ticket.model, ticket.exclude, now)
+            soonest = pressure.soonest(ticket.model, ticket.exclude, now, ticket.pools)
             if soonest is not None:
                 ticket.transit = soonest.name
                 pressure.add_transit(soonest.name, ticket.tokens)

@@ -2,9 +2,10 @@
 come soonest, from this process's fleet, the other routing processes' queued prefill and the
 requests the flow queue has just released (`policies.flow` holds the rules).
 
-`check(model, tokens, klass, now)` is the flow stage's one question per request. It walks the
-routable backends of the pools serving `model` (their pool's weight above 0; routing rules are not
-applied: a rule's preference is routing's business) and answers
+`check(model, tokens, klass, now, pools)` is the flow stage's one question per request. It walks the
+routable backends of the pools serving `model` (their pool's weight above 0), of `pools` only when
+given (the pools routing's rules leave the request: a document the rules send to one pool waits for
+that pool instead of spilling onto the others), and answers
 
     FREE   some backend can take the request now: route it (`exclude` names the backends it must
            not go to, None when there are none)
@@ -91,25 +92,28 @@ class Pressure:
     def backlog(self, backend: Backend, now: float) -> float:
         """The requests `backend`'s engine holds waiting, as estimated now (`engine_backlog`)."""
         load = backend.load
-        if load is None or now - backend.load_at > self._stale_s or not load.waiting:
+        if load is None or now - backend.load_at > self._stale_s:
             return 0.0
         transit = self.transit.get(backend.name)
         sent = backend.requests_total - backend.scrape_sent + (transit[0] if transit is not None else 0)
-        return engine_backlog(load.waiting, sent, backend.started - backend.scrape_started)
+        return engine_backlog(load.waiting, load.running, sent, backend.started - backend.scrape_started)
 
     def is_saturated(self, backend: Backend, now: float, others: Mapping[str, int] | None = None) -> bool:
         rate = self.ttft.seconds_per_token(backend.name)
         return saturated(self.backlog(backend, now), self.prefill(backend, others), rate)
 
-    def check(self, model: str, tokens: int, klass: FlowClass, now: float) -> Verdict:
-        """See the module docstring; `now` is `time.monotonic()` (circuits and scrapes)."""
+    def check(
+        self, model: str, tokens: int, klass: FlowClass, now: float, only: frozenset[str] | None = None
+    ) -> Verdict:
+        """See the module docstring; `now` is `time.monotonic()` (circuits and scrapes), `only` the
+        pools the request may use (None: all serving `model`)."""
         others = self.others_prefill() if self.others_prefill is not None else {}
         pools = self._fleet.pools
         target = klass.ttft_target_s
         full: list[str] | None = None
         routable = free = 0
         for b in self.backends(model):
-            if not b.routable(now) or pools[b.pool].weight <= 0:
+            if (only is not None and b.pool not in only) or not b.routable(now) or pools[b.pool].weight <= 0:
                 continue
             routable += 1
             if self.is_saturated(b, now, others):
@@ -124,7 +128,7 @@ class Pressure:
             return _FULL
         if target is None:
             return _FREE if full is None else (FREE, frozenset(full), None)
-        return self._placed(model, tokens, target, now, others, full)
+        return self._placed(model, tokens, target, now, others, full, only)
 
     def _placed(
         self,
@@ -134,6 +138,7 @@ class Pressure:
         now: float,
         others: Mapping[str, int],
         full: list[str] | None,
+        only: frozenset[str] | None,
     ) -> Verdict:
         """The free backends sorted by their predicted time to first token against `target`."""
         pools = self._fleet.pools
@@ -142,7 +147,9 @@ class Pressure:
         misses: list[str] = []
         far: list[str] = list(full) if full is not None else []
         for b in self.backends(model):
-            if b.name in far or not b.routable(now) or pools[b.pool].weight <= 0:
+            if b.name in far or (only is not None and b.pool not in only):
+                continue
+            if not b.routable(now) or pools[b.pool].weight <= 0:
                 continue
             line = self.ttft.line(b.name)
             if line is None:
@@ -162,15 +169,19 @@ class Pressure:
         left_out = far + misses if meets else far
         return (FREE, frozenset(left_out) if left_out else None, predicted)
 
-    def soonest(self, model: str, exclude: frozenset[str] | None, now: float) -> Backend | None:
-        """The free backend of `model` outside `exclude` with the least queued ahead (where a request
-        released now is counted until it is sent)."""
+    def soonest(
+        self, model: str, exclude: frozenset[str] | None, now: float, only: frozenset[str] | None = None
+    ) -> Backend | None:
+        """The free backend of `model` (of the pools `only` names, when given) outside `exclude`
+        with the least queued ahead (where a request released now is counted until it is sent)."""
         others = self.others_prefill() if self.others_prefill is not None else {}
         pools = self._fleet.pools
         best: Backend | None = None
         best_key = (0.0, 0)
         for b in self.backends(model):
-            if (exclude is not None and b.name in exclude) or not b.routable(now):
+            if (exclude is not None and b.name in exclude) or (only is not None and b.pool not in only):
+                continue
+            if not b.routable(now):
                 continue
             if pools[b.pool].weight <= 0 or self.is_saturated(b, now, others):
                 continue

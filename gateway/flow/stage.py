@@ -61,6 +61,8 @@ class FlowStage:
         #: this process's name among the shared figures, and where they are read (set by the root)
         self.process = f"{socket.gethostname()}:{os.getpid()}"
         self.figures: Figures | None = None
+        #: the pools routing may send a request to (the route stage's `flow_pools`; set by the root)
+        self.pools_for: Callable[[RequestContext], frozenset[str] | None] | None = None
 
     async def __call__(self, ctx: RequestContext) -> Response | None:
         klass, wait_s = self.classes.resolve(ctx)
@@ -72,15 +74,17 @@ class FlowStage:
             return None
         features = ctx.extras.get("features")
         tokens = features.total_prompt_tokens if features is not None else 0
+        pools = self.pools_for(ctx) if self.pools_for is not None else None
         if self.gate.clear_for(klass):
-            state, exclude, predicted = self.pressure.check(model.name, tokens, klass, time.monotonic())
+            now = time.monotonic()
+            state, exclude, predicted = self.pressure.check(model.name, tokens, klass, now, pools)
             if state not in (FULL, HOLD):
                 if exclude is not None:
                     ctx.extras["flow_exclude"] = exclude
                 if predicted is not None:
                     ctx.extras["flow_predicted"] = predicted
                 return None
-        await self.gate.wait(ctx, klass, wait_s, tokens)
+        await self.gate.wait(ctx, klass, wait_s, tokens, pools)
         return None
 
     def finished(self, ctx: RequestContext) -> None:

@@ -26,6 +26,7 @@ from gateway.routing.shared_load import SharedLoad
 from gateway.routing.tokens import PromptTokens
 from gateway.routing.warmup import Warmups
 from policies.features import FeatureConfig, extract_features
+from policies.pools import candidate_pools
 from policies.router import Router
 from policies.types import Decision, FleetSnapshot, RequestFeatures, RoutingError, decision
 
@@ -136,6 +137,20 @@ class RouteStage:
             return None
         self._apply(ctx, decision)
         return None
+
+    def flow_pools(self, ctx: RequestContext) -> frozenset[str] | None:
+        """The pools this request may be routed to as things stand (an admin's pinned pool, else the
+        pools the rules leave it), for the flow stage's view of saturation; None: every pool serving
+        its model (no features yet, or the rules leave none)."""
+        if ctx.principal.is_admin:
+            raw = ctx.headers.get(PIN_HEADER)
+            if raw:
+                return frozenset((raw.decode("latin-1"),))
+        features: RequestFeatures | None = ctx.extras.get("features")
+        if features is None:
+            return None
+        pools = candidate_pools(self.snapshot(time.monotonic()), features, self.router.rules)
+        return frozenset(p.name for p in pools) if pools else None
 
     def _decide_flow(self, snapshot: FleetSnapshot, ctx: RequestContext, pin: str | None) -> Decision:
         """`decide`, leaving out the backends the flow stage named (saturated ones, and those predicted

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from policies.flow import (
     PREFILL_SATURATED_S,
+    SCRAPE_ROOM,
     FlowClass,
     FlowQueue,
     TtftModel,
@@ -130,9 +131,12 @@ def test_the_queue_keeps_each_tenants_tokens_as_requests_come_and_go() -> None:
 
 
 def test_a_backend_is_saturated_while_its_engine_queues_or_its_prefill_is_long() -> None:
-    assert engine_backlog(None, 5, 0) == 0 and engine_backlog(0.0, 5, 0) == 0  # no queue scraped
-    assert engine_backlog(2.0, 1, 0) == 3  # two waiting at the scrape, one sent since
-    assert engine_backlog(2.0, 1, 3) == 0  # ... and three started since: drained
+    assert engine_backlog(None, None, 50, 0) == 0  # the engine says nothing of its queue
+    assert engine_backlog(2.0, 8.0, 1, 0) == 3  # two waiting at the scrape, one sent since
+    assert engine_backlog(2.0, 8.0, 1, 3) == 0  # ... and three started since: drained
+    # no queue at the scrape: room for as many as it ran (at least SCRAPE_ROOM) before it queues
+    assert engine_backlog(0.0, 4.0, SCRAPE_ROOM, 0) <= 0 < engine_backlog(0.0, 4.0, SCRAPE_ROOM + 1, 0)
+    assert engine_backlog(0.0, 100.0, 100, 0) == 0 and engine_backlog(0.0, 100.0, 120, 10) == 10
     assert saturated(1.0, 0) and not saturated(0.0, 10**9)  # without a rate tokens say nothing
     # with a learned rate the queued prefill is timed: the same tokens are saturation on a slow backend
     slow, fast = PREFILL_SATURATED_S / 1000, PREFILL_SATURATED_S / 100_000

@@ -109,7 +109,8 @@ def queued(gw: GatewayProcess, klass: str) -> int:
 
 
 def saturate(client: Client, gw: GatewayProcess, n: int = 3) -> None:
-    """Long requests that fill the engine, until the gateway sees it saturated."""
+    """Long requests that fill the engine, until the gateway sees it saturated: `n` - 1 wait there
+    for several seconds, however late the gateway sees them."""
     for i in range(n):
         client.send(f"fill{i}-", token("filler"), max_tokens=LONG)
     wait_until(lambda: flow_report(gw)["replica"]["saturated_backends"], what="the engine seen saturated")
@@ -189,7 +190,7 @@ def test_a_full_class_answers_429_to_the_tenant_holding_its_share_and_503_to_oth
     }
     with fast_sim("vllm", *SLOW) as sim, gateway(sim, classes=classes) as gw:
         client = Client(gw)
-        saturate(client, gw)
+        saturate(client, gw, n=6)
         hog = token("hog", tenant="hogs")
         client.send("hog0-", hog)
         client.send("hog1-", hog)
@@ -212,7 +213,7 @@ def test_a_full_class_answers_429_to_the_tenant_holding_its_share_and_503_to_oth
 def test_a_client_that_leaves_while_queued_never_reaches_the_engine() -> None:
     with fast_sim("vllm", *SLOW) as sim, gateway(sim) as gw:
         client = Client(gw)
-        saturate(client, gw)
+        saturate(client, gw, n=6)
         body = orjson.dumps(
             {"model": MODEL, "messages": [{"role": "user", "content": "leaving-early"}], "max_tokens": 5}
         )

@@ -194,6 +194,32 @@ async def test_while_requests_wait_the_engines_are_read_often_and_a_drained_queu
 
 
 @on_virtual_time
+async def test_a_request_waits_for_the_pools_routing_leaves_it_not_for_any_other() -> None:
+    pools = [
+        PoolSettings(
+            name=name,
+            dialect=name,  # type: ignore[arg-type]
+            models={"m": "m"},
+            backends=[BackendSettings(name=f"{name}-0", url=f"http://127.0.0.1:{port}")],
+        )
+        for name, port in (("vllm", 9000), ("sglang", 9001))
+    ]
+    fleet = Fleet(pools, HealthSettings(), 5.0)
+    stage = build_flow(FlowSettings(), fleet, 5.0, lambda p: None, Observer())
+    saturate(fleet.backends["sglang-0"])
+    stage.pools_for = lambda ctx: frozenset({"sglang"}) if ctx.request_id == "document" else None
+    chat, _ = request("chat")
+    assert await stage(chat) is None and chat.extras["flow_exclude"] == {"sglang-0"}
+    document, _ = request("document")  # the rules send it to the saturated pool only
+    task = asyncio.create_task(stage(document))
+    await elapse(0.5)
+    assert not task.done()
+    free(stage, fleet.backends["sglang-0"])
+    await elapse(0.1)
+    assert task.done() and "flow_exclude" not in document.extras
+
+
+@on_virtual_time
 async def test_a_client_that_leaves_while_queued_is_out_of_the_queue_at_once() -> None:
     stage, backend, observer = setup()
     saturate(backend)
