@@ -18,6 +18,7 @@ import pytest
 
 from engines.sim.launcher import SimProcess
 from gateway.admission.tokens import mint_token
+from gateway.demo import SERVED
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.support import GatewayProcess, RedisServer, wait_until
 
@@ -239,6 +240,34 @@ def test_a_client_that_leaves_while_queued_never_reaches_the_engine() -> None:
         client.join()
         assert not _engine_saw(sim, "leaving-early")
         assert _engine_saw(sim, "fill0-")  # the log holds what the engine was sent
+
+
+def test_a_document_the_rules_send_to_a_saturated_pool_waits_for_it_and_others_pass() -> None:
+    with fast_sim("vllm", *SLOW) as slow, fast_sim("sglang") as fast:
+        cfg = config(slow)
+        cfg["pools"].append(
+            {
+                "name": "sglang",
+                "dialect": "sglang",
+                "models": {MODEL: SERVED["sglang"]},
+                "backends": [{"name": "sglang-0", "url": fast.base_url}],
+            }
+        )
+        cfg["routing"]["rules"] = [{"name": "documents", "min_prompt_tokens": 200, "pools": ["vllm"]}]
+        with GatewayProcess(cfg, env={"GATEWAY_JWT_SECRET": SECRET}) as gw:
+            client = Client(gw)
+            for i in range(6):  # documents: the rule sends them to the slow pool
+                client.send(f"fill{i}-", token("filler"), max_tokens=LONG, words=300)
+            wait_until(lambda: "vllm-0" in flow_report(gw)["replica"]["saturated_backends"], what="vllm full")
+            client.send("document-", token("reader"), words=300)
+            wait_until(lambda: queued(gw, "standard") == 1, what="the document queued for its pool")
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+            chat = httpx.post(gw.base_url + "/v1/chat/completions", json=body, headers=token("u"), timeout=30)
+            assert chat.status_code == 200 and chat.headers["x-gateway-pool"] == "sglang", chat.text
+            assert queued(gw, "standard") == 1  # the document still waits for the slow pool
+            client.join()
+        pools = {label: h["x-gateway-pool"] for label, _, h in client.done}
+        assert set(pools.values()) == {"vllm"}, pools  # no document spilled onto the fast pool
 
 
 def test_a_replica_holds_its_batch_requests_while_another_has_interactive_ones_waiting() -> None:
