@@ -7,9 +7,10 @@ in), no I/O, no asyncio.
    the first, as of its last scrape; the gateway corrects it for what it saw since: every request
    sent there since the scrape adds one, every first token (or end, for a request that showed none)
    since takes one away, so the backlog is known between scrapes and one that drains is seen at
-   once. An engine that queued nothing at the scrape had room for more, how many is not known: as
-   many as it was running then, at least `SCRAPE_ROOM` (so a queue that drained is not refilled all
-   at once between two reads). The second is the prompt
+   once. An engine that queued nothing at the scrape had room for more: what it ran at its last
+   scrape with a queue (its capacity, as far as seen) less what it runs now, at least one; before it
+   was ever seen queueing, `SCRAPE_ROOM` (so a queue that drained is not refilled all at once
+   between two reads). The second is the prompt
    tokens sent there and not yet answered with a first token (`BackendView.prefill`, every routing
    process's), timed at the backend's learned seconds per token (item 7). Until a backend has a
    rate, its queued prefill says nothing: a count of tokens is no measure of time, and a
@@ -51,25 +52,30 @@ Refusal = Literal["quota", "saturated"]
 PREFILL_SATURATED_S = 0.25
 
 
-#: requests an engine that queued nothing at its last scrape is assumed to take, at least, before
-#: it queues (it may take as many as it was running then): a release after a drained queue is a burst
-#: of this size, not the whole gateway queue
+#: requests an engine never seen queueing is assumed to take, after a scrape with no queue, before it
+#: queues: a release after a drained queue is a burst of this size, not the whole gateway queue
 SCRAPE_ROOM = 16
 
 
 def engine_backlog(
-    waiting: float | None, running: float | None, sent_since: int, started_since: int
+    waiting: float | None,
+    running: float | None,
+    sent_since: int,
+    started_since: int,
+    capacity: float | None = None,
 ) -> float:
     """The requests the engine is estimated to hold waiting now (above 0: saturated): its waiting
     gauge as of the last scrape (None: unknown or stale, then 0), plus the requests sent there
     since, less the requests that got a first token (or ended) since. When the scrape showed no
-    queue, the requests sent since and not started fill its room first (item 1)."""
+    queue, the requests sent since and not started fill its room first: `capacity` (what it ran at
+    its last scrape with a queue; None: never seen) less `running`, at least one (item 1)."""
     if waiting is None:
         return 0.0
     unstarted = sent_since - started_since
     if waiting > 0:
         return waiting + unstarted
-    return float(unstarted - max(SCRAPE_ROOM, int(running or 0)))
+    room = SCRAPE_ROOM if capacity is None else max(1.0, capacity - (running or 0.0))
+    return unstarted - room
 
 
 def saturated(backlog: float, prefill: int, seconds_per_token: float | None = None) -> bool:

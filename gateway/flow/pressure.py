@@ -67,6 +67,8 @@ class Pressure:
         self.transit: dict[str, list[int]] = {}
         self._backends: dict[str, tuple[Backend, ...]] = {}
         self._generation = -1
+        #: what each engine ran at its last scrape that showed a queue: its capacity, as far as seen
+        self._capacity: dict[str, float] = {}
 
     def backends(self, model: str) -> tuple[Backend, ...]:
         """The backends of the pools serving `model` (remembered until the fleet changes)."""
@@ -96,7 +98,11 @@ class Pressure:
             return 0.0
         transit = self.transit.get(backend.name)
         sent = backend.requests_total - backend.scrape_sent + (transit[0] if transit is not None else 0)
-        return engine_backlog(load.waiting, load.running, sent, backend.started - backend.scrape_started)
+        started = backend.started - backend.scrape_started
+        if load.waiting and load.running:
+            self._capacity[backend.name] = load.running
+        capacity = self._capacity.get(backend.name)
+        return engine_backlog(load.waiting, load.running, sent, started, capacity)
 
     def is_saturated(self, backend: Backend, now: float, others: Mapping[str, int] | None = None) -> bool:
         rate = self.ttft.seconds_per_token(backend.name)

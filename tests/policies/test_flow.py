@@ -134,9 +134,11 @@ def test_a_backend_is_saturated_while_its_engine_queues_or_its_prefill_is_long()
     assert engine_backlog(None, None, 50, 0) == 0  # the engine says nothing of its queue
     assert engine_backlog(2.0, 8.0, 1, 0) == 3  # two waiting at the scrape, one sent since
     assert engine_backlog(2.0, 8.0, 1, 3) == 0  # ... and three started since: drained
-    # no queue at the scrape: room for as many as it ran (at least SCRAPE_ROOM) before it queues
+    # no queue at the scrape: room for SCRAPE_ROOM before it was ever seen queueing ...
     assert engine_backlog(0.0, 4.0, SCRAPE_ROOM, 0) <= 0 < engine_backlog(0.0, 4.0, SCRAPE_ROOM + 1, 0)
-    assert engine_backlog(0.0, 100.0, 100, 0) == 0 and engine_backlog(0.0, 100.0, 120, 10) == 10
+    # ... then for what it ran when it queued less what it runs, at least one
+    assert engine_backlog(0.0, 20.0, 12, 0, 32.0) == 0 < engine_backlog(0.0, 20.0, 13, 0, 32.0)
+    assert engine_backlog(0.0, 32.0, 1, 0, 32.0) == 0 < engine_backlog(0.0, 32.0, 2, 0, 32.0)
     assert saturated(1.0, 0) and not saturated(0.0, 10**9)  # without a rate tokens say nothing
     # with a learned rate the queued prefill is timed: the same tokens are saturation on a slow backend
     slow, fast = PREFILL_SATURATED_S / 1000, PREFILL_SATURATED_S / 100_000
