@@ -533,20 +533,17 @@ class Suite:
             for a in arrivals:
                 f.write(orjson.dumps(trace_item(a, work[a.tenant][a.index], self.bearer[a.tenant])) + b"\n")
         urls = [a for g in gws for a in ("--url", g.base_url + "/v1/chat/completions")]
+        result = path.with_suffix(".json")
+        result.unlink(missing_ok=True)
         argv = [sys.executable, "-m", "bench.tracerunner", *urls, "--trace", str(path), "--timeout", "120"]
         last = max((a.t for a in arrivals), default=0.0)
         limit = last + max(float(c["max_queue_s"]) for c in CLASSES.values()) + 180
-        out = subprocess.run(argv, capture_output=True, cwd=str(ROOT), timeout=limit)
-        # one JSON line, split on newlines only (str.splitlines would also split inside its strings)
-        lines = [ln for ln in out.stdout.split(b"\n") if ln.startswith(b"{")]
+        out = subprocess.run([*argv, "--out", str(result)], capture_output=True, cwd=str(ROOT), timeout=limit)
         try:
-            return records(arrivals, orjson.loads(lines[-1])["results"], work)
-        except (IndexError, KeyError, ValueError) as e:  # no line, or not the expected one
-            dump = path.with_suffix(".out")
-            dump.write_bytes(out.stdout)
+            return records(arrivals, orjson.loads(result.read_bytes())["results"], work)
+        except (OSError, KeyError, ValueError) as e:  # no result, or not the expected one
             raise RuntimeError(
-                f"trace client failed (exit {out.returncode}, {len(out.stdout):,} bytes of output in {dump}): "
-                f"{e}; {out.stderr[-500:].decode(errors='replace')}"
+                f"trace client failed (exit {out.returncode}): {e}; {out.stderr[-500:].decode(errors='replace')}"
             ) from e
 
     def warm(self, name: str, gws: Sequence[Service], work: dict[str, list[Job]]) -> None:

@@ -540,14 +540,17 @@ class Suite:
                 str(path),
                 "--timeout",
                 "120",
+                "--out",
+                str(path.with_suffix(".json")),
             ]
+            path.with_suffix(".json").unlink(missing_ok=True)
             out = subprocess.run(
                 argv, capture_output=True, text=True, cwd=str(ROOT), timeout=self.m.seconds * 6 + 200
             )
-            lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
-            if not lines:
-                raise RuntimeError(f"trace client failed: {out.stderr[-500:]}")
-            res = json.loads(lines[-1])
+            try:
+                res = json.loads(path.with_suffix(".json").read_bytes())
+            except (OSError, ValueError) as e:
+                raise RuntimeError(f"trace client failed ({e}): {out.stderr[-500:]}") from e
         finally:
             for svc in services:
                 svc.stop()

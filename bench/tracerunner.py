@@ -178,6 +178,9 @@ def main() -> None:
     ap.add_argument("--trace", required=True)
     ap.add_argument("--header", action="append", default=[])
     ap.add_argument("--timeout", type=float, default=120.0)
+    # a file, not stdout: a result of many requests outgrows a pipe, and a parent busy on a loaded
+    # machine then received it cut at the pipe's 64 KiB
+    ap.add_argument("--out", required=True, help="where the results go (JSON)")
     a = ap.parse_args()
     with open(a.trace, "rb") as f:
         trace = [orjson.loads(line) for line in f if line.strip()]
@@ -187,7 +190,8 @@ def main() -> None:
         headers[k.strip()] = v.strip()
     uvloop.install()
     out = asyncio.run(replay(a.url, trace, headers, a.timeout))
-    print(orjson.dumps(out).decode(), flush=True)
+    with open(a.out, "wb") as f:
+        f.write(orjson.dumps(out))
 
 
 if __name__ == "__main__":
