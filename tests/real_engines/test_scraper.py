@@ -129,7 +129,12 @@ async def test_running_waiting_and_kv_use_are_scraped(
                 seen = {k: max(seen[k], now.get(k) or 0) for k in seen}
                 return bool(seen["running"] >= SLOTS and seen["waiting"] >= 1 and seen["kv_usage"] > 0)
 
-            await until(shown, 90, what=f"the scraper showing the load ({answered} answered and replaced)")
+            try:
+                await until(
+                    shown, 90, what=f"the scraper showing the load ({answered} answered and replaced)"
+                )
+            except AssertionError as e:
+                raise AssertionError(f"{e}; the most the gateway showed: {seen}") from None
         finally:
             for task in tasks:
                 task.cancel()  # closes their connections: the engine aborts the requests
