@@ -2,44 +2,27 @@
 // drain / undrain. Refreshed every few seconds while this tab is shown and the page is visible.
 import { get, put, seg } from "./api.js";
 import { byId, el, fill, table } from "./dom.js";
+import { refresher } from "./refresh.js";
 
 const EVERY_MS = 3000;
-let timer = null;
-let shown = false;
+const tab = refresher(load, EVERY_MS, () => byId("autorefresh").checked);
 let say = () => {};
 /** pool name -> its card's live parts, so a refresh does not wipe a weight being edited */
 let cards = new Map();
 
 export function init(status) {
   say = status;
-  byId("autorefresh").addEventListener("change", schedule);
-  document.addEventListener("visibilitychange", schedule);
+  byId("autorefresh").addEventListener("change", tab.schedule);
 }
 
-export function show() {
-  shown = true;
-  load();
-}
-
-export function hide() {
-  shown = false;
-  clearTimeout(timer);
-  timer = null;
-}
-
-function schedule() {
-  clearTimeout(timer);
-  timer = null;
-  if (shown && byId("autorefresh").checked && document.visibilityState === "visible") {
-    timer = setTimeout(load, EVERY_MS);
-  }
-}
+export const show = () => tab.show();
+export const hide = () => tab.hide();
 
 async function load() {
-  clearTimeout(timer);
+  tab.loading();
   try {
     const data = await get("/admin/pools");
-    if (!shown) return;
+    if (!tab.shown) return;
     render(data);
     byId("fleet-updated").textContent =
       "updated " + new Date().toLocaleTimeString() + (data.shared_state ? " · shared state (Redis)" : " · this replica only");
@@ -47,7 +30,7 @@ async function load() {
     if (err.status === 401 || err.status === 403) return;
     say("Could not read the pools: " + err.message, "error");
   }
-  schedule();
+  tab.schedule();
 }
 
 function render(data) {

@@ -3,40 +3,25 @@
 // seconds while this tab is shown and the page is visible.
 import { get } from "./api.js";
 import { byId, el, fill, json, table } from "./dom.js";
+import { refresher } from "./refresh.js";
 
 const EVERY_MS = 2000;
 const REASONS = ["deadline", "full", "share", "disconnect"];
-let timer = null;
-let shown = false;
+const tab = refresher(load, EVERY_MS);
 let say = () => {};
 
 export function init(status) {
   say = status;
-  document.addEventListener("visibilitychange", schedule);
 }
 
-export function show() {
-  shown = true;
-  load();
-}
-
-export function hide() {
-  shown = false;
-  clearTimeout(timer);
-  timer = null;
-}
-
-function schedule() {
-  clearTimeout(timer);
-  timer = null;
-  if (shown && document.visibilityState === "visible") timer = setTimeout(load, EVERY_MS);
-}
+export const show = () => tab.show();
+export const hide = () => tab.hide();
 
 async function load() {
-  clearTimeout(timer);
+  tab.loading();
   try {
     const data = await get("/admin/flow");
-    if (!shown) return;
+    if (!tab.shown) return;
     render(data);
     byId("queues-updated").textContent =
       "updated " + new Date().toLocaleTimeString() + (data.shared ? " · every replica (Redis)" : " · this replica only");
@@ -44,7 +29,7 @@ async function load() {
     if (err.status === 401 || err.status === 403) return;
     say("Could not read the queues: " + err.message, "error");
   }
-  schedule();
+  tab.schedule();
 }
 
 function render(data) {
