@@ -94,11 +94,7 @@ def gateway_config(engine: str, urls: list[str], *, workers: int = 1, **sections
     cfg["server"].update({"workers": workers, "log_level": "warning", "graceful_shutdown_s": 2})
     cfg["access_log"] = {"enabled": False}
     cfg["routing"] = {**cfg.get("routing", {}), "scrape_interval_s": 2.0}
-    # more pooled connections than the default 1,024 per backend: the suite holds 2,000 streams on one
-    cfg["upstream"] = {
-        "health": {"interval_s": 2.0, "failure_threshold": 3, "open_s": 1.0},
-        "max_connections_per_backend": 4096,
-    }
+    cfg["upstream"] = {"health": {"interval_s": 2.0, "failure_threshold": 3, "open_s": 1.0}}
     for key, value in sections.items():
         cfg[key] = copy.deepcopy(value)
     return cfg
