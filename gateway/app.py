@@ -156,7 +156,7 @@ class Gateway:
             rebalance=settings.routing.rebalance,
         )
         #: what each request that reached an engine cost, per model, pool and traffic class
-        self.engine_stats = EngineStats()
+        self.engine_stats = EngineStats(ttft_target=self.flow.ttft_target)
         #: the closed loop over the pool weights (`routing.rebalance`), None when off
         self.rebalancer: Rebalancer | None = None
         if settings.routing.rebalance:

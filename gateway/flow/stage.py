@@ -91,10 +91,7 @@ class FlowStage:
         """The request has ended: its predicted and observed time to first token, for a class with
         a TTFT target (observed: streamed requests, from arrival; predicted: its wait plus the
         prediction for the backend that served it)."""
-        if not ctx.flow_class:
-            return
-        klass = self.classes.by_name.get(ctx.flow_class)
-        if klass is None or klass.ttft_target_s is None or ctx.backend is None:
+        if self.ttft_target(ctx) is None or ctx.backend is None:
             return
         extras = ctx.extras
         predicted: Mapping[str, float] | None = extras.get("flow_predicted")
@@ -102,7 +99,12 @@ class FlowStage:
         if guess is not None:
             guess += extras.get("flow_waited", 0.0)
         first = ctx.first_token_at
-        self._observer.flow_ttft(klass.name, guess, first - ctx.started if first is not None else None)
+        self._observer.flow_ttft(ctx.flow_class, guess, first - ctx.started if first is not None else None)
+
+    def ttft_target(self, ctx: RequestContext) -> float | None:
+        """The TTFT target of the request's class, seconds (None: its class has none)."""
+        klass = self.classes.by_name.get(ctx.flow_class) if ctx.flow_class else None
+        return klass.ttft_target_s if klass is not None else None
 
     # -- for operators ----------------------------------------------------------------------------
     def explain(self, body: dict[str, Any], priority: str | None) -> dict[str, Any]:

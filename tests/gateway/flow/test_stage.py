@@ -123,6 +123,18 @@ async def test_below_saturation_a_request_passes_at_once_with_its_class() -> Non
 
 
 @on_virtual_time
+async def test_a_request_s_ttft_target_is_its_class_s() -> None:
+    """What the engine comparison counts a request's first token against (`EngineStats`)."""
+    stage, _, _ = setup()
+    interactive, _ = request("u", tier="chat")
+    standard, _ = request("v")
+    assert stage.ttft_target(interactive) is None  # not resolved yet: no class
+    await stage(interactive)
+    await stage(standard)
+    assert stage.ttft_target(interactive) == 1.0 and stage.ttft_target(standard) is None
+
+
+@on_virtual_time
 async def test_at_saturation_requests_wait_and_leave_by_class() -> None:
     stage, backend, observer = setup()
     saturate(backend)
