@@ -298,6 +298,7 @@ class Gateway:
             flow.pressure.others_prefill = shared.others_prefill
             flow.gate.refresh = self.admission.report_share
             flow.figures = self.admission.shared_figures
+            flow.process = shared.process
         return flow
 
     def _shares_routing(self) -> bool:

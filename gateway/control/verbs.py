@@ -20,8 +20,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
-import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +31,7 @@ from gateway.control.store import AuditEntry, StateLost, Store, audit_entry
 from gateway.core.context import Principal
 from gateway.core.fleet import Fleet
 from gateway.core.overrides import Overrides
+from gateway.core.replica import REPLICA
 from gateway.core.settings import PoolSettings
 
 log = logging.getLogger("gateway.control")
@@ -72,8 +71,6 @@ class ConfigSource(Protocol):
         ...
 
 
-#: this process, as reload reports name it (a host runs several workers)
-REPLICA = f"{socket.gethostname()}:{os.getpid()}"
 #: how long a reload's answer waits for the other replicas' reports (they poll every 0.5 s)
 RELOAD_WAIT_S = 1.5
 #: writing the outage's changes back: tries, and the wait between them (the poll's period, twice)

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any, Final
 
@@ -32,6 +30,7 @@ from redis.exceptions import RedisError
 from gateway.core.fleet import Fleet
 from gateway.core.outage_log import OutageLog
 from gateway.core.redis_client import RedisClient
+from gateway.core.replica import REPLICA
 from gateway.core.tasks import cancel_and_wait, stop_requested
 from gateway.flow.compare import EngineStats, summaries
 from policies.rebalance import FLOOR_SHARE, MIN_ADVANTAGE, STEP_SHARE, Move, PoolState, plan
@@ -47,8 +46,6 @@ REBALANCE_WINDOW_S: Final = 300
 REBALANCE_POLL_S: Final = 5.0
 LOCK_KEY: Final = "gw:{engines}:rebalance"
 LAST_KEY: Final = "gw:{engines}:rebalance:last"
-#: this process, as the last round names it
-REPLICA: Final = f"{socket.gethostname()}:{os.getpid()}"
 
 #: writes a move: (model, before, after, the pools' new weights) -> whether the shared store has it
 Apply = Callable[[str, dict[str, Any], dict[str, Any], dict[str, float]], Awaitable[bool]]

@@ -16,13 +16,12 @@ to miss it) and, for such a class, the predicted time to first token per backend
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from gateway.core.context import Principal, RequestContext
+from gateway.core.replica import REPLICA
 from gateway.core.responses import Response
 from gateway.flow.classes import PRIORITY_HEADER, Classes
 from gateway.flow.gate import FlowObserver, Gate
@@ -58,8 +57,8 @@ class FlowStage:
         self.pressure = pressure
         self.gate = gate
         self._observer = observer
-        #: this process's name among the shared figures, and where they are read (set by the root)
-        self.process = f"{socket.gethostname()}:{os.getpid()}"
+        #: this process's name (its key among the shared figures when they are shared: set by the root)
+        self.process = REPLICA
         self.figures: Figures | None = None
         #: the pools routing may send a request to (the route stage's `flow_pools`; set by the root)
         self.pools_for: Callable[[RequestContext], frozenset[str] | None] | None = None
