@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import random
 import statistics
 import subprocess
@@ -57,7 +56,7 @@ import orjson
 from bench.overload_report import OUTCOMES, fmt_load, fmt_ms, overload_verdicts
 from bench.procs import ROOT, WORK, Service, free_port
 from bench.serving import percentile
-from bench.targets import GatewaySource, gateway_service, gateway_source
+from bench.targets import GatewaySource, gateway_service, gateway_source, source_has
 from bench.workloads import Words
 from engines.sim import tokenizer
 from engines.sim.config import parse_config
@@ -411,15 +410,11 @@ def summarise(
 # -- the runs --------------------------------------------------------------------------------------
 def flow_available(source: GatewaySource) -> bool:
     """Whether that gateway has flow control (`flow` settings and a tier's `priority_class`)."""
-    code = (
-        "from gateway.settings import Settings; from gateway.admission.settings import LimitSet; "
-        "print('flow' in Settings.model_fields and 'priority_class' in LimitSet.model_fields)"
+    return source_has(
+        source,
+        "from gateway.settings import Settings; from gateway.admission.settings import LimitSet",
+        "'flow' in Settings.model_fields and 'priority_class' in LimitSet.model_fields",
     )
-    env = {**os.environ, "PYTHONPATH": str(source.path)}
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=source.path
-    )
-    return out.stdout.strip() == "True"
 
 
 def gateway_config(urls: Sequence[str], flow: bool | None, redis_url: str | None = None) -> dict[str, Any]:

@@ -76,17 +76,24 @@ def gateway_source(ref: str | None) -> GatewaySource:
     return GatewaySource(dest, f"commit {sha}")
 
 
-def full_pipeline_available(source: GatewaySource) -> bool:
-    """Whether that gateway's settings have the admission sections (auth, limits, sanitise)."""
-    code = (
-        "from gateway.settings import Settings; "
-        "print(all(n in Settings.model_fields for n in ('auth', 'limits', 'sanitise')))"
-    )
+def source_has(source: GatewaySource, imports: str, expression: str) -> bool:
+    """Whether `expression` is true of that gateway's code (after `imports`), asked in a process of
+    its own: a committed gateway's modules are not this process's."""
+    code = f"{imports}; print(bool({expression}))"
     env = {**os.environ, "PYTHONPATH": str(source.path)}
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=source.path
     )
     return out.stdout.strip() == "True"
+
+
+def full_pipeline_available(source: GatewaySource) -> bool:
+    """Whether that gateway's settings have the admission sections (auth, limits, sanitise)."""
+    return source_has(
+        source,
+        "from gateway.settings import Settings",
+        "all(n in Settings.model_fields for n in ('auth', 'limits', 'sanitise'))",
+    )
 
 
 def gateway_config(engine: str, urls: list[str], *, workers: int = 1, **sections: Any) -> dict[str, Any]:
