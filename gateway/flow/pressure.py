@@ -83,10 +83,19 @@ class Pressure:
             )
         return found
 
+    def _others(self) -> Mapping[str, int]:
+        """The other routing processes' queued prefill tokens by backend (none when not shared)."""
+        return self.others_prefill() if self.others_prefill is not None else {}
+
+    def _usable(self, b: Backend, now: float, only: frozenset[str] | None) -> bool:
+        """`b` may take a request now: of the pools `only` names (None: any), routable, its pool's
+        weight above 0."""
+        return (only is None or b.pool in only) and b.routable(now) and self._fleet.pools[b.pool].weight > 0
+
     def prefill(self, backend: Backend, others: Mapping[str, int] | None = None) -> int:
         """The prefill tokens queued on `backend`: every process's, and what is on its way there."""
         if others is None:
-            others = self.others_prefill() if self.others_prefill is not None else {}
+            others = self._others()
         tokens = backend.prefill + others.get(backend.name, 0)
         transit = self.transit.get(backend.name)
         return tokens + transit[1] if transit is not None else tokens
@@ -113,13 +122,12 @@ class Pressure:
     ) -> Verdict:
         """See the module docstring; `now` is `time.monotonic()` (circuits and scrapes), `only` the
         pools the request may use (None: all serving `model`)."""
-        others = self.others_prefill() if self.others_prefill is not None else {}
-        pools = self._fleet.pools
+        others = self._others()
         target = klass.ttft_target_s
         full: list[str] | None = None
         routable = free = 0
         for b in self.backends(model):
-            if (only is not None and b.pool not in only) or not b.routable(now) or pools[b.pool].weight <= 0:
+            if not self._usable(b, now, only):
                 continue
             routable += 1
             if self.is_saturated(b, now, others):
@@ -147,15 +155,12 @@ class Pressure:
         only: frozenset[str] | None,
     ) -> Verdict:
         """The free backends sorted by their predicted time to first token against `target`."""
-        pools = self._fleet.pools
         predicted: dict[str, float] = {}
         meets: list[str] = []
         misses: list[str] = []
         far: list[str] = list(full) if full is not None else []
         for b in self.backends(model):
-            if b.name in far or (only is not None and b.pool not in only):
-                continue
-            if not b.routable(now) or pools[b.pool].weight <= 0:
+            if b.name in far or not self._usable(b, now, only):
                 continue
             line = self.ttft.line(b.name)
             if line is None:
@@ -180,16 +185,13 @@ class Pressure:
     ) -> Backend | None:
         """The free backend of `model` (of the pools `only` names, when given) outside `exclude`
         with the least queued ahead (where a request released now is counted until it is sent)."""
-        others = self.others_prefill() if self.others_prefill is not None else {}
-        pools = self._fleet.pools
+        others = self._others()
         best: Backend | None = None
         best_key = (0.0, 0)
         for b in self.backends(model):
-            if (exclude is not None and b.name in exclude) or (only is not None and b.pool not in only):
+            if exclude is not None and b.name in exclude:
                 continue
-            if not b.routable(now):
-                continue
-            if pools[b.pool].weight <= 0 or self.is_saturated(b, now, others):
+            if not self._usable(b, now, only) or self.is_saturated(b, now, others):
                 continue
             key = (self.backlog(b, now), self.prefill(b, others))
             if best is None or key < best_key:
@@ -218,7 +220,7 @@ class Pressure:
 
     def saturated_backends(self, now: float) -> list[str]:
         """Every routable backend that is saturated now (for operators)."""
-        others = self.others_prefill() if self.others_prefill is not None else {}
+        others = self._others()
         return [
             b.name
             for b in self._fleet.backends.values()
