@@ -273,17 +273,22 @@ class EngineStats:
         return out
 
 
+#: a series' counters by their Redis hash field (`t<bucket>` / `p<bucket>`: its TTFT / TPOT histograms)
+_COUNTERS = {
+    "n": "requests",
+    "e": "errors",
+    "o": "output_tokens",
+    "g": "targeted",
+    "m": "met",
+    "k": "good_tokens",
+}
+
+
 def _fields(series: Series) -> Iterable[tuple[str, int]]:
-    """A series as Redis hash fields (measure -> count); `_count` reads them back."""
-    yield "n", series.requests
-    if series.errors:
-        yield "e", series.errors
-    if series.output_tokens:
-        yield "o", series.output_tokens
-    if series.targeted:
-        yield "g", series.targeted
-        yield "m", series.met
-        yield "k", series.good_tokens
+    """A series as Redis hash fields (measure -> count, counts above 0); `_count` reads them back."""
+    for measure, name in _COUNTERS.items():
+        if n := getattr(series, name):
+            yield measure, n
     for index, n in series.ttft.items():
         yield f"t{index}", n
     for index, n in series.tpot.items():
@@ -291,18 +296,9 @@ def _fields(series: Series) -> Iterable[tuple[str, int]]:
 
 
 def _count(series: Series, measure: str, n: int) -> None:
-    if measure == "n":
-        series.requests += n
-    elif measure == "e":
-        series.errors += n
-    elif measure == "o":
-        series.output_tokens += n
-    elif measure == "g":
-        series.targeted += n
-    elif measure == "m":
-        series.met += n
-    elif measure == "k":
-        series.good_tokens += n
+    name = _COUNTERS.get(measure)
+    if name is not None:
+        setattr(series, name, getattr(series, name) + n)
     elif measure[1:].isdigit():
         into = series.ttft if measure[0] == "t" else series.tpot if measure[0] == "p" else None
         if into is not None:
