@@ -73,18 +73,29 @@ class FlowStage:
             return None
         features = ctx.extras.get("features")
         tokens = features.total_prompt_tokens if features is not None else 0
-        pools = self.pools_for(ctx) if self.pools_for is not None else None
+        pools: frozenset[str] | None = None
         if self.gate.clear_for(klass):
             now = time.monotonic()
-            state, exclude, predicted = self.pressure.check(model.name, tokens, klass, now, pools)
+            state, exclude, predicted = self.pressure.check(model.name, tokens, klass, now)
+            if state == FREE and exclude is None and klass.ttft_target_s is None:
+                return None  # no backend of the model is saturated: whichever pools the rules leave
+            # the pools the rules leave cost a fleet snapshot: asked only once some backend is full
+            pools = self._pools(ctx)
+            if pools is not None:
+                state, exclude, predicted = self.pressure.check(model.name, tokens, klass, now, pools)
             if state not in (FULL, HOLD):
                 if exclude is not None:
                     ctx.extras["flow_exclude"] = exclude
                 if predicted is not None:
                     ctx.extras["flow_predicted"] = predicted
                 return None
+        else:
+            pools = self._pools(ctx)
         await self.gate.wait(ctx, klass, wait_s, tokens, pools)
         return None
+
+    def _pools(self, ctx: RequestContext) -> frozenset[str] | None:
+        return self.pools_for(ctx) if self.pools_for is not None else None
 
     def finished(self, ctx: RequestContext) -> None:
         """The request has ended: its predicted and observed time to first token, for a class with
