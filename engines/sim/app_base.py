@@ -465,7 +465,12 @@ class SimApp(ABC):
                 body = orjson.loads(raw) if raw else {}
                 if not isinstance(body, dict):
                     raise FaultUpdateError("body must be a JSON object")
+                runner = self.engine.runner
+                if "freeze" in body and runner is None:
+                    raise FaultUpdateError("freeze needs the batching scheduler")
                 faults.update(body)
+                if runner is not None:
+                    runner.freeze(faults.freeze)
             except (orjson.JSONDecodeError, FaultUpdateError) as exc:
                 await asgi.send_json(send, 400, {"error": str(exc)})
                 return

@@ -3,7 +3,7 @@
 `BatchRunner` runs one step at a time: it asks the model for the next batch, waits the batch's
 duration, applies it, wakes the requests that got a token, and starts the next step at once (steps
 keep to a grid: the next one is due when the previous one ends, not after the loop has handled it).
-It sleeps while the engine is idle. Each sequence it runs has a `Ticket`: how many tokens it has
+It sleeps while the engine is idle, and while it is frozen (the `freeze` fault). Each sequence it runs has a `Ticket`: how many tokens it has
 produced, and an awaitable for the next ones (the engine's `BatchRun` waits on it). The engine does
 not wait for a slow client: tokens it has produced are handed out at once.
 """
@@ -76,6 +76,12 @@ class BatchRunner:
         self._free_at = float("-inf")  # loop time the last step ended (the grid)
         self.last_output = float("-inf")  # `clock` time of the last step that emitted a token
         self._next_id = 0
+        self.frozen = False
+
+    def freeze(self, frozen: bool) -> None:
+        """Stop taking steps (the step under way ends), or take them again."""
+        self.frozen = frozen
+        self._kick()
 
     def submit(self, prompt: list[int], out_len: int, *, account: bool = True, **kw: object) -> Ticket:
         """Queue a new sequence; `kw` as `Seq` takes it (output_ids, max_new, cache_salt, session_id)."""
@@ -94,7 +100,7 @@ class BatchRunner:
             self._kick()  # freed blocks may let a waiting request in
 
     def _kick(self) -> None:
-        if not self._busy and self.model.busy:
+        if not self._busy and not self.frozen and self.model.busy:
             self._busy = True
             asyncio.get_running_loop().call_soon(self._run_step)
 
@@ -127,7 +133,7 @@ class BatchRunner:
         if result.events and self._on_events is not None:
             self._on_events(result.events)
         self._busy = False
-        if self.model.busy:
+        if self.model.busy and not self.frozen:
             self._busy = True
             self._run_step()
 

@@ -6,7 +6,8 @@ adds `fault_rate` per request and a request fails each time it crosses 1, so `0.
 second request and `1.0` every request. Keys: `fault_rate`, `fault_kind` ("429" | "500" | "503" |
 "context"), `crash_after` (chunks, or null), `crash_mode` ("cut" | "exit" | "error"), `stall`, `drip_ms`,
 `refuse` (until turned off, over a connection opened before; new ones are closed at once), `refuse_s`
-(refuse new connections for that many seconds), `startup_delay` (503 for that many seconds from now).
+(refuse new connections for that many seconds), `startup_delay` (503 for that many seconds from now),
+`freeze` (batching scheduler: no step runs, so running requests stop and new ones wait, as on a hung GPU).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class FaultState:
     crash_after: int | None = None
     crash_mode: CrashMode = "cut"
     stall: bool = False
+    freeze: bool = False
     drip_s: float = 0.0
     refuse: bool = False
     refuse_until: float = 0.0
@@ -80,6 +82,7 @@ class FaultState:
             "crash_after": self.crash_after,
             "crash_mode": self.crash_mode,
             "stall": self.stall,
+            "freeze": self.freeze,
             "drip_ms": self.drip_s * 1000,
             "refuse": self.refuse,
             "refuse_remaining_s": max(0.0, self.refuse_until - time.monotonic()),
@@ -91,6 +94,7 @@ class FaultState:
         if body.get("reset"):
             self.fault_rate, self.fault_kind, self.crash_after = 0.0, "500", None
             self.crash_mode, self.stall, self.drip_s, self.refuse = "cut", False, 0.0, False
+            self.freeze = False
             self.ready_at, self.refuse_until, self._acc = time.monotonic(), 0.0, 0.0
         for key, value in body.items():
             if key == "reset":
@@ -115,6 +119,8 @@ class FaultState:
             self.crash_mode = cast(CrashMode, value)
         elif key == "stall":
             self.stall = bool(value)
+        elif key == "freeze":
+            self.freeze = bool(value)
         elif key == "drip_ms":
             self.drip_s = float(value) / 1000
         elif key == "refuse":

@@ -119,6 +119,31 @@ async def test_metrics_show_the_running_batch_the_queue_and_kv_use(engine: str) 
     assert metric(text, names[0]) == 0 and metric(text, names[2]) == 0
 
 
+@on_virtual_time
+async def test_a_frozen_engine_takes_no_step_until_thawed() -> None:
+    """The `freeze` fault: the running request stops mid-answer and newcomers wait, for as long as it
+    lasts (an hour of the clock here); thawed, everything is answered in full."""
+    flags = ["--itl-ms", "20", "--max-num-seqs", "1", "--min-output-tokens", "10", "--max-output-tokens", "10"]  # fmt: skip
+    async with sim_client(sim_app("vllm", *flags)) as client:
+        body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 10}
+        first = asyncio.create_task(client.post(CHAT, json=body))
+        await elapse(0.05)  # a few of its tokens are out
+        assert (await client.post("/sim/faults", json={"freeze": True})).json()["freeze"] is True
+        later = [asyncio.create_task(client.post(CHAT, json=body)) for _ in range(2)]
+        await elapse(3600)
+        stats = (await client.get("/sim/stats")).json()
+        assert (stats["running"], stats["waiting"]) == (1, 2) and not first.done()
+        assert (await client.post("/sim/faults", json={"freeze": False})).status_code == 200
+        answers = await asyncio.gather(first, *later)
+    assert [a.json()["usage"]["completion_tokens"] for a in answers] == [10, 10, 10]
+
+
+async def test_freeze_needs_the_batching_scheduler() -> None:
+    async with sim_client(sim_app("vllm", "--scheduler", "serial")) as client:
+        refused = await client.post("/sim/faults", json={"freeze": True})
+    assert refused.status_code == 400 and "batching" in refused.json()["error"]
+
+
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 @on_virtual_time
 async def test_a_small_kv_cache_preempts_and_counts_it(engine: str) -> None:
