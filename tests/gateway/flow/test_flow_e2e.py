@@ -1,8 +1,9 @@
 """Flow control end to end (docs/flow-control.md): real gateways in front of a simulator that runs one
-sequence at a time, so a few requests saturate it. The gateway sees the engine's waiting gauge
-(scraped every 0.2 s), queues newcomers, and releases them by class and fair share; a deadline or a
-full class sheds with 503 / 429; a client that leaves while queued is dropped before any engine sees
-it. Order and counts are asserted, never durations."""
+sequence at a time. Each test freezes it (its `freeze` fault: no step runs) before the fill, so the
+fill waits in the engine, the gateway sees the waiting gauge (scraped every 0.2 s) and queues
+newcomers for as long as the test needs, however slow the machine; thawed, the gateway releases them
+by class and fair share. A deadline or a full class sheds with 503 / 429; a client that leaves while
+queued is dropped before any engine sees it. Order and counts are asserted, never durations."""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ pytestmark = pytest.mark.processes
 
 SECRET = "test-secret-for-flow-control-0123456789abcdef"
 ADMIN = {"Authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}
-#: one sequence at a time, 30 ms a step: a request of `SHORT` tokens takes ~0.3 s, of `LONG` ~1.2 s
-#: (six `LONG` ones keep the engine queued for several seconds, however slow the machine is)
+#: one sequence at a time, 30 ms a step, 40 tokens an answer: once thawed, the engine stays saturated
+#: while the gateway releases what it queued
 SLOW = ("--max-num-seqs", "1", "--itl-ms", "30", "--min-output-tokens", "40", "--max-output-tokens", "40")
 SHORT, LONG = 10, 40
 #: the shipped classes with deadlines no test reaches: what waits behind the fill is served
@@ -117,9 +118,15 @@ def queued(gw: GatewayProcess, klass: str) -> int:
     return int(flow_report(gw)["replica"]["queued"].get(klass, 0))
 
 
-def saturate(client: Client, gw: GatewayProcess, n: int = 6) -> None:
-    """Long requests that fill the engine, until the gateway sees it saturated: `n` - 1 wait there
-    for several seconds, however late the gateway sees them."""
+def freeze(sim: SimProcess, frozen: bool = True) -> None:
+    r = httpx.post(sim.base_url + "/sim/faults", json={"freeze": frozen}, timeout=10)
+    assert r.status_code == 200, r.text
+
+
+def saturate(client: Client, gw: GatewayProcess, sim: SimProcess, n: int = 2) -> None:
+    """The engine frozen and `n` requests waiting in it, until the gateway sees it saturated; it
+    stays so until the test thaws it."""
+    freeze(sim)
     for i in range(n):
         client.send(f"fill{i}-", token("filler"), max_tokens=LONG)
     wait_until(lambda: flow_report(gw)["replica"]["saturated_backends"], what="the engine seen saturated")
@@ -139,13 +146,14 @@ def metric(gw: GatewayProcess, name: str, **labels: str) -> float:
 def test_interactive_requests_overtake_queued_batch_requests() -> None:
     with fast_sim("vllm", *SLOW) as sim, gateway(sim) as gw:
         client = Client(gw)
-        saturate(client, gw)
+        saturate(client, gw, sim)
         for i in range(6):
             client.send(f"batch{i}-", token("loader", tier="bulk"))
         wait_until(lambda: queued(gw, "batch") >= 5, what="the batch requests queued in the gateway")
         for i in range(2):
             client.send(f"chat{i}-", token("person", tier="chat"))
-        wait_until(lambda: queued(gw, "interactive") == 2 or queued(gw, "batch") < 4, what="chat queued")
+        wait_until(lambda: queued(gw, "interactive") == 2, what="chat queued")
+        freeze(sim, False)
         order = [label for label in client.join() if not label.startswith("fill")]
         last_chat = max(order.index("chat0-"), order.index("chat1-"))
         after = [label for label in order[last_chat:] if label.startswith("batch")]
@@ -159,13 +167,14 @@ def test_interactive_requests_overtake_queued_batch_requests() -> None:
 def test_tenants_of_a_class_share_by_tokens() -> None:
     with fast_sim("vllm", *SLOW) as sim, gateway(sim) as gw:
         client = Client(gw)
-        saturate(client, gw)
+        saturate(client, gw, sim)
         for i in range(5):  # ~400 prompt tokens each: long documents
             client.send(f"long{i}-", token("a", tier="bulk", tenant="docs"), words=400)
-        wait_until(lambda: queued(gw, "batch") >= 4, what="the long requests queued")
+        wait_until(lambda: queued(gw, "batch") == 5, what="the long requests queued")
         for i in range(5):  # a few tokens each
             client.send(f"short{i}-", token("b", tier="bulk", tenant="chatbot"))
-        wait_until(lambda: queued(gw, "batch") >= 8, what="the short requests queued")
+        wait_until(lambda: queued(gw, "batch") == 10, what="the short requests queued")
+        freeze(sim, False)
         order = [label for label in client.join() if not label.startswith("fill")]
         last_short = max(i for i, label in enumerate(order) if label.startswith("short"))
         longs_before = sum(1 for label in order[:last_short] if label.startswith("long"))
@@ -176,7 +185,7 @@ def test_tenants_of_a_class_share_by_tokens() -> None:
 def test_a_request_past_its_deadline_is_shed_with_503_and_retry_after() -> None:
     with fast_sim("vllm", *SLOW) as sim, gateway(sim) as gw:
         client = Client(gw)
-        saturate(client, gw)
+        saturate(client, gw, sim)
         r = httpx.post(
             gw.base_url + "/v1/chat/completions",
             json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
@@ -188,6 +197,7 @@ def test_a_request_past_its_deadline_is_shed_with_503_and_retry_after() -> None:
         assert (error["type"], error["code"]) == ("server_error", "fleet_saturated")
         assert int(r.headers["retry-after"]) >= 1 and "x-gateway-queue-ms" in r.headers
         assert metric(gw, "gateway_flow_shed_total", **{"class": "standard", "reason": "deadline"}) == 1
+        freeze(sim, False)
         client.join()
 
 
@@ -199,7 +209,7 @@ def test_a_full_class_answers_429_to_the_tenant_holding_its_share_and_503_to_oth
     }
     with fast_sim("vllm", *SLOW) as sim, gateway(sim, classes=classes) as gw:
         client = Client(gw)
-        saturate(client, gw)
+        saturate(client, gw, sim)
         hog = token("hog", tenant="hogs")
         client.send("hog0-", hog)
         client.send("hog1-", hog)
@@ -215,6 +225,7 @@ def test_a_full_class_answers_429_to_the_tenant_holding_its_share_and_503_to_oth
         )
         assert other.status_code == 503 and other.json()["error"]["code"] == "fleet_saturated", other.text
         assert int(again.headers["retry-after"]) >= 1 and int(other.headers["retry-after"]) >= 1
+        freeze(sim, False)
         client.join()
         assert {status for label, status, _ in client.done if label.startswith("hog")} == {200}
 
@@ -222,7 +233,7 @@ def test_a_full_class_answers_429_to_the_tenant_holding_its_share_and_503_to_oth
 def test_a_client_that_leaves_while_queued_never_reaches_the_engine() -> None:
     with fast_sim("vllm", *SLOW) as sim, gateway(sim) as gw:
         client = Client(gw)
-        saturate(client, gw)
+        saturate(client, gw, sim)
         body = orjson.dumps(
             {"model": MODEL, "messages": [{"role": "user", "content": "leaving-early"}], "max_tokens": 5}
         )
@@ -237,6 +248,7 @@ def test_a_client_that_leaves_while_queued_never_reaches_the_engine() -> None:
         wait_until(lambda: queued(gw, "standard") == 0, what="the request out of the queue")
         shed = metric(gw, "gateway_flow_shed_total", **{"class": "standard", "reason": "disconnect"})
         assert shed == 1
+        freeze(sim, False)
         client.join()
         assert not _engine_saw(sim, "leaving-early")
         assert _engine_saw(sim, "fill0-")  # the log holds what the engine was sent
@@ -256,7 +268,8 @@ def test_a_document_the_rules_send_to_a_saturated_pool_waits_for_it_and_others_p
         cfg["routing"]["rules"] = [{"name": "documents", "min_prompt_tokens": 200, "pools": ["vllm"]}]
         with GatewayProcess(cfg, env={"GATEWAY_JWT_SECRET": SECRET}) as gw:
             client = Client(gw)
-            for i in range(6):  # documents: the rule sends them to the slow pool
+            freeze(slow)
+            for i in range(2):  # documents: the rule sends them to the slow pool
                 client.send(f"fill{i}-", token("filler"), max_tokens=LONG, words=300)
             wait_until(lambda: "vllm-0" in flow_report(gw)["replica"]["saturated_backends"], what="vllm full")
             client.send("document-", token("reader"), words=300)
@@ -265,6 +278,7 @@ def test_a_document_the_rules_send_to_a_saturated_pool_waits_for_it_and_others_p
             chat = httpx.post(gw.base_url + "/v1/chat/completions", json=body, headers=token("u"), timeout=30)
             assert chat.status_code == 200 and chat.headers["x-gateway-pool"] == "sglang", chat.text
             assert queued(gw, "standard") == 1  # the document still waits for the slow pool
+            freeze(slow, False)
             client.join()
         pools = {label: h["x-gateway-pool"] for label, _, h in client.done}
         assert set(pools.values()) == {"vllm"}, pools  # no document spilled onto the fast pool
@@ -278,21 +292,23 @@ def test_a_replica_holds_its_batch_requests_while_another_has_interactive_ones_w
         gateway(sim, redis) as b,
     ):
         client = Client(a)
-        saturate(client, a)
+        saturate(client, a, sim)
         wait_until(
             lambda: flow_report(b)["replica"]["saturated_backends"], what="b sees the engine saturated"
         )
         for i in range(8):
             client.send(f"batch{i}-", token("loader", tier="bulk"), via=b)
-        wait_until(lambda: queued(b, "batch") >= 7, what="the batch requests queued in b")
+        wait_until(lambda: queued(b, "batch") == 8, what="the batch requests queued in b")
         for i in range(2):
             client.send(f"chat{i}-", token("person", tier="chat"), via=a)
+        wait_until(lambda: queued(a, "interactive") == 2, what="the chat requests queued in a")
 
         def b_hears_a() -> bool:
             replicas = flow_report(b)["replicas"] or []
-            return any(r["queued"].get("interactive") for r in replicas) or queued(a, "interactive") == 0
+            return any(r["queued"].get("interactive") for r in replicas)
 
         wait_until(b_hears_a, what="b hearing of a's interactive requests")
+        freeze(sim, False)
         order = [label for label in client.join() if not label.startswith("fill")]
         last_chat = max(order.index("chat0-"), order.index("chat1-"))
         after = [label for label in order[last_chat:] if label.startswith("batch")]
