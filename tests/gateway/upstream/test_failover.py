@@ -167,10 +167,15 @@ def test_example_topology_fails_over_when_a_pool_dies() -> None:
         # on timing (under load, the second). Either way nothing failed;
         # failover itself is pinned down by test_a_misconfigured_pool_fails_over_to_one_that_serves.
         failed_over = sum(r.route.startswith("failover+") for r in after)
-        # passive health took the dead backends out (each of the two workers on its own)
-        pools = httpx.get(gw.base_url + "/admin/pools", headers=ADMIN, timeout=10).json()["pools"]
-        by_name = {b["name"]: b for p in pools for b in p["backends"]}
-        assert by_name["sglang-0"]["healthy"] is False and by_name["sglang-1"]["healthy"] is False
+
+        # health took the dead backends out: passively, where a worker sent them a request after the
+        # kill, else by its next probes (a worker whose traffic all went to vLLM has seen no failure)
+        def down() -> dict[str, dict[str, Any]] | None:
+            pools = httpx.get(gw.base_url + "/admin/pools", headers=ADMIN, timeout=10).json()["pools"]
+            seen = {b["name"]: b for p in pools for b in p["backends"]}
+            return seen if not (seen["sglang-0"]["healthy"] or seen["sglang-1"]["healthy"]) else None
+
+        by_name = wait_until(down, timeout=30, what="the SGLang backends marked down")
         assert by_name["vllm-0"]["healthy"] is True
         print(
             f"\nexample topology: {len(before)} requests before the kill, {len(after)} after; "
