@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from gateway.admission.tokens import mint_token
-from tests.real_engines.rig import chat, metric, real_pool_config, running
+from tests.real_engines.rig import chat, engine_metric, metric, real_pool_config, running
 from tests.real_engines.servers import EngineServer
 from tests.support import GatewayProcess, until, wait_until
 
@@ -39,6 +39,8 @@ SLOTS = 8  # both servers' running-request limit (tests/real_engines/servers.py)
 #: any scrape showed more than 2 running (the test then cancels them as soon as it saw the load)
 LONG = 3800
 ADMIT_S = 150  # bounds the engine's own admission of the load, which is not under test
+TOP_UP_S, TOP_UPS = 10.0, 6  # one more request that often, at most that many, while none waits
+WAITING = {"vllm": "vllm:num_requests_waiting", "sglang": "sglang:num_queue_reqs"}
 
 
 @pytest.fixture(scope="module")
@@ -123,16 +125,28 @@ async def test_running_waiting_and_kv_use_are_scraped(
 
             # each answered request is replaced at once, so two wait until the scrape has seen them: with
             # ten in all, the ten can be answered before a scrape, late on a stalled machine, shows one
-            # waiting
+            # waiting. A starved vLLM API server can hold the two back for minutes (the engine runs 8
+            # and queues none): while the engine itself shows none waiting, one more is sent now and then
+            loop = asyncio.get_running_loop()
+            extra, topped_at, engine_waiting = 0, loop.time(), 0.0
+
             async def shown() -> bool:
                 """Each answered request replaced, the gateway's view of the engine read again."""
-                nonlocal answered, seen
+                nonlocal answered, seen, extra, topped_at, engine_waiting
                 for task in [t for t in tasks if t.done()]:
                     tasks.remove(task)
                     answer = task.result()  # a transport error fails the test here, a refusal below
                     assert answer.status_code == 200, (answer.status_code, answer.text[:300])
                     answered += 1
                     tasks.append(send())
+                if extra < TOP_UPS and loop.time() - topped_at > TOP_UP_S:
+                    topped_at = loop.time()
+                    engine_waiting = await asyncio.to_thread(
+                        engine_metric, real_engine, WAITING[real_engine.engine]
+                    )
+                    if not engine_waiting:
+                        extra += 1
+                        tasks.append(send())
                 view = await client.get("/admin/pools", headers=ADMIN)
                 assert view.status_code == 200, (view.status_code, view.text[:300])
                 pools = view.json()["pools"]
@@ -145,7 +159,10 @@ async def test_running_waiting_and_kv_use_are_scraped(
                     shown, 90, what=f"the scraper showing the load ({answered} answered and replaced)"
                 )
             except AssertionError as e:
-                raise AssertionError(f"{e}; the most the gateway showed: {seen}") from None
+                raise AssertionError(
+                    f"{e}; the most the gateway showed: {seen}; the engine's own waiting gauge at the"
+                    f" last look: {engine_waiting}, {extra} more sent"
+                ) from None
         finally:
             for task in tasks:
                 task.cancel()  # closes their connections: the engine aborts the requests
