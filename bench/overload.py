@@ -124,11 +124,12 @@ TENANTS = (
     Tenant("docs-b", "batch", "batch", 0.2, (1500, 2500), 96),
 )
 #: the gateway's classes (`flow.classes`): the shipped interactive class; batch's deadline and depth
-#: bounded so that a run's refusals come within its few seconds (the shipped 120 s would outlast it)
+#: bounded so that a run's refusals come within its few seconds (the shipped 120 s would outlast it),
+#: its KV headroom the shipped one
 CLASSES: dict[str, dict[str, float | int]] = {
     "interactive": {"priority": 0, "max_queue_s": 5, "max_queued": 256, "ttft_target_s": 1.0},
     "standard": {"priority": 1, "max_queue_s": 20, "max_queued": 1024},
-    "batch": {"priority": 2, "max_queue_s": 8, "max_queued": 32},
+    "batch": {"priority": 2, "max_queue_s": 8, "max_queued": 32, "max_kv_use": 0.8},
 }
 #: `flow.tenant_weights`: equal shares within the batch class, whatever each tenant offers
 TENANT_WEIGHTS = {"docs-a": 1.0, "docs-b": 1.0}

@@ -35,6 +35,10 @@ in), no I/O, no asyncio.
    backend (least squares over its recent first tokens) to the times to first token it showed
    against the tokens they waited for. `base` is what a request costs whatever its size (a step, the
    scheduling); a backend whose first tokens all waited for about as many tokens has no rate yet.
+8. **Headroom** (`kv_full`). A class may stop short of saturation: with `max_kv_use`, a backend whose
+   engine reported that share of its KV cache in use takes no more of it, so the room left is the
+   more urgent classes'. An engine admits no request it has no KV room for, and preempts none for
+   priority: without headroom, an urgent request at a full engine waits for a running one to end.
 """
 
 from __future__ import annotations
@@ -78,6 +82,11 @@ def engine_backlog(
     return unstarted - room
 
 
+def kv_full(kv_use: float | None, max_kv_use: float | None) -> bool:
+    """The engine's KV cache is as full as a class lets it be (item 8); unknown use is not full."""
+    return max_kv_use is not None and kv_use is not None and kv_use >= max_kv_use
+
+
 def saturated(backlog: float, prefill: int, seconds_per_token: float | None = None) -> bool:
     """A backend takes no more requests now: its engine queues some, or the prefill queued there
     (every routing process's) takes `PREFILL_SATURATED_S` at its learned rate (None: not learned
@@ -98,6 +107,8 @@ class FlowClass:
     max_depth: int
     #: the time to first token the class aims for (None: none)
     ttft_target_s: float | None = None
+    #: the KV-cache use at which a backend takes no more of the class (None: no limit)
+    max_kv_use: float | None = None
 
 
 @dataclass(slots=True, eq=False)

@@ -34,7 +34,7 @@ ScopeClass = Callable[[Principal], "str | None"]
 def flow_classes(settings: FlowSettings) -> dict[str, FlowClass]:
     """The configured classes as the queue's policy takes them, by name."""
     return {
-        name: FlowClass(name, c.priority, c.max_queue_s, c.max_queued, c.ttft_target_s)
+        name: FlowClass(name, c.priority, c.max_queue_s, c.max_queued, c.ttft_target_s, c.max_kv_use)
         for name, c in settings.classes.items()
     }
 

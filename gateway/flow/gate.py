@@ -314,7 +314,7 @@ class Gate:
                 break
             ticket = item.ref
             self._observer.flow_queued(item.klass, queue.depth(item.klass))
-            soonest = pressure.soonest(ticket.model, ticket.exclude, now, ticket.pools)
+            soonest = pressure.soonest(ticket.model, ticket.exclude, now, ticket.pools, classes[item.klass])
             if soonest is not None:
                 ticket.transit = soonest.name
                 pressure.add_transit(soonest.name, ticket.tokens)

@@ -9,7 +9,8 @@ that pool instead of spilling onto the others), and answers
 
     FREE   some backend can take the request now: route it (`exclude` names the backends it must
            not go to, None when there are none)
-    FULL   every routable backend is saturated: the request waits
+    FULL   every routable backend is saturated, or as full as the class lets it be (its
+           `max_kv_use`, `policies.flow` item 8): the request waits
     HOLD   backends are free, but each is predicted to miss the class's TTFT target by far because of
            the prefill queued there: the request waits
     NONE   no backend is routable: routing answers (503)
@@ -30,7 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Final
 
 from gateway.core.fleet import Backend, Fleet
-from policies.flow import FlowClass, TtftModel, engine_backlog, saturated
+from policies.flow import FlowClass, TtftModel, engine_backlog, kv_full, saturated
 
 #: a request whose backends' queued prefill alone is predicted to take this many times its class's
 #: TTFT target waits instead (it would miss by far whatever it did; the queue ahead may drain)
@@ -113,9 +114,22 @@ class Pressure:
         capacity = self._capacity.get(backend.name)
         return engine_backlog(load.waiting, load.running, sent, started, capacity)
 
-    def is_saturated(self, backend: Backend, now: float, others: Mapping[str, int] | None = None) -> bool:
+    def is_saturated(
+        self,
+        backend: Backend,
+        now: float,
+        others: Mapping[str, int] | None = None,
+        klass: FlowClass | None = None,
+    ) -> bool:
+        """`backend` takes no more requests (of `klass`, when given: its KV headroom counts too)."""
         rate = self.ttft.seconds_per_token(backend.name)
-        return saturated(self.backlog(backend, now), self.prefill(backend, others), rate)
+        if saturated(self.backlog(backend, now), self.prefill(backend, others), rate):
+            return True
+        if klass is None or klass.max_kv_use is None:
+            return False
+        load = backend.load
+        fresh = load is not None and now - backend.load_at <= self._stale_s
+        return fresh and kv_full(load.kv_usage if load is not None else None, klass.max_kv_use)
 
     def check(
         self, model: str, tokens: int, klass: FlowClass, now: float, only: frozenset[str] | None = None
@@ -130,7 +144,7 @@ class Pressure:
             if not self._usable(b, now, only):
                 continue
             routable += 1
-            if self.is_saturated(b, now, others):
+            if self.is_saturated(b, now, others, klass):
                 if full is None:
                     full = []
                 full.append(b.name)
@@ -181,17 +195,23 @@ class Pressure:
         return (FREE, frozenset(left_out) if left_out else None, predicted)
 
     def soonest(
-        self, model: str, exclude: frozenset[str] | None, now: float, only: frozenset[str] | None = None
+        self,
+        model: str,
+        exclude: frozenset[str] | None,
+        now: float,
+        only: frozenset[str] | None = None,
+        klass: FlowClass | None = None,
     ) -> Backend | None:
-        """The free backend of `model` (of the pools `only` names, when given) outside `exclude`
-        with the least queued ahead (where a request released now is counted until it is sent)."""
+        """The free backend of `model` (of the pools `only` names, when given; for `klass`, when
+        given) outside `exclude` with the least queued ahead (where a request released now is
+        counted until it is sent)."""
         others = self._others()
         best: Backend | None = None
         best_key = (0.0, 0)
         for b in self.backends(model):
             if exclude is not None and b.name in exclude:
                 continue
-            if not self._usable(b, now, only) or self.is_saturated(b, now, others):
+            if not self._usable(b, now, only) or self.is_saturated(b, now, others, klass):
                 continue
             key = (self.backlog(b, now), self.prefill(b, others))
             if best is None or key < best_key:

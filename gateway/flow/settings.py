@@ -27,13 +27,16 @@ class FlowClassSettings(SettingsModel):
     #: the time to first token the class aims for: placement prefers backends predicted to meet it,
     #: and a request predicted to miss it by far waits (null: no target)
     ttft_target_s: float | None = Field(None, gt=0, le=600)
+    #: a backend whose engine reports this share of its KV cache in use takes no more requests of
+    #: the class: the rest is kept for more urgent classes (null: up to saturation)
+    max_kv_use: float | None = Field(None, gt=0, le=1)
 
 
 def _default_classes() -> dict[str, FlowClassSettings]:
     return {
         "interactive": FlowClassSettings(priority=0, max_queue_s=5, max_queued=256, ttft_target_s=1.0),
         "standard": FlowClassSettings(priority=1, max_queue_s=20, max_queued=1024),
-        "batch": FlowClassSettings(priority=2, max_queue_s=120, max_queued=4096),
+        "batch": FlowClassSettings(priority=2, max_queue_s=120, max_queued=4096, max_kv_use=0.8),
     }
 
 

@@ -10,6 +10,7 @@ from policies.flow import (
     TtftModel,
     Waiting,
     engine_backlog,
+    kv_full,
     saturated,
 )
 from policies.shared_load import FLOW, PREFILL, flow_waiting, split
@@ -167,3 +168,9 @@ def test_the_shared_figures_carry_the_flow_queues_apart_from_the_backends() -> N
     counts, _, prefill = split(figures)
     assert counts == {"b0": 3} and prefill == {"b0": 900}
     assert flow_waiting(figures) == {"interactive": 2}
+
+
+def test_kv_headroom_holds_a_class_at_its_limit_and_unknown_use_holds_nothing() -> None:
+    assert kv_full(0.8, 0.8) and kv_full(0.95, 0.8)
+    assert not kv_full(0.79, 0.8)
+    assert not kv_full(None, 0.8) and not kv_full(0.99, None)

@@ -324,3 +324,22 @@ def test_a_scraped_queue_saturates_until_the_requests_since_have_started() -> No
     backend.started += 1  # a first token since the scrape: the engine's queue moved up
     assert not stage.pressure.is_saturated(backend, now)
     assert not stage.pressure.is_saturated(backend, now + 60)  # a stale scrape says nothing
+
+
+@on_virtual_time
+async def test_a_class_with_kv_headroom_waits_while_a_more_urgent_one_passes() -> None:
+    """Batch stops at 80 % of the engine's KV cache (the shipped class); interactive and standard
+    go on up to saturation, and batch goes once the use falls below its limit."""
+    stage, backend, observer = setup()
+    backend.scraped(EngineLoad(waiting=0.0, running=4.0, kv_usage=0.85), time.monotonic())
+    chat, _ = request("i", tier="chat")
+    plain, _ = request("s")
+    assert await stage(chat) is None and await stage(plain) is None
+    bulk, _ = request("b", tier="bulk")
+    waiting = asyncio.create_task(stage(bulk))
+    await elapse(1.0)
+    assert not waiting.done() and observer.queued == {"batch": 1}
+    assert stage.pressure.saturated_backends(time.monotonic()) == []  # the fleet is not saturated
+    backend.scraped(EngineLoad(waiting=0.0, running=4.0, kv_usage=0.5), time.monotonic())
+    stage.gate.wake()
+    assert await waiting is None and observer.queued == {"batch": 0}
