@@ -242,7 +242,7 @@ def routing_verdicts(r: dict[str, Any]) -> list[Verdict]:
             out.append(
                 Verdict(
                     "routing",
-                    f"uniform @ {load:.0%}: TTFT p99 within +5 % of least-load (lower is better, so below counts)",
+                    f"uniform @ {load:.0%}: TTFT p99 at most 1.05× least-load's",
                     text,
                     ratio <= 1.05,
                 )
