@@ -26,8 +26,10 @@ in), no I/O, no asyncio.
 4. **Deadlines.** A request leaves at its deadline (its class's `max_queue_s`, or shorter when it
    asks): `expired` hands those back to be refused (503: the fleet is saturated).
 5. **Depth.** A class holds at most `max_depth` waiting requests. A newcomer to a full class is
-   refused: 429 when its tenant already holds at least its weighted share of the class's queued
-   tokens (the caller's share is used up), else 503 (the fleet is saturated).
+   refused (429) when its tenant already holds at least its weighted share of the class's queued
+   tokens: the caller's share is used up. Otherwise it takes the place of the request that would go
+   last of the tenant furthest over its share (`evict_for`), which is refused instead (429): a
+   tenant that fills the queue cannot keep a lighter one out.
 6. **Release.** `pop(can_start)` gives the first request, in the order above, for which
    `can_start` says a backend can take it now (the caller's view of which backends are free).
 7. **Time to first token** (`TtftModel`). A backend's first token comes after the prefill queued
@@ -206,6 +208,28 @@ class FlowQueue:
         q.held[tenant] = q.held.get(tenant, 0) + item.cost
         heapq.heappush(self._deadlines, (item.deadline, item.seq, item))
         self._len += 1
+        return None
+
+    def evict_for(self, item: Waiting) -> Waiting | None:
+        """Room in `item`'s full class for it (item 5): the last-going request of the tenant holding
+        the most tokens over its weighted share, taken out (None: no tenant is over its share)."""
+        q = self._queues[item.klass]
+        weight_sum = q.weight_sum + (0.0 if item.tenant in q.weights else item.weight)
+        worst, excess = "", 0.0
+        for tenant, held in q.held.items():
+            over = held - q.tokens * q.weights[tenant] / weight_sum
+            if over > excess and tenant != item.tenant:
+                worst, excess = tenant, over
+        if not worst:
+            return None
+        for i in range(len(q.items) - 1, -1, -1):
+            victim = q.items[i]
+            if victim.tenant == worst:
+                del q.items[i]
+                if q.finish.get(worst) == victim.finish:
+                    q.finish[worst] = victim.start  # it is not served: its tokens are not charged
+                self._taken(q, victim)
+                return victim
         return None
 
     def _over_share(self, q: _ClassQueue, item: Waiting) -> bool:

@@ -13,9 +13,10 @@ a class, a deadline, a depth bound) and its coroutine awaits a future until one 
   `fleet_saturated`;
 - **disconnect**: the client left: out of the queue at once, nothing is sent to an engine.
 
-A newcomer to a full class is refused at once: 429 when its tenant holds its weighted share of the
-class's queued tokens, else 503. Refused or shed, the request reached no engine, so admission's
-finalizer releases its whole reservation.
+A newcomer to a full class is refused at once (429) when its tenant holds its weighted share of the
+class's queued tokens; otherwise it takes the place of the last-going request of the tenant furthest
+over its share, which is refused (429) instead (503 when no tenant is over its share). Refused or
+shed, the request reached no engine, so admission's finalizer releases its whole reservation.
 
 Passes over the queue run when an attempt opens, gets its first token or ends on any backend (the
 proxy's `LeaseWatch`), and on a tick of `TICK_S` while anything waits (what other processes finish,
@@ -186,6 +187,12 @@ class Gate:
         weight = self._weights.get(principal.tenant or "", 1.0)
         item = Waiting(klass.name, tenant, max(1, cost), weight, now + wait_s, ticket, now)
         refusal = self.queue.push(item)
+        if refusal == "saturated":
+            victim = self.queue.evict_for(item)
+            if victim is not None:
+                self._count_shed(klass.name, "share")
+                victim.ref.future.set_result("share")
+                refusal = self.queue.push(item)
         if refusal is not None:
             raise self._refused(ctx, klass, item, refusal)
         self._observer.flow_queued(klass.name, self.queue.depth(klass.name))
@@ -224,6 +231,13 @@ class Gate:
         if outcome == "gone":
             ctx.error_kind = "client_disconnect"
             raise ApiError(499, "The client closed the connection while its request was queued.")
+        if outcome == "share":
+            ctx.error_kind = "flow_share"
+            raise self._share_used(
+                klass,
+                "your requests held more than your weighted share of its queued tokens, and a "
+                "request of a tenant below its share took this one's place",
+            )
         ctx.error_kind = "flow_deadline"
         raise self._saturated(klass, f"it waited {round(waited * 1000)} ms in the {klass.name!r} queue")
 
@@ -239,19 +253,24 @@ class Gate:
             self._count_shed(klass.name, "share")
             ctx.error_kind = "flow_share"
             held, total = self.queue.held(klass.name, item.tenant)
-            wait = self._retry_after(klass)
-            return ApiError(
-                429,
-                f"Your share of the {klass.name!r} queue is used up: your requests hold {held:,} of its "
-                f"{total:,} queued tokens, at least your weighted share, while the fleet is saturated. "
-                f"Please try again in {wait}s.",
-                type="requests",
-                code="rate_limit_exceeded",
-                headers={"retry-after": str(wait)},
+            return self._share_used(
+                klass,
+                f"your requests hold {held:,} of its {total:,} queued tokens, at least your "
+                "weighted share, while the fleet is saturated",
             )
         self._count_shed(klass.name, "full")
         ctx.error_kind = "flow_full"
         return self._saturated(klass, f"the {klass.name!r} queue is full ({klass.max_depth} requests wait)")
+
+    def _share_used(self, klass: FlowClass, why: str) -> ApiError:
+        wait = self._retry_after(klass)
+        return ApiError(
+            429,
+            f"Your share of the {klass.name!r} queue is used up: {why}. Please try again in {wait}s.",
+            type="requests",
+            code="rate_limit_exceeded",
+            headers={"retry-after": str(wait)},
+        )
 
     def _saturated(self, klass: FlowClass, why: str) -> ApiError:
         wait = self._retry_after(klass)

@@ -93,16 +93,31 @@ def test_deadlines_expire_in_order() -> None:
     assert q.expired(10.0) == [second] and q.next_deadline() is None
 
 
-def test_a_full_class_refuses_over_share_as_quota_else_as_saturated() -> None:
+def test_a_full_class_refuses_over_share_and_makes_room_below_it() -> None:
     q = FlowQueue(CLASSES)
-    for _ in range(3):
-        assert q.push(waiting("batch", "hog", cost=1000)) is None
+    hogs = [waiting("batch", "hog", cost=1000) for _ in range(3)]
+    for hog in hogs:
+        assert q.push(hog) is None
     assert q.push(waiting("batch", "small", cost=100)) is None
     assert q.depth("batch") == 4 and q.queued_tokens("batch") == 3100
     assert q.push(waiting("batch", "hog", cost=1000)) == "quota"  # it holds more than its half
-    assert q.push(waiting("batch", "small", cost=100)) == "saturated"  # its share is not used up
-    assert q.push(waiting("batch", "new", cost=100)) == "saturated"
-    assert q.depth("batch") == 4
+    small = waiting("batch", "small", cost=100)
+    assert q.push(small) == "saturated"  # full, but its share is not used up:
+    assert q.evict_for(small) is hogs[2] and not hogs[2].queued  # the hog's last request makes room
+    assert q.push(small) is None and q.held("batch", "hog") == (2000, 2200)
+    newcomer = waiting("batch", "new", cost=100)
+    assert q.push(newcomer) == "saturated" and q.evict_for(newcomer) is hogs[1]
+    assert q.push(newcomer) is None
+    # the hog's unserved tokens are not charged: its next request starts where the evicted one did
+    assert q.pop(anyone) is hogs[0] and q.pop(anyone).tenant == "small"
+    later = waiting("batch", "hog", cost=1000)
+    assert q.push(later) is None and later.start == hogs[1].start
+
+
+def test_a_class_that_never_queues_has_nothing_to_evict() -> None:
+    q = FlowQueue([FlowClass("standard", 1, max_queue_s=1.0, max_depth=0)])
+    item = waiting("standard")
+    assert q.push(item) == "saturated" and q.evict_for(item) is None
 
 
 def test_only_a_request_a_free_backend_can_take_is_released() -> None:

@@ -171,21 +171,32 @@ async def test_a_request_past_its_deadline_is_shed_with_503() -> None:
 
 
 @on_virtual_time
-async def test_a_full_class_refuses_429_over_share_and_503_otherwise() -> None:
-    classes = {"standard": {"priority": 1, "max_queue_s": 30, "max_queued": 2}}
+async def test_a_full_class_refuses_over_share_and_makes_room_below_it() -> None:
+    """429 to a newcomer whose tenant holds its share; a newcomer below its share takes the place of
+    the hog's last request, which gets the 429; a class that never waits answers 503."""
+    classes = {
+        "standard": {"priority": 1, "max_queue_s": 30, "max_queued": 2},
+        "batch": {"priority": 2, "max_queue_s": 30, "max_queued": 0},
+    }
     stage, backend, observer = setup(classes=classes)
     saturate(backend)
-    waiting = [asyncio.create_task(stage(request("hog")[0])) for _ in range(2)]
+    first, last = (asyncio.create_task(stage(request("hog")[0])) for _ in range(2))
     await elapse(0.1)
     with pytest.raises(ApiError) as hog:
         await stage(request("hog")[0])
-    with pytest.raises(ApiError) as other:
-        await stage(request("other")[0])
     assert (hog.value.status, hog.value.type, hog.value.code) == (429, "requests", "rate_limit_exceeded")
-    assert (other.value.status, other.value.code) == (503, "fleet_saturated")
-    assert observer.shed == [("standard", "share"), ("standard", "full")]
+    other = asyncio.create_task(stage(request("other")[0]))
+    await elapse(0.1)
+    with pytest.raises(ApiError) as evicted:
+        await last
+    assert (evicted.value.status, evicted.value.code) == (429, "rate_limit_exceeded")
+    assert "took this one's place" in evicted.value.message and not other.done()
+    with pytest.raises(ApiError) as never:
+        await stage(request("b", tier="bulk")[0])
+    assert (never.value.status, never.value.code) == (503, "fleet_saturated")
+    assert observer.shed == [("standard", "share"), ("standard", "share"), ("batch", "full")]
     free(stage, backend)
-    await asyncio.gather(*waiting)
+    assert await first is None and await other is None
 
 
 @on_virtual_time
