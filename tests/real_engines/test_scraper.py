@@ -38,7 +38,7 @@ SLOTS = 8  # both servers' running-request limit (tests/real_engines/servers.py)
 #: while it decodes for 8 requests on 2 cores; with 1,500 tokens the 10 requests once finished before
 #: any scrape showed more than 2 running (the test then cancels them as soon as it saw the load)
 LONG = 3800
-ADMIT_S = 150  # bounds the engine's own admission of the load, which is not under test
+LOADED_S = 240  # bounds the engine's own admission of the load too, which is not under test
 TOP_UP_S, TOP_UPS = 10.0, 6  # one more request that often, at most that many, while none waits
 WAITING = {"vllm": "vllm:num_requests_waiting", "sglang": "sglang:num_queue_reqs"}
 
@@ -82,9 +82,8 @@ async def test_running_waiting_and_kv_use_are_scraped(
     gateway: GatewayProcess, real_engine: EngineServer
 ) -> None:
     """Long requests (whole, not streamed: a stream per token would starve vLLM's API server, and its
-    /metrics with it, on 2 cores) against 8 running slots: eight, then two more once the engine runs
-    eight, and one more each time one is answered, so that two wait for as long as the test looks;
-    cancelled once the scrape showed them.
+    /metrics with it, on 2 cores) against 8 running slots: ten, and one more each time one is
+    answered, so that two wait for as long as the test looks; cancelled once the scrape showed them.
 
     The load goes to the engine itself: what is under test is what the gateway's scraper reads of it."""
     seen: dict[str, float] = {"running": 0, "waiting": 0, "kv_usage": 0}
@@ -92,7 +91,7 @@ async def test_running_waiting_and_kv_use_are_scraped(
     async with (
         httpx.AsyncClient(base_url=gateway.base_url, timeout=60, headers=USER) as client,
         httpx.AsyncClient(
-            base_url=real_engine.base_url, headers=real_engine.headers, timeout=120, trust_env=False
+            base_url=real_engine.base_url, headers=real_engine.headers, timeout=LOADED_S + 60, trust_env=False
         ) as engine,
     ):
 
@@ -101,32 +100,13 @@ async def test_running_waiting_and_kv_use_are_scraped(
             body["model"] = real_engine.served_model_name
             return asyncio.create_task(engine.post("/v1/chat/completions", json=body))
 
-        tasks = [send() for _ in range(SLOTS)]
+        tasks = [send() for _ in range(SLOTS + 2)]
         answered = 0  # and replaced
         try:
-            # the last two only once the engine runs eight, so they must wait: sent with the others, a
-            # starved vLLM API server can hand the engine core two, then the other eight when the
-            # first two have finished - 8 running, never one waiting
-            most = 0.0
-
-            async def full() -> bool:
-                nonlocal most
-                for task in [t for t in tasks if t.done()]:  # a refusal or a transport error, at once
-                    answer = task.result()
-                    raise AssertionError(f"answered before the engine ran {SLOTS}: {answer.status_code}")
-                most = max(most, await asyncio.to_thread(running, real_engine))
-                return most >= SLOTS
-
-            try:  # a vLLM starved beside a busy loop took more than a minute to admit eight
-                await until(full, ADMIT_S, what=f"the engine running {SLOTS} requests")
-            except AssertionError as e:
-                raise AssertionError(f"{e}; the most the engine ran: {most}") from None
-            tasks += [send(), send()]
-
             # each answered request is replaced at once, so two wait until the scrape has seen them: with
             # ten in all, the ten can be answered before a scrape, late on a stalled machine, shows one
-            # waiting. A starved vLLM API server can hold the two back for minutes (the engine runs 8
-            # and queues none): while the engine itself shows none waiting, one more is sent now and then
+            # waiting. A starved vLLM API server can hand the engine a few for minutes and hold the
+            # rest: while the engine itself shows none waiting, one more is sent now and then
             loop = asyncio.get_running_loop()
             extra, topped_at, engine_waiting = 0, loop.time(), 0.0
 
@@ -156,7 +136,7 @@ async def test_running_waiting_and_kv_use_are_scraped(
 
             try:
                 await until(
-                    shown, 90, what=f"the scraper showing the load ({answered} answered and replaced)"
+                    shown, LOADED_S, what=f"the scraper showing the load ({answered} answered and replaced)"
                 )
             except AssertionError as e:
                 raise AssertionError(
