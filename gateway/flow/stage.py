@@ -192,6 +192,7 @@ class FlowStage:
                     "max_queue_s": k.max_queue_s,
                     "max_queued": k.max_depth,
                     "ttft_target_s": k.ttft_target_s,
+                    "max_kv_use": k.max_kv_use,
                 }
                 for k in sorted(self.classes.by_name.values(), key=lambda c: c.priority)
             },

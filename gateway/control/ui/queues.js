@@ -44,12 +44,13 @@ function render(data) {
       el("td", {}, String(c.max_queue_s)),
       el("td", {}, String(c.max_queued)),
       el("td", {}, json(c.ttft_target_s)),
+      el("td", {}, json(c.max_kv_use)),
       el("td", { class: "queued" }, String(here.queued[name] || 0)),
       el("td", {}, json(here.oldest_wait_s[name])),
       REASONS.map((r) => el("td", {}, String(shed[r] || 0))),
     );
   });
-  const columns = ["class", "priority", "max queue (s)", "max queued", "TTFT target (s)", "waiting here", "oldest wait (s)"];
+  const columns = ["class", "priority", "max queue (s)", "max queued", "TTFT target (s)", "KV use at most", "waiting here", "oldest wait (s)"];
   const saturated = here.saturated_backends.length ? here.saturated_backends.join(", ") : "none";
   const replicas = (data.replicas || []).map((r) => [r.process, json(r.queued)]);
   fill(

@@ -112,3 +112,4 @@ def test_an_api_keys_class_must_be_defined_and_is_the_class_of_its_requests(
     assert explained.json()["flow"]["class"] == "batch" and explained.json()["flow"]["state"] == "free"
     flow = http.get("/admin/flow").json()
     assert list(flow["classes"]) == ["interactive", "standard", "batch"] and flow["enabled"] is True
+    assert flow["classes"]["batch"]["max_kv_use"] == 0.8 and flow["classes"]["standard"]["max_kv_use"] is None
