@@ -1,6 +1,6 @@
 """Flow control end to end (docs/flow-control.md): real gateways in front of a simulator that runs one
-sequence at a time. Each test freezes it (its `freeze` fault: no step runs) before the fill, so the
-fill waits in the engine, the gateway sees the waiting gauge (scraped every 0.2 s) and queues
+sequence at a time. Each test freezes it (its `freeze` fault: no step runs) with one request
+running and one waiting, the gateway sees the waiting gauge (scraped every 0.2 s) and queues
 newcomers for as long as the test needs, however slow the machine; thawed, the gateway releases them
 by class and fair share. A deadline or a full class sheds with 503 / 429; a client that leaves while
 queued is dropped before any engine sees it. Order and counts are asserted, never durations."""
@@ -134,12 +134,22 @@ def wait_queued(gw: GatewayProcess, klass: str, n: int, what: str) -> None:
         raise AssertionError(f"{e}; /admin/flow: {flow_report(gw)}") from None
 
 
-def saturate(client: Client, gw: GatewayProcess, sim: SimProcess, n: int = 2) -> None:
-    """The engine frozen and `n` requests waiting in it, until the gateway sees it saturated; it
-    stays so until the test thaws it."""
+def sim_stats(sim: SimProcess) -> dict[str, Any]:
+    stats: dict[str, Any] = httpx.get(sim.base_url + "/sim/stats", timeout=10).json()
+    return stats
+
+
+def saturate(client: Client, gw: GatewayProcess, sim: SimProcess, words: int = 5) -> None:
+    """One request running in the engine, frozen there, and one more waiting behind it, until the
+    gateway sees the engine saturated (and that it runs one at a time, so that it releases one at a
+    time once thawed); it stays saturated until the test thaws it. Each fill is sent only once the
+    engine shows the one before: a fill sent after the gateway saw the queue would wait in the
+    gateway's."""
+    client.send("fill0-", token("filler"), max_tokens=LONG, words=words)
+    wait_until(lambda: sim_stats(sim)["running"] == 1, what="the first fill running")
     freeze(sim)
-    for i in range(n):
-        client.send(f"fill{i}-", token("filler"), max_tokens=LONG)
+    client.send("fill1-", token("filler"), max_tokens=LONG, words=words)
+    wait_until(lambda: sim_stats(sim)["waiting"] == 1, what="the second fill waiting in the engine")
     wait_until(lambda: flow_report(gw)["replica"]["saturated_backends"], what="the engine seen saturated")
 
 
@@ -286,10 +296,8 @@ def test_a_document_the_rules_send_to_a_saturated_pool_waits_for_it_and_others_p
         cfg["routing"]["rules"] = [{"name": "documents", "min_prompt_tokens": 200, "pools": ["vllm"]}]
         with GatewayProcess(cfg, env={"GATEWAY_JWT_SECRET": SECRET}) as gw:
             client = Client(gw)
-            freeze(slow)
-            for i in range(2):  # documents: the rule sends them to the slow pool
-                client.send(f"fill{i}-", token("filler"), max_tokens=LONG, words=300)
-            wait_until(lambda: "vllm-0" in flow_report(gw)["replica"]["saturated_backends"], what="vllm full")
+            saturate(client, gw, slow, words=300)  # documents: the rule sends them to the slow pool
+            assert flow_report(gw)["replica"]["saturated_backends"] == ["vllm-0"]
             client.send("document-", token("reader"), words=300)
             wait_queued(gw, "standard", 1, "the document queued for its pool")
             body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
