@@ -118,9 +118,15 @@ def test_an_operator_can_act_through_an_outage_and_a_redis_that_comes_back_empty
     assert r.status_code == 503 and r.json()["error"]["code"] == "redis_unavailable"
 
     redis.start()  # the same data: the outage is over
-    wait_until(
-        lambda: state(b) == (0.4, True), timeout=10, what="the outage's changes reach the other replica"
-    )
+    try:
+        wait_until(
+            lambda: state(b) == (0.4, True), timeout=10, what="the outage's changes reach the other replica"
+        )
+    except AssertionError as e:  # what each replica holds and said, for a failure on a loaded machine
+        raise AssertionError(
+            f"{e}; a: {state(a)}, not persisted {pools(a)['not_persisted']}; b: {state(b)}\n"
+            f"a's log:\n{a.server_log()[-3000:]}\nb's log:\n{b.server_log()[-3000:]}"
+        ) from None
     assert pools(a)["not_persisted"] == []
     audit = httpx.get(b.base_url + "/admin/audit", headers=ADMIN, timeout=5).json()["entries"]
     assert [e["action"] for e in audit[:2]] == ["drain", "set_weight"]
