@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from engines.sim.launcher import SimProcess
 from gateway.admission.tokens import mint_token
@@ -310,6 +311,18 @@ def test_gateway_on_cluster(cluster_setup: ClusterSetup, sim: SimProcess) -> Non
         _exercise(gw, "shared state: cluster via")
 
 
+async def _started(store: RedisStore) -> None:
+    """The store started; a first connect that outlasts the client's 1 s timeout (a loaded machine)
+    is tried again: what the test is about is the stop."""
+    for attempt in range(3):
+        try:
+            await store.start(lambda o: None)
+            return
+        except RedisTimeoutError:
+            if attempt == 2:
+                raise
+
+
 async def test_stores_on_a_cluster_stop_promptly_every_time(cluster_setup: ClusterSetup) -> None:
     """redis-py's cluster pub/sub swallows a cancel now and then (about one stop in ten, reproduced):
     the stores' tasks must still end, within the stop, every time — else shutdown (or a test's event
@@ -318,8 +331,8 @@ async def test_stores_on_a_cluster_stop_promptly_every_time(cluster_setup: Clust
         a = connect_redis(RedisSettings(mode="cluster", nodes=cluster_setup.nodes[:1]))
         b = connect_redis(RedisSettings(mode="cluster", url=f"redis://{cluster_setup.nodes[2]}"))
         store_a, store_b = RedisStore(a, poll_s=0.2), RedisStore(b, poll_s=0.2)  # type: ignore[arg-type]
-        await store_a.start(lambda o: None)
-        await store_b.start(lambda o: None)
+        await _started(store_a)
+        await _started(store_b)
         tasks = [*store_a._tasks, *store_b._tasks]
         await store_a.change({"weight:vllm": i}, [], audit_entry("test", "weight", "vllm", None, i))
         await asyncio.sleep(0.05 * (i % 4))  # the stop meets the 0.2 s poll at another point each time
