@@ -265,15 +265,22 @@ class RedisStore:
         await self._refresh()
 
     async def change(self, updates: dict[str, Any], deletes: list[str], audit: AuditEntry) -> None:
-        async with self._redis.pipeline(transaction=True) as pipe:
-            if deletes:
-                pipe.hdel(OVERRIDES_KEY, *deletes)
-            if updates:
-                pipe.hset(OVERRIDES_KEY, mapping={k: orjson.dumps(v) for k, v in updates.items()})
-            pipe.incr(VERSION_KEY)
-            pipe.lpush(AUDIT_KEY, orjson.dumps(audit.as_dict()))
-            pipe.ltrim(AUDIT_KEY, 0, AUDIT_MAX - 1)
-            await pipe.execute()
+        try:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                if deletes:
+                    pipe.hdel(OVERRIDES_KEY, *deletes)
+                if updates:
+                    pipe.hset(OVERRIDES_KEY, mapping={k: orjson.dumps(v) for k, v in updates.items()})
+                pipe.incr(VERSION_KEY)
+                pipe.lpush(AUDIT_KEY, orjson.dumps(audit.as_dict()))
+                pipe.ltrim(AUDIT_KEY, 0, AUDIT_MAX - 1)
+                await pipe.execute()
+        except (RedisError, OSError) as exc:
+            # the outage is seen here even when no poll fell inside it (a loaded host can hold the
+            # poller past a short one): the next poll that works then hands the replica's pending
+            # changes back to be written
+            self._outage.failed(exc)
+            raise
         await self._redis.publish(CHANNEL, b"1")
         await self._refresh()
 
