@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.control.store import MemoryStore, Overrides, RedisStore, StateLost, audit_entry
 from gateway.core.fleet import Fleet
@@ -147,3 +150,34 @@ async def test_an_announcement_from_a_new_generation_is_a_reset_not_an_update() 
         finally:
             await store.stop()
             await r.aclose()
+
+
+class _RefusingPipeline:
+    """A pipeline whose transaction Redis refuses (the server is down)."""
+
+    async def __aenter__(self) -> _RefusingPipeline:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None  # queues nothing
+
+    async def execute(self) -> None:
+        raise RedisConnectionError("Error 111 connecting: Connection refused.")
+
+
+class _RefusingRedis:
+    def pipeline(self, transaction: bool = True) -> _RefusingPipeline:
+        return _RefusingPipeline()
+
+
+async def test_a_refused_write_marks_the_outage_though_no_poll_saw_it() -> None:
+    """The next poll that works then refreshes, which hands the replica's pending changes back to be
+    written: a poller held past a short outage must not leave them unwritten."""
+    store = RedisStore(_RefusingRedis(), poll_s=3600)  # type: ignore[arg-type]
+    assert not store._outage.failing
+    with pytest.raises(RedisConnectionError):
+        await store.change({"weight:vllm": 0.4}, [], audit_entry("ops", "set_weight", "vllm", 1.0, 0.4))
+    assert store._outage.failing
