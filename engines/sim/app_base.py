@@ -470,7 +470,7 @@ class SimApp(ABC):
                     raise FaultUpdateError("freeze needs the batching scheduler")
                 faults.update(body)
                 if runner is not None:
-                    runner.freeze(faults.freeze)
+                    runner.wake()  # thawed: the steps go on
             except (orjson.JSONDecodeError, FaultUpdateError) as exc:
                 await asgi.send_json(send, 400, {"error": str(exc)})
                 return

@@ -3,9 +3,10 @@
 `BatchRunner` runs one step at a time: it asks the model for the next batch, waits the batch's
 duration, applies it, wakes the requests that got a token, and starts the next step at once (steps
 keep to a grid: the next one is due when the previous one ends, not after the loop has handled it).
-It sleeps while the engine is idle, and while it is frozen (the `freeze` fault). Each sequence it runs has a `Ticket`: how many tokens it has
-produced, and an awaitable for the next ones (the engine's `BatchRun` waits on it). The engine does
-not wait for a slow client: tokens it has produced are handed out at once.
+It sleeps while the engine is idle, and while `frozen` says so (the `freeze` fault). Each sequence
+it runs has a `Ticket`: how many tokens it has produced, and an awaitable for the next ones (the
+engine's `BatchRun` waits on it). The engine does not wait for a slow client: tokens it has
+produced are handed out at once.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class BatchRunner:
         clock: Callable[[], float] = time.perf_counter,
         on_admit: Callable[[Ticket], None] | None = None,
         on_events: Callable[[list[BlockEvent]], None] | None = None,
+        frozen: Callable[[], bool] = lambda: False,
     ) -> None:
         self.model = model
         self._clock = clock
@@ -76,11 +78,11 @@ class BatchRunner:
         self._free_at = float("-inf")  # loop time the last step ended (the grid)
         self.last_output = float("-inf")  # `clock` time of the last step that emitted a token
         self._next_id = 0
-        self.frozen = False
+        #: whether to take no step now (the step under way ends); `wake` after it turns false
+        self._frozen = frozen
 
-    def freeze(self, frozen: bool) -> None:
-        """Stop taking steps (the step under way ends), or take them again."""
-        self.frozen = frozen
+    def wake(self) -> None:
+        """Take steps again if there is work (after `frozen` changed)."""
         self._kick()
 
     def submit(self, prompt: list[int], out_len: int, *, account: bool = True, **kw: object) -> Ticket:
@@ -100,7 +102,7 @@ class BatchRunner:
             self._kick()  # freed blocks may let a waiting request in
 
     def _kick(self) -> None:
-        if not self._busy and not self.frozen and self.model.busy:
+        if not self._busy and self.model.busy and not self._frozen():
             self._busy = True
             asyncio.get_running_loop().call_soon(self._run_step)
 
@@ -133,7 +135,7 @@ class BatchRunner:
         if result.events and self._on_events is not None:
             self._on_events(result.events)
         self._busy = False
-        if self.model.busy and not self.frozen:
+        if self.model.busy and not self._frozen():
             self._busy = True
             self._run_step()
 

@@ -75,7 +75,11 @@ class Engine:
             self.model = StepEngine(cfg.batch_config())
             self.cache = self.model.cache
             self.runner = BatchRunner(
-                self.model, clock=clock, on_admit=self._admitted, on_events=self._publish
+                self.model,
+                clock=clock,
+                on_admit=self._admitted,
+                on_events=self._publish,
+                frozen=lambda: self.faults.freeze,
             )
         else:
             self.cache = PrefixCache(cfg.block_size, cfg.num_cache_blocks, cfg.prefix_caching)

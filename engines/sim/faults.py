@@ -7,7 +7,7 @@ second request and `1.0` every request. Keys: `fault_rate`, `fault_kind` ("429" 
 "context"), `crash_after` (chunks, or null), `crash_mode` ("cut" | "exit" | "error"), `stall`, `drip_ms`,
 `refuse` (until turned off, over a connection opened before; new ones are closed at once), `refuse_s`
 (refuse new connections for that many seconds), `startup_delay` (503 for that many seconds from now),
-`freeze` (batching scheduler: no step runs, so running requests stop and new ones wait, as on a hung GPU).
+`freeze` (batching scheduler: no step runs, so running requests stop and new ones wait: a hung GPU).
 """
 
 from __future__ import annotations
