@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Final
 
+from engines.base import EngineLoad
 from gateway.core.fleet import Backend, Fleet
 from policies.flow import FlowClass, TtftModel, engine_backlog, kv_full, saturated
 
@@ -101,10 +102,15 @@ class Pressure:
         transit = self.transit.get(backend.name)
         return tokens + transit[1] if transit is not None else tokens
 
+    def _scraped(self, backend: Backend, now: float) -> EngineLoad | None:
+        """`backend`'s last scrape, None when there is none or it is stale."""
+        load = backend.load
+        return None if load is None or now - backend.load_at > self._stale_s else load
+
     def backlog(self, backend: Backend, now: float) -> float:
         """The requests `backend`'s engine holds waiting, as estimated now (`engine_backlog`)."""
-        load = backend.load
-        if load is None or now - backend.load_at > self._stale_s:
+        load = self._scraped(backend, now)
+        if load is None:
             return 0.0
         transit = self.transit.get(backend.name)
         sent = backend.requests_total - backend.scrape_sent + (transit[0] if transit is not None else 0)
@@ -127,9 +133,8 @@ class Pressure:
             return True
         if klass is None or klass.max_kv_use is None:
             return False
-        load = backend.load
-        fresh = load is not None and now - backend.load_at <= self._stale_s
-        return fresh and kv_full(load.kv_usage if load is not None else None, klass.max_kv_use)
+        load = self._scraped(backend, now)
+        return load is not None and kv_full(load.kv_usage, klass.max_kv_use)
 
     def check(
         self, model: str, tokens: int, klass: FlowClass, now: float, only: frozenset[str] | None = None
