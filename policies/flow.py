@@ -150,6 +150,12 @@ class _ClassQueue:
     weight_sum: float = 0.0
 
 
+def _weight_sum_with(q: _ClassQueue, item: Waiting) -> float:
+    """The weights of the tenants queued in `q`, `item`'s tenant counted once whether queued or not:
+    what shares of the class's queued tokens are taken of."""
+    return q.weight_sum + (0.0 if item.tenant in q.weights else item.weight)
+
+
 class FlowQueue:
     """Every class's waiting requests (one per gateway process)."""
 
@@ -214,7 +220,7 @@ class FlowQueue:
         """Room in `item`'s full class for it (item 5): the last-going request of the tenant holding
         the most tokens over its weighted share, taken out (None: no tenant is over its share)."""
         q = self._queues[item.klass]
-        weight_sum = q.weight_sum + (0.0 if item.tenant in q.weights else item.weight)
+        weight_sum = _weight_sum_with(q, item)
         worst, excess = "", 0.0
         for tenant, held in q.held.items():
             over = held - q.tokens * q.weights[tenant] / weight_sum
@@ -236,11 +242,8 @@ class FlowQueue:
         """Does `item`'s tenant hold at least its weighted share of the class's queued tokens?"""
         if q.tokens <= 0:
             return False
-        weight_sum = q.weight_sum
-        if item.tenant not in q.weights:
-            weight_sum += item.weight
         held = q.held.get(item.tenant, 0)
-        return held >= q.tokens * item.weight / weight_sum
+        return held >= q.tokens * item.weight / _weight_sum_with(q, item)
 
     def _taken(self, q: _ClassQueue, item: Waiting) -> None:
         """Bookkeeping of `item` leaving class queue `q` (its list entry is already gone)."""
