@@ -83,12 +83,14 @@ def _share_text(points: dict[float, dict[str, Any]], over: Sequence[float]) -> s
 #: a missed target's figure
 WHY_MISSED = {
     "ttft": "the rest is in the engine: steps shared with documents' prefills",
-    "shares": "waits of 6-7 s: the 8 s window serves the backlog built in arrival order",
+    "shares": "waits reach the {deadline:g} s deadline; the {window:g} s window serves a backlog built in "
+    "arrival order",
 }
 
 
-def _why(measured: str, met: bool | None, key: str) -> str:
-    return f"{measured} ({WHY_MISSED[key]})" if met is False else measured
+def _why(measured: str, met: bool | None, key: str, **run: float) -> str:
+    """`measured`, and when the target is missed why (`WHY_MISSED`, with the run's `run` figures)."""
+    return f"{measured} ({WHY_MISSED[key].format(**run)})" if met is False else measured
 
 
 def overload_verdicts(res: dict[str, Any]) -> list[Verdict]:
@@ -118,7 +120,10 @@ def overload_verdicts(res: dict[str, Any]) -> list[Verdict]:
     if have:
         devs = [abs(s["ratio"] - 1) for x in over for s in on[x]["shares"].values() if s["backlogged"]]
         met = all(d <= 0.10 for d in devs) if devs else None
-        out.append(Verdict("overload", target, _why(_share_text(on, over), met, "shares"), met))
+        lo, hi = res.get("share_window") or (0.0, 0.0)
+        deadline = float(res.get("classes", {}).get("batch", {}).get("max_queue_s", 0.0))
+        text = _why(_share_text(on, over), met, "shares", deadline=deadline, window=hi - lo)
+        out.append(Verdict("overload", target, text, met))
     else:
         out.append(Verdict("overload", target, absent, None))
 
