@@ -14,7 +14,10 @@ Per backend (`_Stream.run`):
 - sequence numbers: the first message after connecting, or a gap, is filled from the engine's replay
   socket when one is configured (vLLM's `replay_endpoint`: a ROUTER that sends the buffered batches
   from a sequence on); a gap that cannot be filled is `KvIndex.gap` (forget, distrust for a while); a
-  sequence that goes back (the engine restarted, its counter too) is `KvIndex.cleared`.
+  sequence that goes back (the engine restarted, its counter too) is `KvIndex.cleared`;
+- a stream silent for `CATCH_UP_AFTER_S` after a message (or its connection) asks the replay socket
+  once for anything after its last sequence: a batch the publisher dropped (a subscription still on
+  its way, ZMQ's "slow joiner", or a full send queue) is learnt then, not at the engine's next batch.
 Nothing here can fail a request: every error is logged (rate-limited) and the loop goes on; the index
 only ever loses knowledge, and routing without it is the approximate affinity.
 
@@ -46,6 +49,9 @@ log = logging.getLogger("gateway.kv_events")
 _MONITORED = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED
 #: messages handled before yielding to the event loop (a replay may bring thousands)
 _YIELD_EVERY = 64
+#: silence after which a stream with a replay socket asks it, once, for batches it did not hear: an
+#: idle engine's last batches are not followed by another that would reveal the gap
+CATCH_UP_AFTER_S = 2.0
 
 
 class StreamReport(NamedTuple):
@@ -77,11 +83,13 @@ class KvEventSubscriber:
         clock: Callable[[], float] = time.monotonic,
         heartbeat_s: float = 1.0,
         replay_timeout_s: float = 2.0,
+        catch_up_after_s: float = CATCH_UP_AFTER_S,
     ) -> None:
         self.index = index
         self._clock = clock
         self._heartbeat_ms = max(1, int(heartbeat_s * 1000))
         self._replay_timeout_s = replay_timeout_s
+        self._catch_up_ms = max(1, int(catch_up_after_s * 1000))
         self._ctx: zmq.asyncio.Context | None = None  # made on the first watch (an I/O thread)
         self._streams: dict[str, tuple[KvSource, asyncio.Task[None], _Stream]] = {}
 
@@ -165,6 +173,7 @@ class _Stream:
         self.backend = backend
         self.source = source
         self.last: int | None = None  # last sequence applied
+        self.heard = -1  # last sequence received on the SUB socket (`last` may be ahead: a catch-up)
         self.messages = 0
         self.events = 0
         self.skipped = 0  # events of another tier or group, or malformed
@@ -203,8 +212,15 @@ class _Stream:
         poller.register(sub, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
         index = self.owner.index
+        silence_ms = self.owner._catch_up_ms if self.source.replay_endpoint else None
+        armed = False  # a message (or the connection) since the last catch-up
         while True:
-            ready = dict(await poller.poll())
+            ready = dict(await poller.poll(silence_ms if armed else None))
+            if not ready:
+                armed = False
+                await self._catch_up()
+                continue
+            armed = True
             if monitor in ready:
                 event = parse_monitor_message(await monitor.recv_multipart())
                 kind = event["event"]
@@ -237,12 +253,13 @@ class _Stream:
             return
         _, seq_frame, payload = frames
         seq = sequence(seq_frame)
+        heard, self.heard = self.heard, seq
         index = self.owner.index
         index.tick(self.owner._clock())
         last = self.last
         if last is not None and seq <= last:
-            if seq == last and not self._reconnected:
-                return  # a duplicate
+            if not self._reconnected and (seq == last or seq > heard):
+                return  # a duplicate, or a batch a catch-up already applied
             # the sequence went back: the publisher (the engine) restarted with an empty cache
             self.restarts += 1
             index.cleared(self.backend)
@@ -284,10 +301,22 @@ class _Stream:
         self.skipped += batch.skipped
         self.last = seq
 
-    async def _replay(self, start: int, until: int, *, strict: bool) -> bool:
+    async def _catch_up(self) -> None:
+        """The batches after the last one applied that the replay buffer holds. Not while a
+        reconnection to a publisher heard before is unconfirmed: the next live message's sequence
+        says whether the engine restarted, and a catch-up ahead of it would hide that."""
+        if not self.connected or (self._reconnected and self.last is not None):
+            return
+        fresh = self.last is None
+        await self._replay(0 if self.last is None else self.last + 1, None, strict=not fresh)
+        if fresh and self.last is not None:
+            self._reconnected = False  # the replayed sequence is the stream's, as a first message's is
+
+    async def _replay(self, start: int, until: int | None, *, strict: bool) -> bool:
         """Ask the replay socket for the batches from `start` up to `until` (excluded: it is being
-        handled); True when every one of them was applied. Not `strict` (joining a running engine):
-        the buffer's oldest batch may be later than `start`, and it is taken from there."""
+        handled; None: all it holds); True when every one of them was applied. Not `strict` (joining a
+        running engine): the buffer's oldest batch may be later than `start`, and it is taken from
+        there."""
         endpoint = self.source.replay_endpoint
         assert endpoint is not None
         sock = self.owner._socket(zmq.DEALER)
@@ -307,8 +336,8 @@ class _Stream:
                     continue
                 seq = sequence(frames[2])
                 if seq == END_SEQ:
-                    return want >= until
-                if seq < want or seq >= until:
+                    return until is None or want >= until
+                if seq < want or (until is not None and seq >= until):
                     continue
                 if not strict and handled == 0:
                     want = seq
