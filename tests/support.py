@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.cookiejar
 import inspect
 import os
 import shutil
@@ -39,9 +40,18 @@ WAIT_S = 10.0
 #: how often it looks meanwhile
 POLL_S = 0.02
 
+#: the tests' one client for plain calls to loopback servers. A client per call (`httpx.get`) parses
+#: the system's CA bundle each time, ~25 ms of CPU, which a poll every POLL_S turns into most of a
+#: core. A new connection per request, as before; no cookie is kept from one test to the next.
+HTTP = httpx.Client(
+    limits=httpx.Limits(max_keepalive_connections=0),
+    cookies=http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[])),
+)
+
 T = TypeVar("T")
 
 __all__ = [
+    "HTTP",
     "WAIT_S",
     "GatewayProcess",
     "Recorder",
@@ -158,7 +168,7 @@ def received_chat(
     not by the simulator's request count: the gateway's warm-ups (a one-token `POST /v1/completions`
     of a hot group's preamble, sent to another backend in the background) are generation requests
     too."""
-    r = httpx.get(base_url + "/sim/requests", params={"limit": last}, timeout=5)
+    r = HTTP.get(base_url + "/sim/requests", params={"limit": last}, timeout=5)
     r.raise_for_status()
     wanted = body["messages"][-1]
     for seen in reversed(r.json()["requests"]):
@@ -252,7 +262,7 @@ class GatewayProcess:
             if not self._wait_ready:
                 return True
             try:
-                status = httpx.get(self.base_url + "/readyz", timeout=1).status_code
+                status = HTTP.get(self.base_url + "/readyz", timeout=1).status_code
             except httpx.HTTPError as e:
                 seen[0] = f"/readyz failed: {e!r}"
                 return False

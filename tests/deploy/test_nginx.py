@@ -23,7 +23,7 @@ import pytest
 from engines.sim.launcher import SimProcess
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.deploy.manifests import COMPOSE_DIR
-from tests.support import GatewayProcess, free_port, wait_until
+from tests.support import HTTP, GatewayProcess, free_port, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -72,7 +72,7 @@ def stack(sim: SimProcess) -> Iterator[tuple[str, list[GatewayProcess]]]:
 
         def up() -> bool:
             try:
-                return httpx.get(base + "/nginx-health", timeout=1).status_code == 200
+                return HTTP.get(base + "/nginx-health", timeout=1).status_code == 200
             except httpx.HTTPError:
                 return False
 
@@ -89,8 +89,8 @@ def stack(sim: SimProcess) -> Iterator[tuple[str, list[GatewayProcess]]]:
 
 def test_health_and_metrics_paths(stack: tuple[str, list[GatewayProcess]]) -> None:
     base, _ = stack
-    assert httpx.get(base + "/nginx-health", timeout=5).text == "ok\n"
-    assert httpx.get(base + "/metrics", timeout=5).status_code == 404
+    assert HTTP.get(base + "/nginx-health", timeout=5).text == "ok\n"
+    assert HTTP.get(base + "/metrics", timeout=5).status_code == 404
 
 
 def test_streams_pass_through_unbuffered(stack: tuple[str, list[GatewayProcess]]) -> None:
@@ -98,7 +98,7 @@ def test_streams_pass_through_unbuffered(stack: tuple[str, list[GatewayProcess]]
     body = {**BODY, "max_tokens": 20, "stream": True, "ignore_eos": True}
     t0 = time.monotonic()
     arrivals: list[float] = []
-    with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=30) as r:
+    with HTTP.stream("POST", base + "/v1/chat/completions", json=body, timeout=30) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         assert r.headers["x-gateway-pool"] == "vllm"
         text = ""
@@ -117,7 +117,7 @@ def test_both_replicas_serve_and_a_killed_one_is_skipped(stack: tuple[str, list[
     base, gateways = stack
 
     def served(gw: GatewayProcess) -> float:
-        text = httpx.get(gw.base_url + "/metrics", timeout=5).text
+        text = HTTP.get(gw.base_url + "/metrics", timeout=5).text
         return sum(
             float(v)
             for v in re.findall(r'^gateway_requests_total\{[^}]*status="200"[^}]*\} (\S+)$', text, re.M)
@@ -125,12 +125,12 @@ def test_both_replicas_serve_and_a_killed_one_is_skipped(stack: tuple[str, list[
 
     before = [served(g) for g in gateways]
     for _ in range(10):
-        assert httpx.post(base + "/v1/chat/completions", json=BODY, timeout=10).status_code == 200
+        assert HTTP.post(base + "/v1/chat/completions", json=BODY, timeout=10).status_code == 200
     after = [served(g) for g in gateways]
     assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)
 
     assert gateways[0].proc is not None
     gateways[0].proc.kill()
     gateways[0].proc.wait(5)
-    codes = [httpx.post(base + "/v1/chat/completions", json=BODY, timeout=10).status_code for _ in range(20)]
+    codes = [HTTP.post(base + "/v1/chat/completions", json=BODY, timeout=10).status_code for _ in range(20)]
     assert codes == [200] * 20

@@ -38,7 +38,7 @@ import yaml
 
 from engines.sim.launcher import SimProcess, free_port
 from gateway.demo import SERVED, sim_flags
-from tests.support import GatewayProcess, RedisServer, wait_until
+from tests.support import HTTP, GatewayProcess, RedisServer, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -175,7 +175,7 @@ class Prometheus:
             if self.proc.poll() is not None:
                 raise AssertionError(f"prometheus exited: {self._log_path.read_text()}")
             with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(self.url + "/-/ready", timeout=1).status_code == 200
+                return HTTP.get(self.url + "/-/ready", timeout=1).status_code == 200
             return False
 
         wait_until(ready, 20, "prometheus ready")
@@ -193,7 +193,7 @@ class Prometheus:
             self._log.close()
 
     def query(self, expr: str) -> list[dict[str, Any]]:
-        r = httpx.get(self.url + "/api/v1/query", params={"query": expr}, timeout=5)
+        r = HTTP.get(self.url + "/api/v1/query", params={"query": expr}, timeout=5)
         body = r.json()
         assert r.status_code == 200 and body["status"] == "success", f"{expr}: {body}"
         result: list[dict[str, Any]] = body["data"]["result"]
@@ -204,7 +204,7 @@ class Prometheus:
         return float(result[0]["value"][1]) if result else float("nan")
 
     def api(self, path: str) -> Any:
-        body = httpx.get(self.url + path, timeout=5).json()
+        body = HTTP.get(self.url + path, timeout=5).json()
         assert body["status"] == "success", body
         return body["data"]
 

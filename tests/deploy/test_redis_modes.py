@@ -9,7 +9,6 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import httpx
 import pytest
 from pydantic import ValidationError
 from redis.asyncio import Redis
@@ -25,7 +24,7 @@ from gateway.demo import SERVED
 from gateway.settings import RedisSettings, parse_settings
 from tests.conftest import fast_sim
 from tests.deploy.redis_topologies import ClusterSetup, SentinelSetup, _Processes
-from tests.support import WAIT_S, GatewayProcess, Recorder, RedisServer, free_port, until
+from tests.support import HTTP, WAIT_S, GatewayProcess, Recorder, RedisServer, free_port, until
 
 pytestmark = pytest.mark.processes
 
@@ -280,12 +279,12 @@ def _exercise(gw: GatewayProcess, expect_log: str) -> None:
     user = {"authorization": "Bearer " + mint_token(SECRET, f"u{time.time_ns()}")}
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
     codes = [
-        httpx.post(gw.base_url + "/v1/chat/completions", json=body, headers=user, timeout=10).status_code
+        HTTP.post(gw.base_url + "/v1/chat/completions", json=body, headers=user, timeout=10).status_code
         for _ in range(3)
     ]
     assert codes == [200, 200, 429]
     admin = {"authorization": "Bearer " + mint_token(SECRET, "ops", roles=["admin"])}
-    r = httpx.put(gw.base_url + "/admin/pools/vllm/weight", json={"weight": 0.25}, headers=admin, timeout=10)
+    r = HTTP.put(gw.base_url + "/admin/pools/vllm/weight", json={"weight": 0.25}, headers=admin, timeout=10)
     assert (r.json()["ok"], r.json()["shared"], r.json()["persisted"]) == (True, True, True)
     assert expect_log in gw.log()
 

@@ -25,7 +25,7 @@ from gateway.admission.limits_redis import LEASE_S
 from gateway.admission.tokens import mint_token
 from gateway.demo import SERVED
 from tests.conftest import MODEL, fast_sim
-from tests.support import GatewayProcess, RedisServer, wait_until
+from tests.support import HTTP, GatewayProcess, RedisServer, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -90,9 +90,7 @@ def replicas(redis_server: RedisServer) -> Iterator[list[GatewayProcess]]:
 
 
 def _status(gw: GatewayProcess, headers: dict[str, str]) -> int:
-    return httpx.post(
-        gw.base_url + "/v1/chat/completions", json=CHAT, headers=headers, timeout=10
-    ).status_code
+    return HTTP.post(gw.base_url + "/v1/chat/completions", json=CHAT, headers=headers, timeout=10).status_code
 
 
 async def _spread(gateways: list[GatewayProcess], headers: dict[str, str], n: int) -> list[httpx.Response]:
@@ -126,21 +124,21 @@ def test_limits_are_exact_across_replicas(replicas: list[GatewayProcess]) -> Non
         for _ in range(RPM // 3):
             assert _status(gw, steady) == 200
     for gw in replicas:
-        refused = httpx.post(gw.base_url + "/v1/chat/completions", json=CHAT, headers=steady, timeout=10)
+        refused = HTTP.post(gw.base_url + "/v1/chat/completions", json=CHAT, headers=steady, timeout=10)
         assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
     # and another user is untouched
     assert {r.status_code for r in asyncio.run(_spread(replicas, user("other-user", "rpm"), 6))} == {200}
 
 
 def _pools(gw: GatewayProcess) -> dict[str, Any]:
-    r = httpx.get(gw.base_url + "/admin/pools", headers=ADMIN, timeout=5)
+    r = HTTP.get(gw.base_url + "/admin/pools", headers=ADMIN, timeout=5)
     assert r.status_code == 200, r.text
     return {p["name"]: p for p in r.json()["pools"]}
 
 
 def test_admin_changes_reach_every_replica(replicas: list[GatewayProcess]) -> None:
     a, b, c = replicas
-    r = httpx.put(a.base_url + "/admin/pools/sglang/weight", json={"weight": 0}, headers=ADMIN, timeout=5)
+    r = HTTP.put(a.base_url + "/admin/pools/sglang/weight", json={"weight": 0}, headers=ADMIN, timeout=5)
     assert (r.json()["ok"], r.json()["shared"], r.json()["persisted"]) == (True, True, True)
     wait_until(
         lambda: all(_pools(g)["sglang"]["weight"] == 0 for g in (b, c)), what="weight on every replica"
@@ -148,9 +146,9 @@ def test_admin_changes_reach_every_replica(replicas: list[GatewayProcess]) -> No
     # … and it is obeyed: every replica now routes everything to the vLLM pool
     for gw in replicas:
         for _ in range(4):
-            resp = httpx.post(gw.base_url + "/v1/chat/completions", json=CHAT, headers=user("w"), timeout=10)
+            resp = HTTP.post(gw.base_url + "/v1/chat/completions", json=CHAT, headers=user("w"), timeout=10)
             assert resp.status_code == 200 and resp.headers["x-gateway-pool"] == "vllm"
-    r = httpx.put(
+    r = HTTP.put(
         b.base_url + "/admin/backends/vllm-1/drain", json={"draining": True}, headers=ADMIN, timeout=5
     )
     assert r.status_code == 200
@@ -161,8 +159,8 @@ def test_admin_changes_reach_every_replica(replicas: list[GatewayProcess]) -> No
         1.0,
         what="drain on every replica",
     )
-    httpx.put(c.base_url + "/admin/backends/vllm-1/drain", json={"draining": False}, headers=ADMIN, timeout=5)
-    httpx.put(c.base_url + "/admin/pools/sglang/weight", json={"weight": 0.5}, headers=ADMIN, timeout=5)
+    HTTP.put(c.base_url + "/admin/backends/vllm-1/drain", json={"draining": False}, headers=ADMIN, timeout=5)
+    HTTP.put(c.base_url + "/admin/pools/sglang/weight", json={"weight": 0.5}, headers=ADMIN, timeout=5)
     wait_until(lambda: all(_pools(g)["sglang"]["weight"] == 0.5 for g in replicas), 1.0, what="restored")
 
 

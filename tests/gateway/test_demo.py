@@ -19,7 +19,7 @@ from openai import OpenAI
 from engines.sim.launcher import free_port
 from gateway.demo import MODEL
 from tests.engines.sim.helpers import wav
-from tests.support import wait_until
+from tests.support import HTTP, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -110,7 +110,7 @@ def test_the_banner_tokens_answer_on_both_pools(demo: Demo) -> None:
     wait_until(lambda: _ready(demo.port), READY_S, what="a healthy backend")
     console = re.search(r"^\s*console\s+(\S+)", demo.text(), re.M)
     assert console and console.group(1) == f"http://127.0.0.1:{demo.port}/admin/ui"
-    assert httpx.get(console.group(1), timeout=5).headers["content-type"].startswith("text/html")
+    assert HTTP.get(console.group(1), timeout=5).headers["content-type"].startswith("text/html")
     reply = user.chat.completions.create(model=model.group(1), messages=[{"role": "user", "content": "Hi"}])
     assert reply.choices[0].message.content
     for pool in ("vllm", "sglang"):
@@ -128,7 +128,7 @@ def test_the_banner_tokens_answer_on_both_pools(demo: Demo) -> None:
     rerank = re.search(r"curl -s (\S+/v1/rerank) .*?-d '([^']+)'", demo.text(), re.S)
     assert rerank, demo.text()
     headers = {"authorization": f"Bearer {demo.token('user token')}"}
-    ranked = httpx.post(rerank.group(1), content=rerank.group(2), headers=headers, timeout=10)
+    ranked = HTTP.post(rerank.group(1), content=rerank.group(2), headers=headers, timeout=10)
     assert ranked.status_code == 200 and ranked.json()["results"][0]["index"] == 0
     heard = user.audio.transcriptions.create(model=also.group(2), file=("a.wav", wav(1.0)))
     assert heard.text
@@ -154,7 +154,7 @@ READY_S = 90
 
 def _ready(port: int) -> bool:
     try:
-        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200
+        return HTTP.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -183,14 +183,14 @@ def test_the_demo_enforces_limits_and_reports_spend(demo: Demo) -> None:
     wait_until(lambda: _ready(demo.port), READY_S, what="a healthy backend")
     body = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}]}
     user = {"authorization": f"Bearer {demo.token('user token')}"}
-    r = httpx.post(base + "/v1/chat/completions", json=body, headers=user)
+    r = HTTP.post(base + "/v1/chat/completions", json=body, headers=user)
     assert r.status_code == 200, r.text
     limits = (r.headers["x-ratelimit-limit-requests"], r.headers["x-ratelimit-limit-tokens"])
     assert limits == ("60", "100000")
     assert r.headers["x-ratelimit-remaining-requests"] == "59"
     statuses = []
     for _ in range(5):
-        t = httpx.post(
+        t = HTTP.post(
             base + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {tight.group(1)}"}
         )
         statuses.append(t.status_code)
@@ -199,11 +199,11 @@ def test_the_demo_enforces_limits_and_reports_spend(demo: Demo) -> None:
     assert f"{base}/admin/spend?user=demo-user" in banner
     batch = re.search(r"batch token  tier batch: .*class batch.*\n\s+(\S+)", banner)
     assert batch, banner
-    b = httpx.post(
+    b = HTTP.post(
         base + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {batch.group(1)}"}
     )
     assert b.status_code == 200 and b.headers["x-ratelimit-limit-requests"] == "100000", b.text
-    spend = httpx.get(
+    spend = HTTP.get(
         base + "/admin/spend",
         params={"user": "demo-user"},
         headers={"authorization": f"Bearer {demo.token('admin token')}"},

@@ -6,12 +6,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from gateway.admission.tokens import mint_token
 from tests.conftest import MODEL, fast_sim, single_pool_config
-from tests.support import GatewayProcess
+from tests.support import HTTP, GatewayProcess
 
 pytestmark = pytest.mark.processes
 
@@ -30,23 +29,23 @@ def gateway() -> Iterator[GatewayProcess]:
 
 
 def drain(gw: GatewayProcess, name: str, draining: bool) -> None:
-    r = httpx.put(f"{gw.base_url}/admin/backends/{name}/drain", json={"draining": draining}, headers=ADMIN)
+    r = HTTP.put(f"{gw.base_url}/admin/backends/{name}/drain", json={"draining": draining}, headers=ADMIN)
     assert r.status_code == 200, r.text
 
 
 def test_a_model_without_a_routable_backend_is_not_ready_and_says_why(gateway: GatewayProcess) -> None:
-    assert httpx.get(gateway.base_url + "/readyz").json() == {"status": "ready"}
+    assert HTTP.get(gateway.base_url + "/readyz").json() == {"status": "ready"}
     drain(gateway, "vllm-0", True)
-    assert httpx.get(gateway.base_url + "/readyz").status_code == 200  # one backend still serves it
+    assert HTTP.get(gateway.base_url + "/readyz").status_code == 200  # one backend still serves it
     drain(gateway, "vllm-1", True)
     try:
-        r = httpx.get(gateway.base_url + "/readyz")
+        r = HTTP.get(gateway.base_url + "/readyz")
         assert r.status_code == 503
         assert r.json() == {
             "status": "not ready",
             "reasons": [f"model {MODEL}: no routable backend (2 draining)"],
         }
-        r = httpx.post(gateway.base_url + "/v1/chat/completions", json=CHAT, headers=ADMIN, timeout=10)
+        r = HTTP.post(gateway.base_url + "/v1/chat/completions", json=CHAT, headers=ADMIN, timeout=10)
         assert r.status_code == 503
         error = r.json()["error"]
         assert error["code"] == "no_backend" and error["type"] == "server_error"
@@ -58,4 +57,4 @@ def test_a_model_without_a_routable_backend_is_not_ready_and_says_why(gateway: G
     finally:
         drain(gateway, "vllm-0", False)
         drain(gateway, "vllm-1", False)
-    assert httpx.get(gateway.base_url + "/readyz").status_code == 200
+    assert HTTP.get(gateway.base_url + "/readyz").status_code == 200

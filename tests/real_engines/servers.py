@@ -2,7 +2,7 @@
 
     model = build_tiny_model()
     with VllmServer(model) as vllm:            # `vllm serve <model>` in .engines/vllm
-        httpx.get(vllm.base_url + "/v1/models")
+        HTTP.get(vllm.base_url + "/v1/models")
 
 Each server runs from its own cached environment in `.engines/<engine>/` (made by
 `scripts/ensure_engines.py`, which `make test` runs first); a missing environment is an error that says

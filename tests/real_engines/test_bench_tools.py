@@ -16,14 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from gateway.admission.tokens import mint_token
 from tests.conftest import MODEL
 from tests.real_engines.rig import metric, real_pool_config
 from tests.real_engines.servers import HERE, OFFLINE_ENV, SglangServer, VllmServer, engine_bin
-from tests.support import GatewayProcess
+from tests.support import HTTP, GatewayProcess
 
 pytestmark = pytest.mark.timeout(400)  # the servers' start, then each tool's import (~20-40 s)
 
@@ -58,7 +57,7 @@ def run_tool(engine: str, argv: list[str], tmp: Path, **env: str) -> None:
 
 
 def answered(gateway: GatewayProcess) -> float:
-    text = httpx.get(gateway.base_url + "/metrics", timeout=10).text
+    text = HTTP.get(gateway.base_url + "/metrics", timeout=10).text
     return metric(text, "gateway_requests_total", 'status="200"')
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from tests.real_engines.rig import ENGINE_KEY, chat, metric, real_pool_config
 from tests.real_engines.servers import EngineServer
-from tests.support import GatewayProcess
+from tests.support import HTTP, GatewayProcess
 
 pytestmark = pytest.mark.timeout(300)  # the first test may wait for a server's startup
 
@@ -46,10 +46,10 @@ def test_a_key_the_engine_refuses_is_a_502_upstream_auth(real_engine: EngineServ
     config = real_pool_config(real_engine.engine, [real_engine.base_url], real_engine.served_model_name)
     config["pools"][0]["api_key_env"] = WRONG_ENV
     with GatewayProcess(config, env={WRONG_ENV: "not-the-engine-key"}) as gw:
-        r = httpx.post(gw.base_url + "/v1/chat/completions", json=chat("a wrong key"), timeout=120)
+        r = HTTP.post(gw.base_url + "/v1/chat/completions", json=chat("a wrong key"), timeout=120)
         assert r.status_code == 502, r.text
         error = r.json()["error"]
         assert error["type"] == "server_error" and error["code"] == "upstream_auth"
         assert real_engine.base_url not in r.text and "not-the-engine-key" not in r.text
-        text = httpx.get(gw.base_url + "/metrics", timeout=10).text
+        text = HTTP.get(gw.base_url + "/metrics", timeout=10).text
         assert metric(text, "gateway_upstream_errors_total", 'kind="engine_auth"') >= 1

@@ -19,7 +19,6 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
 from engines.sim.launcher import free_port
@@ -28,7 +27,7 @@ from tests.conftest import MODEL, fast_sim
 from tests.real_engines.conftest import LORA_MODEL, SERVED_MODEL
 from tests.real_engines.rig import ENGINE_HEADERS, kv_event_batches, metric, real_pool_config
 from tests.real_engines.servers import VllmServer
-from tests.support import GatewayProcess, wait_until
+from tests.support import HTTP, GatewayProcess, wait_until
 
 pytestmark = [
     pytest.mark.processes,
@@ -67,7 +66,7 @@ def gateway(real_vllm_spare: VllmServer) -> Iterator[GatewayProcess]:
     with GatewayProcess(config, env={"GATEWAY_JWT_SECRET": SECRET}) as gw:
 
         def connected() -> bool:
-            text = httpx.get(gw.base_url + "/metrics", timeout=10).text
+            text = HTTP.get(gw.base_url + "/metrics", timeout=10).text
             return metric(text, "gateway_kv_stream_connected", 'backend="lora"') == 1
 
         wait_until(connected, 20, what="the subscription to the spare's publisher")
@@ -83,20 +82,20 @@ def gateway(real_vllm_spare: VllmServer) -> Iterator[GatewayProcess]:
 
 
 def held(gateway: GatewayProcess, body: dict[str, Any]) -> int:
-    r = httpx.post(gateway.base_url + "/admin/routes/explain", json=body, headers=ADMIN, timeout=30)
+    r = HTTP.post(gateway.base_url + "/admin/routes/explain", json=body, headers=ADMIN, timeout=30)
     assert r.status_code == 200, r.text
     return int(r.json()["kv_held_tokens"]["lora"])
 
 
 def send(gateway: GatewayProcess, body: dict[str, Any]) -> tuple[str, int]:
     """The route's reason and the prompt tokens the engine read from its cache."""
-    r = httpx.post(gateway.base_url + "/v1/chat/completions", json=body, headers=USER, timeout=120)
+    r = HTTP.post(gateway.base_url + "/v1/chat/completions", json=body, headers=USER, timeout=120)
     assert r.status_code == 200, r.text
     return r.headers["x-gateway-route"], int(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
 
 
 def test_the_spare_serves_the_adapter(real_vllm_spare: VllmServer) -> None:
-    models = httpx.get(
+    models = HTTP.get(
         real_vllm_spare.base_url + "/v1/models", headers=real_vllm_spare.headers, timeout=10
     ).json()["data"]
     assert {(m["id"], m.get("parent")) for m in models} == {(SERVED_MODEL, None), (LORA_MODEL, SERVED_MODEL)}
@@ -129,7 +128,7 @@ def test_the_simulator_serves_and_publishes_an_adapter_as_vllm_does(real_vllm_sp
 
 
 def models(url: str) -> list[dict[str, Any]]:
-    r = httpx.get(url + "/v1/models", headers=ENGINE_HEADERS, timeout=10)
+    r = HTTP.get(url + "/v1/models", headers=ENGINE_HEADERS, timeout=10)
     assert r.status_code == 200, r.text
     data: list[dict[str, Any]] = r.json()["data"]
     return data
@@ -141,7 +140,7 @@ def lora_store(url: str, endpoint: str, seed: int) -> dict[str, Any]:
 
     def send() -> None:
         body = dict(chat(LORA_MODEL, seed), max_tokens=1)
-        r = httpx.post(url + "/v1/chat/completions", json=body, headers=ENGINE_HEADERS, timeout=120)
+        r = HTTP.post(url + "/v1/chat/completions", json=body, headers=ENGINE_HEADERS, timeout=120)
         assert r.status_code == 200, r.text
 
     with contextlib.closing(kv_event_batches(endpoint, send, timeout=20)) as batches:

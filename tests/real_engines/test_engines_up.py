@@ -22,7 +22,7 @@ import pytest
 from engines.sim.block_hashes import SglangBlockHasher
 from tests.real_engines.rig import kv_event_batches
 from tests.real_engines.servers import EngineServer, SglangServer, VllmServer
-from tests.support import wait_until
+from tests.support import HTTP, wait_until
 
 pytestmark = [
     pytest.mark.processes,
@@ -43,7 +43,7 @@ def chat(server: EngineServer, content: str, **extra: Any) -> httpx.Response:
         "ignore_eos": True,
         **extra,
     }
-    return httpx.post(server.base_url + "/v1/chat/completions", json=body, headers=server.headers, timeout=60)
+    return HTTP.post(server.base_url + "/v1/chat/completions", json=body, headers=server.headers, timeout=60)
 
 
 def metric(text: str, name: str, model: str) -> float:
@@ -55,13 +55,13 @@ def metric(text: str, name: str, model: str) -> float:
 
 
 def scrape(server: EngineServer) -> str:
-    response = httpx.get(server.base_url + "/metrics", timeout=10)
+    response = HTTP.get(server.base_url + "/metrics", timeout=10)
     assert response.status_code == 200
     return response.text
 
 
 def test_models_lists_the_served_name(real_engine: EngineServer) -> None:
-    response = httpx.get(real_engine.base_url + "/v1/models", headers=real_engine.headers, timeout=10)
+    response = HTTP.get(real_engine.base_url + "/v1/models", headers=real_engine.headers, timeout=10)
     assert response.status_code == 200
     body = response.json()
     assert body["object"] == "list"
@@ -105,7 +105,7 @@ def test_chat_streams_sse(real_engine: EngineServer) -> None:
     }
     events: list[str] = []
     url = real_engine.base_url + "/v1/chat/completions"
-    with httpx.stream("POST", url, json=body, headers=real_engine.headers, timeout=60) as r:
+    with HTTP.stream("POST", url, json=body, headers=real_engine.headers, timeout=60) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         for line in r.iter_lines():
@@ -174,7 +174,7 @@ def test_repeated_prompt_hits_the_prefix_cache(real_engine: EngineServer) -> Non
 
 def test_vllm_publishes_kv_cache_events(real_vllm: VllmServer) -> None:
     prompt = f"{uuid.uuid4()} " + " ".join(f"event block {i}." for i in range(40))
-    tokenized = httpx.post(
+    tokenized = HTTP.post(
         real_vllm.base_url + "/tokenize",
         json={"model": real_vllm.served_model_name, "messages": [{"role": "user", "content": prompt}]},
         headers=real_vllm.headers,
@@ -221,7 +221,7 @@ def test_sglang_publishes_kv_cache_events(real_sglang: SglangServer) -> None:
     last hash), and the prompt's every token stored after its prefill (the answer's tokens but its
     last when the request finishes)."""
     prompt = f"{uuid.uuid4()} " + " ".join(f"event page {i}." for i in range(40))
-    tokenized = httpx.post(
+    tokenized = HTTP.post(
         real_sglang.base_url + "/tokenize",
         json={"model": real_sglang.served_model_name, "messages": [{"role": "user", "content": prompt}],
               "add_generation_prompt": True},
@@ -289,5 +289,5 @@ def test_sglang_never_reached_a_missing_kernel(real_sglang: SglangServer) -> Non
     """Runs after the SGLang tests above: the server is still up and never called an sgl_kernel op
     that has no stand-in (that raises StandInKernelMissing in its scheduler)."""
     assert real_sglang.alive()
-    assert httpx.get(real_sglang.base_url + "/health", timeout=30).status_code == 200
+    assert HTTP.get(real_sglang.base_url + "/health", timeout=30).status_code == 200
     assert "StandInKernelMissing" not in real_sglang.log_path.read_text(errors="replace")

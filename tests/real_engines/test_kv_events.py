@@ -46,7 +46,7 @@ from policies.types import BackendView, PoolView
 from tests.conftest import MODEL, fast_sim
 from tests.real_engines.rig import metric, real_pool_config
 from tests.real_engines.servers import EngineServer
-from tests.support import GatewayProcess, wait_until
+from tests.support import HTTP, GatewayProcess, wait_until
 
 pytestmark = [
     pytest.mark.processes,
@@ -120,12 +120,12 @@ def gateway(real_engine: EngineServer) -> Iterator[GatewayProcess]:
 
 
 def connected(gateway: GatewayProcess, backend: str) -> bool:
-    text = httpx.get(gateway.base_url + "/metrics", timeout=10).text
+    text = HTTP.get(gateway.base_url + "/metrics", timeout=10).text
     return metric(text, "gateway_kv_stream_connected", f'backend="{backend}"') == 1
 
 
 def explain(gateway: GatewayProcess, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(gateway.base_url + "/admin/routes/explain", json=body, headers=ADMIN, timeout=30)
+    return HTTP.post(gateway.base_url + "/admin/routes/explain", json=body, headers=ADMIN, timeout=30)
 
 
 def held(gateway: GatewayProcess, body: dict[str, Any]) -> dict[str, int]:
@@ -137,7 +137,7 @@ def held(gateway: GatewayProcess, body: dict[str, Any]) -> dict[str, int]:
 
 
 def send(gateway: GatewayProcess, body: dict[str, Any]) -> str:
-    r = httpx.post(gateway.base_url + "/v1/chat/completions", json=body, headers=USER, timeout=120)
+    r = HTTP.post(gateway.base_url + "/v1/chat/completions", json=body, headers=USER, timeout=120)
     assert r.status_code == 200, r.text
     return r.headers["x-gateway-route"]
 
@@ -145,7 +145,7 @@ def send(gateway: GatewayProcess, body: dict[str, Any]) -> str:
 def tokens(server: EngineServer, body: dict[str, Any]) -> int:
     """The prompt's length in the engine's tokens, as the engine reports it."""
     direct = dict(body, model=server.served_model_name, max_tokens=1)
-    r = httpx.post(server.base_url + "/v1/chat/completions", json=direct, headers=server.headers, timeout=120)
+    r = HTTP.post(server.base_url + "/v1/chat/completions", json=direct, headers=server.headers, timeout=120)
     assert r.status_code == 200, r.text
     return int(r.json()["usage"]["prompt_tokens"])
 
@@ -202,7 +202,7 @@ def routed_there_by_its_events(gateway: GatewayProcess, real_engine: EngineServe
     body = with_home(engine, simulated, seed)
     direct = dict(body, model=real_engine.served_model_name)
     url = real_engine.base_url + "/v1/chat/completions"
-    r = httpx.post(url, json=direct, headers=real_engine.headers, timeout=120)
+    r = HTTP.post(url, json=direct, headers=real_engine.headers, timeout=120)
     assert r.status_code == 200, r.text
     wait_until(lambda: held(gateway, body)[real] >= 320, 20, what=f"{engine}'s BlockStored for the prompt")
     route = send(gateway, body)

@@ -23,7 +23,7 @@ import pytest
 from gateway.admission.tokens import mint_token
 from tests.real_engines.rig import chat, engine_metric, metric, real_pool_config, running
 from tests.real_engines.servers import EngineServer
-from tests.support import GatewayProcess, until, wait_until
+from tests.support import HTTP, GatewayProcess, until, wait_until
 
 pytestmark = [
     pytest.mark.processes,
@@ -55,7 +55,7 @@ def gateway(real_engine: EngineServer) -> Iterator[GatewayProcess]:
 
 
 def backend(gateway: GatewayProcess) -> dict[str, Any]:
-    (pool,) = httpx.get(gateway.base_url + "/admin/pools", headers=ADMIN, timeout=10).json()["pools"]
+    (pool,) = HTTP.get(gateway.base_url + "/admin/pools", headers=ADMIN, timeout=10).json()["pools"]
     (one,) = pool["backends"]
     return dict(one)
 
@@ -67,14 +67,14 @@ def load(gateway: GatewayProcess) -> dict[str, Any]:
 
 
 def test_health_probes_pass_and_idle_load_is_read(gateway: GatewayProcess, real_engine: EngineServer) -> None:
-    assert httpx.get(gateway.base_url + "/readyz", timeout=10).status_code == 200
+    assert HTTP.get(gateway.base_url + "/readyz", timeout=10).status_code == 200
     wait_until(lambda: running(real_engine) == 0, 10, "the engine idle")
     wait_until(lambda: backend(gateway)["load"] is not None and load(gateway)["running"] == 0, 5, "a scrape")
     one = backend(gateway)
     assert one["healthy"] is True and one["circuit"] == "closed"
     idle = load(gateway)
     assert idle["waiting"] == 0 and 0 <= idle["kv_usage"] < 0.05 and idle["age_s"] < 2
-    text = httpx.get(gateway.base_url + "/metrics", timeout=10).text
+    text = HTTP.get(gateway.base_url + "/metrics", timeout=10).text
     assert metric(text, "gateway_backend_healthy", f'backend="{real_engine.engine}-0"') == 1
 
 
@@ -165,7 +165,7 @@ def test_repeated_long_prompt_shows_cached_tokens(gateway: GatewayProcess, real_
         first = answer.json()["usage"]
         assert 1000 <= first["prompt_tokens"] <= 2000
         assert first["prompt_tokens_details"]["cached_tokens"] < 64  # nothing of it was cached
-        before = httpx.get(gateway.base_url + "/metrics", timeout=10).text
+        before = HTTP.get(gateway.base_url + "/metrics", timeout=10).text
         answer = client.post("/v1/chat/completions", json=chat(prompt))
         assert answer.status_code == 200, (answer.status_code, answer.headers, answer.text)
         second = answer.json()["usage"]
@@ -181,7 +181,7 @@ def test_repeated_long_prompt_shows_cached_tokens(gateway: GatewayProcess, real_
         assert n - 2 <= cached < n
     usage = orjson.loads(streamed.rstrip().split("\n\n")[-2].removeprefix("data: "))["usage"]
     assert usage["prompt_tokens"] == n and n - 32 <= usage["prompt_tokens_details"]["cached_tokens"] < n
-    after = httpx.get(gateway.base_url + "/metrics", timeout=10).text
+    after = HTTP.get(gateway.base_url + "/metrics", timeout=10).text
     assert (
         metric(after, "gateway_cached_tokens_total") - metric(before, "gateway_cached_tokens_total") >= cached
     )

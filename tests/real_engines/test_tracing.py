@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.real_engines.rig import chat, real_pool_config
 from tests.real_engines.servers import VllmServer
-from tests.support import GatewayProcess
+from tests.support import HTTP, GatewayProcess
 
 pytestmark = pytest.mark.processes
 
@@ -57,7 +56,7 @@ def test_vllms_span_is_a_child_of_the_gateways_upstream_span(
     gateway: GatewayProcess, vllm_traces: OtlpReceiver, stream: bool
 ) -> None:
     body = chat("Say something about tracing.", max_tokens=12, stream=stream)
-    r = httpx.post(gateway.base_url + "/v1/chat/completions", json=body, timeout=120)
+    r = HTTP.post(gateway.base_url + "/v1/chat/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     root = _request_span(vllm_traces, r.headers["x-request-id"])
     engine = _vllm_span(vllm_traces, root.trace_id)
@@ -89,9 +88,7 @@ def test_a_clients_traceparent_spans_client_gateway_and_engine(
     gateway: GatewayProcess, vllm_traces: OtlpReceiver
 ) -> None:
     headers = {"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"}
-    r = httpx.post(
-        gateway.base_url + "/v1/chat/completions", json=chat("hello"), headers=headers, timeout=120
-    )
+    r = HTTP.post(gateway.base_url + "/v1/chat/completions", json=chat("hello"), headers=headers, timeout=120)
     assert r.status_code == 200, r.text
     root = _request_span(vllm_traces, r.headers["x-request-id"])
     assert root.trace_id == CLIENT_TRACE and root.parent_span_id == CLIENT_SPAN
@@ -104,12 +101,10 @@ def test_an_unsampled_traceparent_is_honoured_by_gateway_and_engine(
     gateway: GatewayProcess, vllm_traces: OtlpReceiver
 ) -> None:
     headers = {"traceparent": f"00-{UNSAMPLED_TRACE}-{CLIENT_SPAN}-00"}
-    r = httpx.post(
-        gateway.base_url + "/v1/chat/completions", json=chat("quiet"), headers=headers, timeout=120
-    )
+    r = HTTP.post(gateway.base_url + "/v1/chat/completions", json=chat("quiet"), headers=headers, timeout=120)
     assert r.status_code == 200, r.text
     # A sampled request after it: once its engine span is in, the unsampled one's would be too.
-    later = httpx.post(gateway.base_url + "/v1/chat/completions", json=chat("loud"), timeout=120)
+    later = HTTP.post(gateway.base_url + "/v1/chat/completions", json=chat("loud"), timeout=120)
     assert later.status_code == 200
     _vllm_span(vllm_traces, _request_span(vllm_traces, later.headers["x-request-id"]).trace_id)
     assert vllm_traces.spans(UNSAMPLED_TRACE) == []

@@ -12,11 +12,11 @@ import re
 import socket
 from typing import Any
 
-import httpx
 import orjson
 
 from gateway.admission.tokens import mint_token
 from tests.conftest import MODEL
+from tests.support import HTTP
 
 #: the JWT secret of every gateway these suites start (never a real one)
 SECRET = "reliability-suite-secret-" + "x" * 24
@@ -44,11 +44,11 @@ def events(text: str) -> list[str]:
 
 
 def sim_stats(base_url: str) -> dict[str, Any]:
-    return dict(httpx.get(base_url + "/sim/stats", timeout=5).json())
+    return dict(HTTP.get(base_url + "/sim/stats", timeout=5).json())
 
 
 def sim_faults(base_url: str, **faults: Any) -> None:
-    httpx.post(base_url + "/sim/faults", json=faults, timeout=5).raise_for_status()
+    HTTP.post(base_url + "/sim/faults", json=faults, timeout=5).raise_for_status()
 
 
 def rss_mb(pid: int) -> float:

@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.reliability.support import SECRET, bearer, metric, token
 from tests.reliability.test_redis_outage import PersistentRedis
-from tests.support import GatewayProcess, wait_until
+from tests.support import HTTP, GatewayProcess, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -57,7 +57,7 @@ def fleet() -> Iterator[tuple[PersistentRedis, GatewayProcess, GatewayProcess]]:
 
 
 def pools(gw: GatewayProcess) -> dict[str, Any]:
-    return dict(httpx.get(gw.base_url + "/admin/pools", headers=ADMIN, timeout=5).json())
+    return dict(HTTP.get(gw.base_url + "/admin/pools", headers=ADMIN, timeout=5).json())
 
 
 def state(gw: GatewayProcess) -> tuple[float, bool]:
@@ -67,7 +67,7 @@ def state(gw: GatewayProcess) -> tuple[float, bool]:
 
 
 def chat_with(gw: GatewayProcess, key: str) -> httpx.Response:
-    return httpx.post(gw.base_url + "/v1/chat/completions", json=CHAT, headers=bearer(key), timeout=10)
+    return HTTP.post(gw.base_url + "/v1/chat/completions", json=CHAT, headers=bearer(key), timeout=10)
 
 
 def wipe(redis: PersistentRedis) -> None:
@@ -83,7 +83,7 @@ def test_an_operator_can_act_through_an_outage_and_a_redis_that_comes_back_empty
 ) -> None:
     redis, a, b = fleet
     made = [
-        httpx.post(a.base_url + "/admin/api-keys", json={"user": u}, headers=ADMIN, timeout=5).json()
+        HTTP.post(a.base_url + "/admin/api-keys", json={"user": u}, headers=ADMIN, timeout=5).json()
         for u in ("known", "unseen")
     ]
     known, unseen = made[0]["key"], made[1]["key"]
@@ -91,7 +91,7 @@ def test_an_operator_can_act_through_an_outage_and_a_redis_that_comes_back_empty
 
     redis.stop()
     for method, path in (("GET", "/admin/audit"), ("GET", "/admin/api-keys"), ("POST", "/admin/api-keys")):
-        r = httpx.request(method, a.base_url + path, headers=ADMIN, json={"user": "x"}, timeout=10)
+        r = HTTP.request(method, a.base_url + path, headers=ADMIN, json={"user": "x"}, timeout=10)
         assert r.status_code == 503, (method, path, r.text)
         error = r.json()["error"]
         assert error["code"] == "redis_unavailable" and error["type"] == "server_error", r.text
@@ -100,9 +100,9 @@ def test_an_operator_can_act_through_an_outage_and_a_redis_that_comes_back_empty
     refused = chat_with(a, unseen)
     assert refused.status_code == 503 and refused.json()["error"]["type"] == "server_error"
 
-    r = httpx.put(a.base_url + "/admin/pools/vllm/weight", json={"weight": 0.4}, headers=ADMIN, timeout=10)
+    r = HTTP.put(a.base_url + "/admin/pools/vllm/weight", json={"weight": 0.4}, headers=ADMIN, timeout=10)
     assert r.status_code == 200 and r.json()["persisted"] is False and r.json()["shared"] is False, r.text
-    r = httpx.put(
+    r = HTTP.put(
         a.base_url + "/admin/backends/vllm-0/drain", json={"draining": True}, headers=ADMIN, timeout=10
     )
     assert r.status_code == 200 and r.json()["persisted"] is False, r.text
@@ -110,7 +110,7 @@ def test_an_operator_can_act_through_an_outage_and_a_redis_that_comes_back_empty
     assert [p["action"] for p in pools(a)["not_persisted"]] == ["set_weight", "drain"]
     assert state(b) == (1.0, False)  # the other replica did not hear of it: Redis carries changes
     # a change that cannot be made on one replica alone is still refused
-    r = httpx.post(
+    r = HTTP.post(
         a.base_url + "/admin/pools/vllm/backends",
         json={"name": "x", "url": "http://127.0.0.1:1"},
         headers=ADMIN,
@@ -128,14 +128,14 @@ def test_an_operator_can_act_through_an_outage_and_a_redis_that_comes_back_empty
             f"a's log:\n{a.server_log()[-3000:]}\nb's log:\n{b.server_log()[-3000:]}"
         ) from None
     assert pools(a)["not_persisted"] == []
-    audit = httpx.get(b.base_url + "/admin/audit", headers=ADMIN, timeout=5).json()["entries"]
+    audit = HTTP.get(b.base_url + "/admin/audit", headers=ADMIN, timeout=5).json()["entries"]
     assert [e["action"] for e in audit[:2]] == ["drain", "set_weight"]
 
     wipe(redis)  # Redis back with nothing in it
     wait_until(
         lambda: all(
             metric(
-                httpx.get(g.base_url + "/metrics", timeout=5).text,
+                HTTP.get(g.base_url + "/metrics", timeout=5).text,
                 "gateway_shared_state_lost_total",
                 kind="overrides",
             )
@@ -155,5 +155,5 @@ def test_an_operator_can_act_through_an_outage_and_a_redis_that_comes_back_empty
     wait_until(
         lambda: state(a) == (0.4, True) and state(b) == (0.4, True), timeout=10, what="overrides restored"
     )
-    audit = httpx.get(a.base_url + "/admin/audit", headers=ADMIN, timeout=5).json()["entries"]
+    audit = HTTP.get(a.base_url + "/admin/audit", headers=ADMIN, timeout=5).json()["entries"]
     assert [e["action"] for e in audit] == ["restore_overrides"]

@@ -33,7 +33,7 @@ from tests.reliability.support import (
     sim_stats,
     token,
 )
-from tests.support import GatewayProcess, wait_until
+from tests.support import HTTP, GatewayProcess, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -92,20 +92,19 @@ class Rig:
     def idle(self) -> bool:
         """The gateway holds no request (its slot is released with it)."""
         return (
-            metric(httpx.get(self.gw.base_url + "/metrics", timeout=5).text, "gateway_in_flight_requests")
-            == 0
+            metric(HTTP.get(self.gw.base_url + "/metrics", timeout=5).text, "gateway_in_flight_requests") == 0
         )
 
     def assert_settled(self, completed_before: int) -> None:
         """Nothing runs, nothing leaked, nothing was generated to its end, the user is admitted."""
         wait_until(lambda: self.running() == 0, timeout=3, what="engines idle")
         assert self.completed() == completed_before, "an abandoned engine request ran to its end"
-        text = httpx.get(self.gw.base_url + "/metrics", timeout=5).text
+        text = HTTP.get(self.gw.base_url + "/metrics", timeout=5).text
         assert metric(text, "gateway_in_flight_requests") == 0
         assert metric(text, "gateway_backend_in_flight") == 0
 
         def admitted() -> bool:
-            r = httpx.post(
+            r = HTTP.post(
                 self.gw.base_url + "/v1/chat/completions",
                 json=chat(max_tokens=1),
                 headers=self.auth,

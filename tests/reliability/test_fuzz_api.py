@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
@@ -24,7 +23,7 @@ from schemathesis import GenerationMode
 from gateway.demo import SERVED
 from tests.conftest import MODEL, fast_sim
 from tests.reliability.support import SECRET, bearer, token
-from tests.support import GatewayProcess
+from tests.support import HTTP, GatewayProcess
 
 pytestmark = pytest.mark.processes
 
@@ -98,7 +97,7 @@ def target() -> Iterator[Target]:
         with GatewayProcess(config) as gw:
             yield Target(gw, [s.port for s in (vllm, sglang, embed, rerank, audio)])
             # The fuzzing left the gateway healthy.
-            assert httpx.get(gw.base_url + "/readyz", timeout=5).status_code == 200
+            assert HTTP.get(gw.base_url + "/readyz", timeout=5).status_code == 200
             log = gw.log()
             assert "Traceback" not in log, log[-3000:]
 

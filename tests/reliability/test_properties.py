@@ -18,7 +18,6 @@ import copy
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -37,7 +36,7 @@ from gateway.settings import ModelSettings
 from gateway.upstream.lease import Lease
 from gateway.upstream.relay import SSESplitter, StreamRelay
 from tests.conftest import fast_sim
-from tests.support import examples, one_turn
+from tests.support import HTTP, examples, one_turn
 
 pytestmark = pytest.mark.processes
 
@@ -121,7 +120,7 @@ def recorded() -> Iterator[dict[str, bytes]]:
                 "stream": True,
                 "stream_options": {"include_usage": True},
             }
-            out[engine] = httpx.post(sim.base_url + "/v1/chat/completions", json=body, timeout=10).content
+            out[engine] = HTTP.post(sim.base_url + "/v1/chat/completions", json=body, timeout=10).content
     yield out
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import fast_sim, single_pool_config
 from tests.reliability.support import SECRET, bearer, chat, token
-from tests.support import GatewayProcess, free_port, wait_until
+from tests.support import HTTP, GatewayProcess, free_port, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -144,16 +144,16 @@ class Traffic:
 
 
 def _weight(gw: GatewayProcess, admin: dict[str, str]) -> float:
-    pools = httpx.get(gw.base_url + "/admin/pools", headers=admin, timeout=5).json()["pools"]
+    pools = HTTP.get(gw.base_url + "/admin/pools", headers=admin, timeout=5).json()["pools"]
     return float(pools[0]["weight"])
 
 
 def _pending(gw: GatewayProcess, admin: dict[str, str]) -> list[Any]:
-    return list(httpx.get(gw.base_url + "/admin/pools", headers=admin, timeout=5).json()["not_persisted"])
+    return list(HTTP.get(gw.base_url + "/admin/pools", headers=admin, timeout=5).json()["not_persisted"])
 
 
 def _set_weight(gw: GatewayProcess, admin: dict[str, str], w: float) -> httpx.Response:
-    return httpx.put(gw.base_url + "/admin/pools/vllm/weight", json={"weight": w}, headers=admin, timeout=5)
+    return HTTP.put(gw.base_url + "/admin/pools/vllm/weight", json={"weight": w}, headers=admin, timeout=5)
 
 
 def test_redis_stopped_and_restarted_under_traffic() -> None:
@@ -190,15 +190,15 @@ def test_redis_stopped_and_restarted_under_traffic() -> None:
                     r = _set_weight(gw, admin, 0.5)
                     assert r.status_code == 200 and r.json()["persisted"] is False, r.text
                     assert _weight(gw, admin) == 0.5
-                    assert httpx.get(gw.base_url + "/healthz", timeout=5).status_code == 200
+                    assert HTTP.get(gw.base_url + "/healthz", timeout=5).status_code == 200
                 # Readiness: fail_open keeps serving (stays in the load balancer), fail_closed leaves it.
-                assert httpx.get(gw_open.base_url + "/readyz", timeout=5).status_code == 200
-                assert httpx.get(gw_closed.base_url + "/readyz", timeout=5).status_code == 503
+                assert HTTP.get(gw_open.base_url + "/readyz", timeout=5).status_code == 200
+                assert HTTP.get(gw_closed.base_url + "/readyz", timeout=5).status_code == 503
 
                 t_open.phase = t_closed.phase = "restarting"
                 redis.start()
                 wait_until(
-                    lambda: httpx.get(gw_closed.base_url + "/readyz", timeout=5).status_code == 200,
+                    lambda: HTTP.get(gw_closed.base_url + "/readyz", timeout=5).status_code == 200,
                     timeout=5,
                     what="readyz after Redis restart",
                 )

@@ -28,7 +28,7 @@ from gateway.demo import SERVED
 from gateway.edge.http_guard import HEADER_TIMEOUT_S
 from tests.conftest import MODEL, fast_sim
 from tests.reliability.support import SECRET, RawClient, bearer, chat, http_request, sim_stats, token
-from tests.support import GatewayProcess, RedisServer, free_port
+from tests.support import HTTP, GatewayProcess, RedisServer, free_port
 
 pytestmark = pytest.mark.processes
 
@@ -172,7 +172,7 @@ def test_admin_matrix(target: Target, method: str, path: str, who: str) -> None:
     tok = target.tokens[who]
     headers = bearer(tok) if tok else {}
     body = _BODIES.get((method, path))
-    r = httpx.request(
+    r = HTTP.request(
         method,
         target.url + url,
         headers=headers,
@@ -187,7 +187,7 @@ def test_admin_matrix(target: Target, method: str, path: str, who: str) -> None:
     else:
         assert r.status_code < 500 and r.status_code not in (401, 403), (r.status_code, r.text)
     if (method, path) == ("POST", "/admin/pools/{pool}/backends") and r.status_code == 201:
-        httpx.delete(target.url + "/admin/backends/sec-added", headers=headers, timeout=10)
+        HTTP.delete(target.url + "/admin/backends/sec-added", headers=headers, timeout=10)
 
 
 @pytest.mark.parametrize(
@@ -290,7 +290,7 @@ def test_engine_errors_are_reshaped_without_internals(target: Target) -> None:
     sim = target.sims[0]
     with httpx.Client(base_url=target.url, timeout=15) as http:
         for kind in ("500", "context"):
-            httpx.post(sim.base_url + "/sim/faults", json={"fault_rate": 1, "fault_kind": kind}, timeout=5)
+            HTTP.post(sim.base_url + "/sim/faults", json={"fault_rate": 1, "fault_kind": kind}, timeout=5)
             try:
                 for i in range(3):
                     r = http.post(
@@ -301,7 +301,7 @@ def test_engine_errors_are_reshaped_without_internals(target: Target) -> None:
                     _assert_clean(target, r)
                     assert r.status_code in (400, 500, 503), r.text
             finally:
-                httpx.post(sim.base_url + "/sim/faults", json={"reset": True}, timeout=5)
+                HTTP.post(sim.base_url + "/sim/faults", json={"reset": True}, timeout=5)
 
 
 def test_no_prompt_text_or_secret_in_default_logs(target: Target) -> None:
@@ -440,7 +440,7 @@ def test_slow_and_silent_heads_are_cut_and_do_not_starve_others(target: Target) 
     opened = time.monotonic()
     try:
         # Meanwhile, ordinary requests are served at once.
-        r = httpx.get(target.url + "/v1/models", headers=bearer(target.tokens["user"]), timeout=5)
+        r = HTTP.get(target.url + "/v1/models", headers=bearer(target.tokens["user"]), timeout=5)
         assert r.status_code == 200
         cut_at = None
         drip = b"b" * int((HEADER_TIMEOUT_S + 3) / 0.1)  # more bytes than the deadline lets through

@@ -9,6 +9,7 @@ import httpx
 import orjson
 
 from engines.sim.launcher import SimProcess
+from tests.support import HTTP
 
 USER = [{"role": "user", "content": "Hello there, how are you?"}]
 WEATHER_TOOL = {
@@ -52,7 +53,7 @@ def sim(engine: str, *flags: str) -> SimProcess:
 
 def post(base: str, path: str, body: dict[str, Any], timeout: float = 10) -> httpx.Response:
     """POST JSON, waiting `timeout` for the answer (connecting may take longer on a busy machine)."""
-    return httpx.post(base + path, json=body, timeout=httpx.Timeout(max(timeout, 30), read=timeout))
+    return HTTP.post(base + path, json=body, timeout=httpx.Timeout(max(timeout, 30), read=timeout))
 
 
 def events(text: str) -> list[Any]:
@@ -78,7 +79,7 @@ def stream(base: str, path: str, body: dict[str, Any]) -> list[Any]:
 
 def stats(base: str) -> dict[str, Any]:
     """GET /sim/stats."""
-    result: dict[str, Any] = httpx.get(base + "/sim/stats", timeout=5).json()
+    result: dict[str, Any] = HTTP.get(base + "/sim/stats", timeout=5).json()
     return result
 
 

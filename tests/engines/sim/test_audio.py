@@ -11,6 +11,7 @@ import pytest
 from engines.sim.audio import duration, transcript
 from tests.conftest import fast_sim
 from tests.engines.sim.helpers import wav
+from tests.support import HTTP
 
 pytestmark = pytest.mark.processes
 
@@ -33,7 +34,7 @@ def sims() -> Iterator[dict[str, str]]:
 
 def _post(url: str, data: dict[str, Any] | None = None, audio: bytes | None = None) -> httpx.Response:
     files = {"file": ("a.wav", audio if audio is not None else wav(3.2), "audio/wav")}
-    return httpx.post(url, data=data or {}, files=files, timeout=10)
+    return HTTP.post(url, data=data or {}, files=files, timeout=10)
 
 
 def test_the_transcript_is_the_recordings() -> None:

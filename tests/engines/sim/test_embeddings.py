@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests.conftest import fast_sim
+from tests.support import HTTP
 
 pytestmark = pytest.mark.processes
 
@@ -31,7 +32,7 @@ def sims() -> object:
 
 
 def _post(url: str, body: dict[str, object]) -> httpx.Response:
-    return httpx.post(url + "/v1/embeddings", json=body, timeout=10)
+    return HTTP.post(url + "/v1/embeddings", json=body, timeout=10)
 
 
 def test_shapes_per_dialect(sims: dict[str, str]) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from engines.sim.launcher import SimProcess
 from tests.engines.sim.helpers import USER, post, sim
-from tests.support import wait_until
+from tests.support import HTTP, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -22,11 +22,11 @@ def test_startup_delay_flag_and_listen_delay() -> None:
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", late.port)) != 0  # refused: nothing listens yet
         with sim("sglang", "--startup-delay", "30") as p:
-            assert httpx.get(p.base_url + "/health").status_code == 503
-            assert httpx.get(p.base_url + "/health_generate").status_code == 503
+            assert HTTP.get(p.base_url + "/health").status_code == 503
+            assert HTTP.get(p.base_url + "/health_generate").status_code == 503
             assert post(p.base_url, CHAT, {"messages": USER}).status_code == 503
         late.wait_ready(10)
-        assert httpx.get(late.base_url + "/health").status_code == 200
+        assert HTTP.get(late.base_url + "/health").status_code == 200
 
 
 def test_crash_exit_kills_the_process() -> None:
@@ -40,4 +40,4 @@ def test_refuse_flag() -> None:
     errors = (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)
     # the port is open, but every connection is closed at once
     with SimProcess("vllm", extra=["--fast", "--refuse"]) as p, pytest.raises(errors):
-        httpx.get(p.base_url + "/health", timeout=2)
+        HTTP.get(p.base_url + "/health", timeout=2)

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.engines.sim.helpers import USER, events, post, sim, stats
-from tests.support import wait_until
+from tests.support import HTTP, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -26,11 +26,11 @@ def target(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
 @pytest.fixture(autouse=True)
 def _reset(target: tuple[str, str]) -> Iterator[None]:
     yield
-    httpx.post(target[1] + "/sim/faults", json={"reset": True})
+    HTTP.post(target[1] + "/sim/faults", json={"reset": True})
 
 
 def faults(base: str, **settings: object) -> None:
-    assert httpx.post(base + "/sim/faults", json=settings).status_code == 200
+    assert HTTP.post(base + "/sim/faults", json=settings).status_code == 200
 
 
 def error_message(engine: str, r: httpx.Response) -> str:
@@ -62,8 +62,8 @@ def test_fault_rate_is_deterministic(target: tuple[str, str]) -> None:
 
 
 def test_bad_fault_update_is_400(target: tuple[str, str]) -> None:
-    assert httpx.post(target[1] + "/sim/faults", json={"fault_kind": "418"}).status_code == 400
-    assert httpx.post(target[1] + "/sim/faults", json={"nope": 1}).status_code == 400
+    assert HTTP.post(target[1] + "/sim/faults", json={"fault_kind": "418"}).status_code == 400
+    assert HTTP.post(target[1] + "/sim/faults", json={"nope": 1}).status_code == 400
 
 
 def test_crash_cut_mid_stream(target: tuple[str, str]) -> None:
@@ -73,7 +73,7 @@ def test_crash_cut_mid_stream(target: tuple[str, str]) -> None:
     received = []
     with (
         pytest.raises(httpx.RemoteProtocolError),
-        httpx.stream(
+        HTTP.stream(
             "POST", base + CHAT, json={"messages": USER, "stream": True, "max_tokens": 20}, timeout=5
         ) as r,
     ):
@@ -118,10 +118,10 @@ def test_slow_drip(target: tuple[str, str]) -> None:
 def test_startup_period_503(target: tuple[str, str]) -> None:
     _, base = target
     faults(base, startup_delay=60)
-    assert httpx.get(base + "/health").status_code == 503
+    assert HTTP.get(base + "/health").status_code == 503
     assert post(base, CHAT, {"messages": USER}).status_code == 503
     faults(base, startup_delay=0)  # the start-up period ends now
-    assert httpx.get(base + "/health").status_code == 200
+    assert HTTP.get(base + "/health").status_code == 200
     assert post(base, CHAT, {"messages": USER, "max_tokens": 1}).status_code == 200
 
 
@@ -131,6 +131,6 @@ def test_refuse_new_connections_for_a_while(target: tuple[str, str]) -> None:
         assert kept.get("/health").status_code == 200
         assert kept.post("/sim/faults", json={"refuse_s": 60}).status_code == 200
         with pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)):
-            httpx.get(base + "/health", timeout=2)  # a new connection is aborted at once
+            HTTP.get(base + "/health", timeout=2)  # a new connection is aborted at once
         assert kept.post("/sim/faults", json={"refuse_s": 0}).status_code == 200
-    assert httpx.get(base + "/health").status_code == 200
+    assert HTTP.get(base + "/health").status_code == 200

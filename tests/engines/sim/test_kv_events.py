@@ -9,7 +9,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import msgpack
 import pytest
 import zmq
@@ -31,7 +30,7 @@ from engines.sim.kv_events import (
 )
 from engines.sim.launcher import SimProcess, free_port
 from engines.sim.step_model import RemovedBlocks, StoredBlocks
-from tests.support import zmq_joined
+from tests.support import HTTP, zmq_joined
 
 pytestmark = pytest.mark.processes
 
@@ -246,7 +245,7 @@ def publishing(request: pytest.FixtureRequest) -> Iterator[tuple[str, str, Subsc
 
 
 def complete(base: str, text: str, max_tokens: int = 2) -> dict[str, Any]:
-    r = httpx.post(
+    r = HTTP.post(
         base + "/v1/completions",
         json={"prompt": text, "max_tokens": max_tokens, "ignore_eos": True},
         timeout=10,
@@ -311,7 +310,7 @@ def test_eviction_publishes_block_removed_and_reset_all_blocks_cleared(
     complete(base, " ".join(f"b{i}" for i in range(300)))
     sub.receive(until=lambda m: any(e["type"] == "BlockRemoved" for e in events_of(m)))
     path = "/reset_prefix_cache" if engine == "vllm" else "/flush_cache"
-    assert httpx.post(base + path, timeout=10).status_code == 200
+    assert HTTP.post(base + path, timeout=10).status_code == 200
     msgs = sub.receive(until=lambda m: any(e["type"] == "AllBlocksCleared" for e in events_of(m)))
     events = events_of(msgs)
     stored = {h for e in events if e["type"] == "BlockStored" for h in e["block_hashes"]}
@@ -341,7 +340,7 @@ def test_vllm_lora_adapters(scheduler: str) -> None:
     ]
     flags += ["--enable-lora", "--lora-modules", "ad=/adapters/ad", "--max-lora-rank", "8"]
     with SimProcess("vllm", extra=flags) as sim:
-        cards = httpx.get(sim.base_url + "/v1/models").json()["data"]
+        cards = HTTP.get(sim.base_url + "/v1/models").json()["data"]
         base = cards[0]["id"]
         assert [(c["id"], c["root"], c["parent"]) for c in cards[1:]] == [("ad", "/adapters/ad", base)]
         assert cards[1]["max_model_len"] is None
@@ -351,7 +350,7 @@ def test_vllm_lora_adapters(scheduler: str) -> None:
 
             def cached(model: str) -> int:
                 body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 2}
-                r = httpx.post(sim.base_url + "/v1/chat/completions", json=body, timeout=10)
+                r = HTTP.post(sim.base_url + "/v1/chat/completions", json=body, timeout=10)
                 assert r.status_code == 200 and r.json()["model"] == model, r.text
                 return int(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
 
@@ -385,9 +384,9 @@ def test_kv_event_sources_and_a_restart() -> None:
     radix cache records AllBlocksCleared when it starts, so a restarted SGLang
     engine's first message (sequence 0) says so."""
     with SimProcess("vllm", extra=["--fast"]) as plain:
-        assert httpx.get(plain.base_url + "/kv_event_sources").json() == {}
+        assert HTTP.get(plain.base_url + "/kv_event_sources").json() == {}
     with SimProcess("sglang", extra=["--fast"]) as plain:
-        info = httpx.get(plain.base_url + "/server_info").json()
+        info = HTTP.get(plain.base_url + "/server_info").json()
         assert info["kv_events"] is None and info["kv_events_config"] is None
     port = free_port()
     cfg = {
@@ -397,7 +396,7 @@ def test_kv_event_sources_and_a_restart() -> None:
         "replay_endpoint": f"tcp://*:{port}",
     }
     with SimProcess("vllm", extra=["--fast", "--kv-events-config", json.dumps(cfg)]) as sim:
-        sources = httpx.get(sim.base_url + "/kv_event_sources").json()
+        sources = HTTP.get(sim.base_url + "/kv_event_sources").json()
         assert list(sources) == ["0"]
         src = sources["0"]
         assert list(src) == ["enable_kv_cache_events", "publisher", "endpoint", "replay_endpoint", "buffer_steps",
@@ -414,7 +413,7 @@ def test_kv_event_sources_and_a_restart() -> None:
         }
         with SimProcess("sglang", extra=["--fast", "--kv-events-config", json.dumps(cfg)]) as sglang:
             # where it publishes, as SGLang 0.5.23's `/server_info` says it (`describe_kv_events_publisher`)
-            info = httpx.get(sglang.base_url + "/server_info").json()
+            info = HTTP.get(sglang.base_url + "/server_info").json()
             assert info["dp_size"] == 1 and json.loads(info["kv_events_config"])["topic"] == "kv"
             assert info["kv_events"] == {
                 "publisher": "zmq",

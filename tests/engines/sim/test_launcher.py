@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import socket
 
-import httpx
 import pytest
 
 from engines.sim.launcher import SimProcess, SimStartError, free_port, listener_held_by, port_open
+from tests.support import HTTP
 
 pytestmark = pytest.mark.processes
 
@@ -32,7 +32,7 @@ def test_start_stop_by_pid() -> None:
     try:
         assert proc.alive() and proc.pid > 0
         assert proc.base_url == f"http://127.0.0.1:{proc.port}"
-        assert httpx.get(proc.base_url + "/health").status_code == 200
+        assert HTTP.get(proc.base_url + "/health").status_code == 200
     finally:
         proc.stop()
     assert not proc.alive() and not port_open("127.0.0.1", proc.port)
@@ -65,7 +65,7 @@ def test_a_port_taken_before_the_simulator_binds_it_is_never_taken_for_it() -> N
         proc.start()
         try:
             assert proc.port != taken and proc.alive()
-            assert httpx.get(proc.base_url + "/health", timeout=10).status_code == 200
+            assert HTTP.get(proc.base_url + "/health", timeout=10).status_code == 200
         finally:
             proc.stop()
     with _listener() as s:

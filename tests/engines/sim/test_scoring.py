@@ -11,6 +11,7 @@ import pytest
 from engines.sim import tokenizer
 from engines.sim.scoring import relevance
 from tests.conftest import fast_sim
+from tests.support import HTTP
 
 pytestmark = pytest.mark.processes
 
@@ -35,7 +36,7 @@ def sims() -> Iterator[dict[str, str]]:
 
 
 def _post(url: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(url, json=body, timeout=10)
+    return HTTP.post(url, json=body, timeout=10)
 
 
 def _tokens(*texts: str) -> int:

@@ -13,6 +13,7 @@ import pytest
 
 from engines.sim.launcher import start_all, stop_all
 from tests.engines.sim.helpers import TIME_TOOL, USER, WEATHER_TOOL, metric, post, sim, stream
+from tests.support import HTTP
 
 pytestmark = pytest.mark.processes
 
@@ -81,36 +82,36 @@ def assert_error(r: httpx.Response, status: int, message: str, err_type: str = "
 # ---- endpoints -----------------------------------------------------------------------------------
 def test_health_and_health_generate(sg: str) -> None:
     for path in ("/health", "/health_generate"):
-        r = httpx.get(sg + path)
+        r = HTTP.get(sg + path)
         assert r.status_code == 200 and r.content == b""
 
 
 def test_server_info_load_models(sg: str) -> None:
-    assert httpx.get(sg + "/version").status_code == 404
-    assert httpx.get(sg + "/load").status_code == 404
+    assert HTTP.get(sg + "/version").status_code == 404
+    assert HTTP.get(sg + "/load").status_code == 404
     for path in ("/get_server_info", "/server_info"):
-        info = httpx.get(sg + path).json()
+        info = HTTP.get(sg + path).json()
         assert re.fullmatch(r"\d+\.\d+\.\d+", info["version"]) and info["model_path"] == "org/sim-7b"
-    load = httpx.get(sg + "/get_load").json()
+    load = HTTP.get(sg + "/get_load").json()
     assert load[0]["num_reqs"] == 0
-    models = httpx.get(sg + "/v1/models").json()
+    models = HTTP.get(sg + "/v1/models").json()
     assert models["data"][0]["id"] == "served" and models["data"][0]["owned_by"] == "sglang"
-    assert httpx.get(sg + "/v1/models/served").json()["id"] == "served"
-    assert httpx.get(sg + "/v1/models/other").status_code == 404
+    assert HTTP.get(sg + "/v1/models/served").json()["id"] == "served"
+    assert HTTP.get(sg + "/v1/models/other").status_code == 404
 
 
 def test_tokenize_paths(sg: str) -> None:
     for path in ("/tokenize", "/v1/tokenize"):
-        r = httpx.post(sg + path, json={"prompt": "Hello, world!"}).json()
+        r = HTTP.post(sg + path, json={"prompt": "Hello, world!"}).json()
         assert r["count"] == 4 and len(r["tokens"]) == 4
-    ids = httpx.post(sg + "/tokenize", json={"prompt": "Hello, world!"}).json()["tokens"]
-    assert httpx.post(sg + "/detokenize", json={"tokens": ids}).json() == {"text": "Hello, world!"}
-    chat = httpx.post(sg + "/v1/tokenize", json={"messages": [{"role": "user", "content": "Hello, world!"}]})
+    ids = HTTP.post(sg + "/tokenize", json={"prompt": "Hello, world!"}).json()["tokens"]
+    assert HTTP.post(sg + "/detokenize", json={"tokens": ids}).json() == {"text": "Hello, world!"}
+    chat = HTTP.post(sg + "/v1/tokenize", json={"messages": [{"role": "user", "content": "Hello, world!"}]})
     assert chat.json()["count"] > 4  # rendered with the chat template, as for a chat completion
 
 
 def test_native_generate(sg: str) -> None:
-    r = httpx.post(
+    r = HTTP.post(
         sg + "/generate", json={"text": "The capital of France is", "sampling_params": {"max_new_tokens": 4}}
     )
     body = r.json()
@@ -119,9 +120,9 @@ def test_native_generate(sg: str) -> None:
 
 
 def test_metrics_only_with_flag(sg: str, plain: str) -> None:
-    assert httpx.get(plain + "/metrics").status_code == 404
+    assert HTTP.get(plain + "/metrics").status_code == 404
     chat(sg, max_tokens=4)
-    text = httpx.get(sg + "/metrics").text
+    text = HTTP.get(sg + "/metrics").text
     for name in (
         "sglang:num_running_reqs",
         "sglang:num_queue_reqs",
@@ -433,10 +434,10 @@ def test_openai_sdk(sg: str) -> None:
 
 
 def test_health_probe_is_not_counted(plain: str) -> None:
-    before = httpx.get(plain + "/sim/stats").json()
+    before = HTTP.get(plain + "/sim/stats").json()
     for _ in range(3):
-        assert httpx.get(plain + "/health").status_code == 200
-    after = httpx.get(plain + "/sim/stats").json()
+        assert HTTP.get(plain + "/health").status_code == 200
+    after = HTTP.get(plain + "/sim/stats").json()
     assert after["completed_total"] == before["completed_total"]
     assert after["prompt_tokens_total"] == before["prompt_tokens_total"]
 

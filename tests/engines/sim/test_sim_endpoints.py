@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.engines.sim.helpers import USER, post, sim, stats
-from tests.support import wait_until
+from tests.support import HTTP, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -23,25 +23,25 @@ def base(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 def test_request_log(base: str) -> None:
-    httpx.post(base + "/sim/reset")
+    HTTP.post(base + "/sim/reset")
     for i in range(6):  # (httpx's 5 s default once timed out while the real engines ran beside it)
-        httpx.post(
+        HTTP.post(
             base + CHAT,
             json={"messages": USER, "max_tokens": 1, "seed": i},
             headers={"x-test": str(i)},
             timeout=30,
         )
-    log = httpx.get(base + "/sim/requests").json()["requests"]
+    log = HTTP.get(base + "/sim/requests").json()["requests"]
     assert len(log) == 4  # bounded
     last = log[-1]
     assert last["method"] == "POST" and last["path"] == CHAT
     assert last["body"] == {"messages": USER, "max_tokens": 1, "seed": 5}
     assert last["headers"]["x-test"] == "5" and last["arrival"] > time.time() - 60
-    assert len(httpx.get(base + "/sim/requests?limit=2").json()["requests"]) == 2
+    assert len(HTTP.get(base + "/sim/requests?limit=2").json()["requests"]) == 2
 
 
 def test_stats_counters(base: str) -> None:
-    httpx.post(base + "/sim/reset")
+    HTTP.post(base + "/sim/reset")
     r = post(base, CHAT, {"messages": USER, "max_tokens": 3}).json()
     st = stats(base)
     assert st["requests_total"] == 1 and st["completed_total"] == 1 and st["cancelled_total"] == 0
@@ -57,7 +57,7 @@ def wait_cancelled(base: str, before: int) -> None:
 
 def test_stream_disconnect_is_cancelled_promptly(base: str) -> None:
     before, generated = stats(base)["cancelled_total"], stats(base)["generation_tokens_total"]
-    with httpx.stream("POST", base + CHAT, json={"messages": USER, "stream": True, "max_tokens": 200}) as r:
+    with HTTP.stream("POST", base + CHAT, json={"messages": USER, "stream": True, "max_tokens": 200}) as r:
         for i, _ in enumerate(r.iter_lines()):
             if i >= 3:
                 break

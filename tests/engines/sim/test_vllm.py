@@ -13,6 +13,7 @@ import pytest
 
 from engines.sim.launcher import start_all, stop_all
 from tests.engines.sim.helpers import TIME_TOOL, USER, WEATHER_TOOL, metric, post, sim, stream
+from tests.support import HTTP
 
 pytestmark = pytest.mark.processes
 
@@ -87,15 +88,15 @@ def assert_error(
 
 # ---- endpoints -----------------------------------------------------------------------------------
 def test_health_is_empty_200(vl: str) -> None:
-    r = httpx.get(vl + "/health")
+    r = HTTP.get(vl + "/health")
     assert r.status_code == 200
     assert r.content == b""
 
 
 def test_version_load_and_models(vl: str) -> None:
-    assert httpx.get(vl + "/version").json() == {"version": "0.11.2"}
-    assert httpx.get(vl + "/load").json() == {"server_load": 0}
-    models = httpx.get(vl + "/v1/models").json()
+    assert HTTP.get(vl + "/version").json() == {"version": "0.11.2"}
+    assert HTTP.get(vl + "/load").json() == {"server_load": 0}
+    models = HTTP.get(vl + "/v1/models").json()
     assert models["object"] == "list"
     card = models["data"][0]
     assert (card["id"], card["object"], card["owned_by"], card["root"]) == (
@@ -107,21 +108,21 @@ def test_version_load_and_models(vl: str) -> None:
     assert card["max_model_len"] == 4096
     # vLLM has no /v1/models/{id}, /get_load, /v1/tokenize, /generate
     for path in ("/v1/models/served", "/get_load", "/get_server_info", "/health_generate"):
-        assert httpx.get(vl + path).status_code == 404
-    assert httpx.post(vl + "/generate", json={"text": "x"}).status_code == 404
+        assert HTTP.get(vl + path).status_code == 404
+    assert HTTP.post(vl + "/generate", json={"text": "x"}).status_code == 404
 
 
 def test_tokenize_detokenize(vl: str) -> None:
-    r = httpx.post(vl + "/tokenize", json={"prompt": "Hello, world!"}).json()
+    r = HTTP.post(vl + "/tokenize", json={"prompt": "Hello, world!"}).json()
     assert r["count"] == 4 and len(r["tokens"]) == 4 and r["max_model_len"] == 4096
-    assert httpx.post(vl + "/detokenize", json={"tokens": r["tokens"]}).json() == {"prompt": "Hello, world!"}
-    msgs = httpx.post(vl + "/tokenize", json={"messages": USER}).json()
+    assert HTTP.post(vl + "/detokenize", json={"tokens": r["tokens"]}).json() == {"prompt": "Hello, world!"}
+    msgs = HTTP.post(vl + "/tokenize", json={"messages": USER}).json()
     assert msgs["count"] > 4
 
 
 def test_metrics_names_and_labels(vl: str) -> None:
     chat(vl, max_tokens=5)
-    text = httpx.get(vl + "/metrics").text
+    text = HTTP.get(vl + "/metrics").text
     for name in (
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
@@ -271,7 +272,7 @@ def test_wrong_types_are_400(vl: str) -> None:
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["type"] == "Bad Request" and err["code"] == 400 and "1 validation error" in err["message"]
-    bad = httpx.post(vl + CHAT, content=b"{not json", headers={"content-type": "application/json"})
+    bad = HTTP.post(vl + CHAT, content=b"{not json", headers={"content-type": "application/json"})
     assert bad.status_code == 400 and bad.json()["error"]["code"] == 400
 
 

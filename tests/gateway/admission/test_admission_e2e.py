@@ -33,7 +33,7 @@ from gateway.admission.limits_redis import LEASE_S
 from gateway.admission.tokens import mint_token
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.gateway.admission.jwt_support import JwksServer, Keys, hostile_catalogue
-from tests.support import GatewayProcess, RedisServer, wait_until
+from tests.support import HTTP, GatewayProcess, RedisServer, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -162,14 +162,14 @@ def test_tokens_per_minute_with_visible_reconciliation(
     headers = auth_header("tok-user", tier="tok")
     body = {**CHAT, "max_tokens": 300}
     sum_key = "gw:rl:{u:tok-user}:u:sum"
-    first = httpx.post(four[0].base_url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
+    first = HTTP.post(four[0].base_url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
     assert first.status_code == 200, first.text
     reserved = TPM - int(first.headers["x-ratelimit-remaining-tokens"])
     used = first.json()["usage"]["total_tokens"]
     assert used < reserved  # the sim stopped early: the reservation was generous
     # the finalizer replaces the reservation by the real usage once the response has ended
     wait_until(lambda: int(r.get(sum_key) or 0) == used, 5, what="token reconciliation")
-    second = httpx.post(four[1].base_url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
+    second = HTTP.post(four[1].base_url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
     assert second.status_code == 200
     assert int(second.headers["x-ratelimit-remaining-tokens"]) == TPM - used - reserved
     # a burst over all four gateways: whatever was admitted, never more than the limit was counted
@@ -239,13 +239,13 @@ def _open_stream(base_url: str, headers: dict[str, str]) -> tuple[httpx.Client, 
 
 
 def _status(base_url: str, headers: dict[str, str]) -> int:
-    return httpx.post(base_url + "/v1/chat/completions", json=CHAT, headers=headers, timeout=30).status_code
+    return HTTP.post(base_url + "/v1/chat/completions", json=CHAT, headers=headers, timeout=30).status_code
 
 
 def test_concurrency_slot_freed_on_client_disconnect(four: list[GatewayProcess]) -> None:
     headers = auth_header("conc-user", tier="conc")
     client, chunks = _open_stream(four[0].base_url, headers)
-    refused = httpx.post(four[1].base_url + "/v1/chat/completions", json=CHAT, headers=headers, timeout=30)
+    refused = HTTP.post(four[1].base_url + "/v1/chat/completions", json=CHAT, headers=headers, timeout=30)
     assert refused.status_code == 429 and refused.json()["error"]["type"] == "requests"
     assert "concurrent requests" in refused.json()["error"]["message"]
     next(chunks)  # still streaming
@@ -267,7 +267,7 @@ def test_concurrency_slot_of_a_killed_replica_expires(four: list[GatewayProcess]
 
 
 def _metric(base_url: str, name: str) -> float:
-    text = httpx.get(base_url + "/metrics", timeout=5).text
+    text = HTTP.get(base_url + "/metrics", timeout=5).text
     m = re.search(rf"^{name} (\S+)$", text, re.M)
     return float(m.group(1)) if m else 0.0
 
@@ -286,7 +286,7 @@ def test_redis_outage_fail_open_and_fail_closed_then_recovery(sim: SimProcess) -
         own.stop()  # Redis gone mid-test
         for _ in range(3):
             assert _status(opened.base_url, headers) == 200  # the local limiter took over
-        down = httpx.post(closed.base_url + "/v1/chat/completions", json=CHAT, headers=headers, timeout=30)
+        down = HTTP.post(closed.base_url + "/v1/chat/completions", json=CHAT, headers=headers, timeout=30)
         assert down.status_code == 503, down.text  # an outage is not the client's rate limit
         assert down.json()["error"]["code"] == "rate_limiter_unavailable"
         assert _metric(opened.base_url, "gateway_limiter_local_decisions_total") >= 3

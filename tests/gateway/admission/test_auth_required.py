@@ -8,13 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 
 from gateway.settings import ConfigError, load_settings, parse_settings
 from tests.conftest import MODEL, fast_sim, single_pool_config
-from tests.support import GatewayProcess
+from tests.support import HTTP, GatewayProcess
 
 BASE: dict[str, Any] = {
     "models": [{"name": "m"}],
@@ -86,11 +85,10 @@ def test_anonymous_serving_is_loud_and_in_a_metric() -> None:
     with fast_sim("vllm") as sim:
         config = single_pool_config("vllm", [sim.base_url], auth={"enabled": False})
         with GatewayProcess(config) as gateway:
-            metrics = httpx.get(gateway.base_url + "/metrics", timeout=10).text
+            metrics = HTTP.get(gateway.base_url + "/metrics", timeout=10).text
             assert "gateway_auth_enabled 0.0" in metrics
             assert "AUTHENTICATION IS OFF" in gateway.server_log()
             chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
             assert (
-                httpx.post(gateway.base_url + "/v1/chat/completions", json=chat, timeout=10).status_code
-                == 200
+                HTTP.post(gateway.base_url + "/v1/chat/completions", json=chat, timeout=10).status_code == 200
             )

@@ -30,7 +30,7 @@ from gateway.admission.tokens import mint_token
 from gateway.demo import SERVED
 from policies.features import extract_features
 from tests.conftest import MODEL, fast_sim
-from tests.support import GatewayProcess, RedisServer, wait_until
+from tests.support import HTTP, GatewayProcess, RedisServer, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -216,7 +216,7 @@ def test_money_budget_exact_across_three_gateways(sim: SimProcess, redis_server:
         pattern = r'^gateway_spend_usd_total\{model="test-model",pool="vllm"\} (\S+)$'
         spent = 0.0
         for g in gateways:
-            found = re.search(pattern, httpx.get(g.base_url + "/metrics", timeout=10).text, re.M)
+            found = re.search(pattern, HTTP.get(g.base_url + "/metrics", timeout=10).text, re.M)
             spent += float(found.group(1)) if found else 0.0
         assert abs(spent - actual / 10**9) < 10**-9 * N, (spent, actual)
         assert "user-0" not in metrics  # no per-user labels
@@ -290,7 +290,7 @@ def test_api_key_token_budget_created_raised_and_audited(gw: GatewayProcess) -> 
         tiny = http.post(
             "/admin/api-keys", json={"user": "svc-tiny", "budgets": [{"period": "month", "usd": 0.000001}]}
         )
-        r = httpx.post(
+        r = HTTP.post(
             gw.base_url + "/v1/chat/completions",
             json=b,
             headers={"authorization": "Bearer " + tiny.json()["key"]},
@@ -367,11 +367,11 @@ def test_budgets_survive_a_gateway_restart(sim: SimProcess, redis_server: RedisS
     with GatewayProcess(config) as first:
         while not statuses or statuses[-1] == 200:
             statuses.append(
-                httpx.post(first.base_url + "/v1/chat/completions", json=b, headers=headers).status_code
+                HTTP.post(first.base_url + "/v1/chat/completions", json=b, headers=headers).status_code
             )
     assert statuses[-1] == 429 and statuses.count(200) >= 1
     with GatewayProcess(config) as second:
-        again = httpx.post(second.base_url + "/v1/chat/completions", json=b, headers=headers)
+        again = HTTP.post(second.base_url + "/v1/chat/completions", json=b, headers=headers)
         assert again.status_code == 429 and again.json()["error"]["code"] == "insufficient_quota"
 
 
@@ -385,11 +385,11 @@ def test_budget_checks_follow_on_redis_error(sim: SimProcess) -> None:
         with GatewayProcess(budget_config(sim.base_url, own.url, **limits)) as g:
             headers = bearer("outage-user")
             b = body(stream=False, max_tokens=5)
-            assert httpx.post(g.base_url + "/v1/chat/completions", json=b, headers=headers).status_code == 200
+            assert HTTP.post(g.base_url + "/v1/chat/completions", json=b, headers=headers).status_code == 200
             own.stop()
-            down = httpx.post(g.base_url + "/v1/chat/completions", json=b, headers=headers)
+            down = HTTP.post(g.base_url + "/v1/chat/completions", json=b, headers=headers)
             assert down.status_code == 503 and down.json()["error"]["code"] == "rate_limiter_unavailable"
-            spend = httpx.get(g.base_url + "/admin/spend", params={"user": "outage-user"}, headers=ADMIN)
+            spend = HTTP.get(g.base_url + "/admin/spend", params={"user": "outage-user"}, headers=ADMIN)
             assert spend.status_code == 503 and spend.json()["error"]["type"] == "server_error"
     finally:
         own.stop()

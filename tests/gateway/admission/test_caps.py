@@ -13,7 +13,7 @@ from engines.sim.launcher import SimProcess
 from gateway.admission.tokens import mint_token
 from gateway.demo import SERVED
 from tests.conftest import fast_sim
-from tests.support import GatewayProcess, wait_until
+from tests.support import HTTP, GatewayProcess, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -60,12 +60,12 @@ def sim() -> Iterator[SimProcess]:
 def post(gw: GatewayProcess, user: str, model: str, **body: Any) -> httpx.Response:
     headers = {"authorization": "Bearer " + mint_token(SECRET, user)}
     payload = {"model": model, "messages": [{"role": "user", "content": "hi"}], **body}
-    return httpx.post(gw.base_url + "/v1/chat/completions", json=payload, headers=headers, timeout=10)
+    return HTTP.post(gw.base_url + "/v1/chat/completions", json=payload, headers=headers, timeout=10)
 
 
 def asked(sim: SimProcess) -> Any:
     """The max_tokens the simulator received last."""
-    last = httpx.get(sim.base_url + "/sim/requests", params={"limit": 1}, timeout=5).json()["requests"][-1]
+    last = HTTP.get(sim.base_url + "/sim/requests", params={"limit": 1}, timeout=5).json()["requests"][-1]
     return last["body"].get("max_tokens")
 
 
@@ -98,7 +98,7 @@ def test_limits_per_model_and_every_users_spend_ranked(sim: SimProcess) -> None:
         assert post(gw, "dave", "small", max_tokens=5).status_code == 200
 
         def ranked(**query: str) -> dict[str, Any]:
-            r = httpx.get(gw.base_url + "/admin/spend", params=query, headers=ADMIN, timeout=10)
+            r = HTTP.get(gw.base_url + "/admin/spend", params=query, headers=ADMIN, timeout=10)
             assert r.status_code == 200, r.text
             return dict(r.json())
 

@@ -6,14 +6,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from engines.sim.launcher import SimProcess
 from gateway.admission.tokens import mint_token
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.reliability.support import sim_faults
-from tests.support import GatewayProcess, RedisServer, wait_until
+from tests.support import HTTP, GatewayProcess, RedisServer, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -47,9 +46,7 @@ def rig() -> Iterator[tuple[GatewayProcess, SimProcess]]:
 
 
 def spend(gw: GatewayProcess, **query: str) -> dict[str, object]:
-    r = httpx.get(
-        gw.base_url + "/admin/spend", params={"period": "month", **query}, headers=ADMIN, timeout=10
-    )
+    r = HTTP.get(gw.base_url + "/admin/spend", params={"period": "month", **query}, headers=ADMIN, timeout=10)
     assert r.status_code == 200, r.text
     return dict(r.json())
 
@@ -62,7 +59,7 @@ def test_a_user_is_found_by_name_with_their_tenant_and_tier(rig: tuple[GatewayPr
     gw, _ = rig
     alice = {"authorization": "Bearer " + mint_token(SECRET, "alice", tenant="acme", tier="pro")}
     assert (
-        httpx.post(gw.base_url + "/v1/chat/completions", json=chat(), headers=alice, timeout=10).status_code
+        HTTP.post(gw.base_url + "/v1/chat/completions", json=chat(), headers=alice, timeout=10).status_code
         == 200
     )
     wait_until(lambda: tokens(spend(gw, user="alice")) > 0, 10, what="alice's spend reconciled")
@@ -73,17 +70,17 @@ def test_a_user_is_found_by_name_with_their_tenant_and_tier(rig: tuple[GatewayPr
 
 def test_a_revoked_keys_spend_stays_readable(rig: tuple[GatewayProcess, SimProcess]) -> None:
     gw, _ = rig
-    made = httpx.post(
+    made = HTTP.post(
         gw.base_url + "/admin/api-keys", json={"user": "svc", "tier": "pro"}, headers=ADMIN
     ).json()
     key = {"authorization": f"Bearer {made['key']}"}
     assert (
-        httpx.post(gw.base_url + "/v1/chat/completions", json=chat(), headers=key, timeout=10).status_code
+        HTTP.post(gw.base_url + "/v1/chat/completions", json=chat(), headers=key, timeout=10).status_code
         == 200
     )
     wait_until(lambda: tokens(spend(gw, key=made["id"])) > 0, 10, what="the key's spend reconciled")
     before = tokens(spend(gw, key=made["id"]))
-    assert httpx.delete(gw.base_url + f"/admin/api-keys/{made['id']}", headers=ADMIN).status_code == 200
+    assert HTTP.delete(gw.base_url + f"/admin/api-keys/{made['id']}", headers=ADMIN).status_code == 200
     report = spend(gw, key=made["id"])
     assert report["revoked"] is True and tokens(report) == before
 
@@ -96,7 +93,7 @@ def test_a_stream_the_engine_cuts_is_billed_at_what_was_relayed(
     sim_faults(sim.base_url, crash_after=4, crash_mode="cut")
     try:
         body = chat(max_tokens=500, stream=True)
-        r = httpx.post(gw.base_url + "/v1/chat/completions", json=body, headers=bob, timeout=10)
+        r = HTTP.post(gw.base_url + "/v1/chat/completions", json=body, headers=bob, timeout=10)
     finally:
         sim_faults(sim.base_url, crash_after=None)
     assert r.status_code == 200 and '"error"' in r.text  # the stream ended with an error event

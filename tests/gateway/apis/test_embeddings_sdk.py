@@ -8,12 +8,12 @@ import math
 import struct
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
 from tests.conftest import MODEL
 from tests.gateway.apis.conftest import EMBED_DIM, EMBED_MODEL, Rig
+from tests.support import HTTP
 
 pytestmark = pytest.mark.processes
 
@@ -45,7 +45,7 @@ def test_float(client: openai.OpenAI) -> None:
 def test_base64_is_the_same_vector(client: openai.OpenAI, rig: Rig) -> None:
     floats = client.embeddings.create(model=EMBED_MODEL, input="hello world", encoding_format="float")
     # the SDK decodes base64 itself; read the wire too
-    raw = httpx.post(
+    raw = HTTP.post(
         rig.base_url + "/v1/embeddings",
         json={"model": EMBED_MODEL, "input": "hello world", "encoding_format": "base64"},
         headers={"authorization": f"Bearer {rig.alice}"},
@@ -91,7 +91,7 @@ def test_token_arrays_and_dimensions(client: openai.OpenAI) -> None:
     ],
 )
 def test_bad_input(rig: Rig, body: dict[str, Any], param: str) -> None:
-    r = httpx.post(
+    r = HTTP.post(
         rig.base_url + "/v1/embeddings", json=body, headers={"authorization": f"Bearer {rig.alice}"}
     )
     assert r.status_code == 400, r.text

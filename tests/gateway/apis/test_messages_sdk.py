@@ -7,11 +7,11 @@ import re
 from typing import Any
 
 import anthropic
-import httpx
 import pytest
 
 from tests.conftest import MODEL
 from tests.gateway.apis.conftest import Rig
+from tests.support import HTTP
 
 pytestmark = pytest.mark.processes
 
@@ -69,7 +69,7 @@ def test_stream(client: anthropic.Anthropic) -> None:
 
 def test_stream_wire_has_ping_and_event_names(rig: Rig) -> None:
     body = {"model": MODEL, "max_tokens": 20, "stream": True, "messages": HI}
-    r = httpx.post(rig.base_url + "/v1/messages", json=body, headers={"x-api-key": rig.alice}, timeout=30)
+    r = HTTP.post(rig.base_url + "/v1/messages", json=body, headers={"x-api-key": rig.alice}, timeout=30)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     names = [line[7:] for line in r.text.split("\n") if line.startswith("event: ")]
     assert names[:3] == ["message_start", "ping", "content_block_start"]
@@ -208,7 +208,7 @@ def test_errors_are_anthropics(client: anthropic.Anthropic, rig: Rig) -> None:
     ],
 )
 def test_bad_input_in_anthropics_error_shape(rig: Rig, body: dict[str, Any], fragment: str) -> None:
-    r = httpx.post(
+    r = HTTP.post(
         rig.base_url + "/v1/messages",
         json=body,
         headers={"x-api-key": rig.alice, "anthropic-version": "2023-06-01"},
@@ -221,6 +221,6 @@ def test_bad_input_in_anthropics_error_shape(rig: Rig, body: dict[str, Any], fra
 
 
 def test_method_not_allowed_is_anthropics_shape(rig: Rig) -> None:
-    r = httpx.get(rig.base_url + "/v1/messages", headers={"x-api-key": rig.alice})
+    r = HTTP.get(rig.base_url + "/v1/messages", headers={"x-api-key": rig.alice})
     assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
     assert r.headers["allow"] == "POST"

@@ -18,7 +18,7 @@ from gateway.demo import SERVED
 from tests.conftest import MODEL, fast_sim
 from tests.gateway.apis.conftest import EMBED_SERVED, embed_sim
 from tests.reliability.support import RawClient, http_request, metric, sim_faults, sim_stats
-from tests.support import GatewayProcess, wait_until
+from tests.support import HTTP, GatewayProcess, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -136,7 +136,7 @@ def _settled(rig: Rig, sim: SimProcess, cancelled_before: int, completed_before:
     assert sim_stats(sim.base_url)["completed_total"] == completed_before, (
         "an abandoned request ran to its end"
     )
-    text = httpx.get(rig.gw.base_url + "/metrics", timeout=5).text
+    text = HTTP.get(rig.gw.base_url + "/metrics", timeout=5).text
     assert metric(text, "gateway_in_flight_requests") == 0
     assert metric(text, "gateway_backend_in_flight") == 0
 
@@ -201,10 +201,10 @@ def test_no_backend_is_anthropics_overloaded_error(rig: Rig) -> None:
     for sim in (rig.good, rig.flaky):
         sim_faults(sim.base_url, fault_rate=1.0, fault_kind="503")
     try:
-        r = httpx.post(rig.gw.base_url + "/v1/messages", json=_body("messages", MODEL, False), timeout=20)
+        r = HTTP.post(rig.gw.base_url + "/v1/messages", json=_body("messages", MODEL, False), timeout=20)
         assert r.status_code == 529, r.text
         assert r.json()["error"]["type"] == "overloaded_error"
-        r = httpx.post(rig.gw.base_url + "/v1/responses", json=_body("responses", MODEL, False), timeout=20)
+        r = HTTP.post(rig.gw.base_url + "/v1/responses", json=_body("responses", MODEL, False), timeout=20)
         assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"
     finally:
         for sim in (rig.good, rig.flaky):

@@ -7,12 +7,12 @@ import json
 import re
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
 from tests.conftest import MODEL
 from tests.gateway.apis.conftest import Rig
+from tests.support import HTTP
 
 pytestmark = pytest.mark.processes
 
@@ -192,9 +192,7 @@ def test_another_users_response_is_not_found(client: openai.OpenAI, rig: Rig) ->
 def test_bad_input_in_openais_error_shape(
     rig: Rig, body: dict[str, Any], status: int, param: str | None
 ) -> None:
-    r = httpx.post(
-        rig.base_url + "/v1/responses", json=body, headers={"authorization": f"Bearer {rig.alice}"}
-    )
+    r = HTTP.post(rig.base_url + "/v1/responses", json=body, headers={"authorization": f"Bearer {rig.alice}"})
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}

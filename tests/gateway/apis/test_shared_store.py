@@ -8,14 +8,13 @@ import contextlib
 from collections.abc import Iterator
 
 import anthropic
-import httpx
 import openai
 import pytest
 
 from gateway.admission.tokens import mint_token
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.gateway.apis.conftest import SECRET
-from tests.support import GatewayProcess, RedisServer
+from tests.support import HTTP, GatewayProcess, RedisServer
 
 pytestmark = pytest.mark.processes
 
@@ -62,13 +61,13 @@ def test_limits_count_the_new_apis_and_refuse_in_their_shape(
 ) -> None:
     a, b = replicas
     token = mint_token(SECRET, "tina", tier="tiny")
-    ok = httpx.post(
+    ok = HTTP.post(
         a.base_url + "/v1/messages",
         json={"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]},
         headers={"x-api-key": token},
     )
     assert ok.status_code == 200
-    ok = httpx.post(
+    ok = HTTP.post(
         b.base_url + "/v1/responses",
         json={"model": MODEL, "input": "hi"},
         headers={"authorization": f"Bearer {token}"},
@@ -79,13 +78,13 @@ def test_limits_count_the_new_apis_and_refuse_in_their_shape(
         client.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "hi"}])
     assert isinstance(err.value.body, dict) and err.value.body["error"]["type"] == "rate_limit_error"
     assert int(err.value.response.headers["retry-after"]) >= 1
-    r = httpx.post(
+    r = HTTP.post(
         b.base_url + "/v1/embeddings",
         json={"model": MODEL, "input": "x"},
         headers={"authorization": f"Bearer {token}"},
     )
     assert r.status_code == 400  # a chat model: refused before the limiter is asked
-    r = httpx.post(
+    r = HTTP.post(
         b.base_url + "/v1/responses",
         json={"model": MODEL, "input": "hi"},
         headers={"authorization": f"Bearer {token}"},

@@ -23,7 +23,7 @@ from engines.sim.launcher import SimProcess
 from gateway.admission.tokens import mint_token
 from gateway.demo import SERVED, demo_config
 from tests.conftest import MODEL, fast_sim
-from tests.support import GatewayProcess, RedisServer, wait_until
+from tests.support import HTTP, GatewayProcess, RedisServer, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -90,7 +90,7 @@ def _chat(text: str, **extra: Any) -> dict[str, Any]:
 
 def _requests_by_backend(sims: dict[str, list[SimProcess]]) -> dict[str, int]:
     return {
-        f"{e}-{i}": int(httpx.get(s.base_url + "/sim/stats", timeout=5).json()["requests_total"])
+        f"{e}-{i}": int(HTTP.get(s.base_url + "/sim/stats", timeout=5).json()["requests_total"])
         for e, ss in sims.items()
         for i, s in enumerate(ss)
     }
@@ -309,7 +309,7 @@ def test_pin_is_for_admins_only_and_rules_are_obeyed(gateway: GatewayProcess) ->
 def _backend_of(sims: dict[str, list[SimProcess]], marker: str) -> str:
     for engine, ss in sims.items():
         for i, s in enumerate(ss):
-            for rec in httpx.get(s.base_url + "/sim/requests", timeout=5).json()["requests"]:
+            for rec in HTTP.get(s.base_url + "/sim/requests", timeout=5).json()["requests"]:
                 if marker in str(rec.get("body")):
                     return f"{engine}-{i}"
     raise AssertionError(f"no simulator received {marker!r}")
@@ -335,7 +335,7 @@ def test_conversation_turns_stick_to_one_backend_across_replicas(
                 replica = (a, b)[turn % 2]
                 marker = f"marker-{conv}-{turn}"
                 messages.append({"role": "user", "content": marker})
-                r = httpx.post(
+                r = HTTP.post(
                     replica.base_url + "/v1/chat/completions",
                     json={"model": MODEL, "messages": messages, "max_tokens": 4},
                     headers=USER,
@@ -366,7 +366,7 @@ def test_uniform_traffic_is_balanced(gateway: GatewayProcess, sims: dict[str, li
 
 # -- replicas -----------------------------------------------------------------------------------------
 def _weight(gw: GatewayProcess, pool: str) -> float:
-    pools = httpx.get(gw.base_url + "/admin/pools", headers=ADMIN, timeout=5).json()["pools"]
+    pools = HTTP.get(gw.base_url + "/admin/pools", headers=ADMIN, timeout=5).json()["pools"]
     return float(next(p["weight"] for p in pools if p["name"] == pool))
 
 
@@ -383,27 +383,27 @@ def test_three_replicas_converge_within_a_second_and_after_restart(
         GatewayProcess(config(), env=ENV) as b,
         GatewayProcess(config(), env=ENV) as c,
     ):
-        r = httpx.put(
+        r = HTTP.put(
             a.base_url + "/admin/pools/vllm/weight", json={"weight": 0.123}, headers=ADMIN, timeout=5
         )
         assert (r.json()["ok"], r.json()["shared"], r.json()["persisted"]) == (True, True, True)
         wait_until(
             lambda: _weight(b, "vllm") == 0.123 and _weight(c, "vllm") == 0.123, what="replicas to converge"
         )
-        httpx.put(
+        HTTP.put(
             b.base_url + "/admin/backends/sglang-1/drain", json={"draining": True}, headers=ADMIN, timeout=5
         )
         c.stop()
         with GatewayProcess(config(), env=ENV) as c2:
             assert _weight(c2, "vllm") == 0.123
-            pools = httpx.get(c2.base_url + "/admin/pools", headers=ADMIN, timeout=5).json()["pools"]
+            pools = HTTP.get(c2.base_url + "/admin/pools", headers=ADMIN, timeout=5).json()["pools"]
             drained = {b["name"] for p in pools for b in p["backends"] if b["draining"]}
             assert drained == {"sglang-1"}
         # leave the shared state clean for other tests
-        httpx.put(
+        HTTP.put(
             a.base_url + "/admin/backends/sglang-1/drain", json={"draining": False}, headers=ADMIN, timeout=5
         )
-        httpx.put(a.base_url + "/admin/pools/vllm/weight", json={"weight": 0.5}, headers=ADMIN, timeout=5)
+        HTTP.put(a.base_url + "/admin/pools/vllm/weight", json={"weight": 0.5}, headers=ADMIN, timeout=5)
 
 
 def test_add_and_remove_backend(gateway: GatewayProcess, urls: dict[str, list[str]]) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.admission.tokens import mint_token
 from tests.conftest import fast_sim, single_pool_config
-from tests.support import GatewayProcess
+from tests.support import HTTP, GatewayProcess
 
 pytestmark = pytest.mark.processes
 
@@ -91,9 +91,9 @@ def test_api_documentation_is_off_unless_asked(http: httpx.Client, urls: list[st
         assert http.get(path).status_code == 404
         assert http.get(path, headers={"authorization": ""}).status_code == 404
     with GatewayProcess(config(urls, api_docs=True)) as gw:
-        doc = httpx.get(gw.base_url + "/openapi.json", timeout=10).json()
+        doc = HTTP.get(gw.base_url + "/openapi.json", timeout=10).json()
         assert "/v1/chat/completions" in doc["paths"] and "/admin/pools" in doc["paths"]
-        assert httpx.get(gw.base_url + "/docs", timeout=10).status_code == 200
+        assert HTTP.get(gw.base_url + "/docs", timeout=10).status_code == 200
 
 
 def test_an_api_keys_class_must_be_defined_and_is_the_class_of_its_requests(

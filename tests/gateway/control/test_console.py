@@ -36,7 +36,7 @@ from gateway.admission.tokens import mint_token
 from gateway.control.console import CSP, Console
 from gateway.demo import SERVED, demo_config
 from tests.conftest import MODEL, fast_sim
-from tests.support import GatewayProcess
+from tests.support import HTTP, GatewayProcess
 
 pytestmark = pytest.mark.processes
 
@@ -163,7 +163,7 @@ def tab(driver: WebDriver, name: str) -> None:
 
 
 def pools(gw: GatewayProcess) -> dict[str, dict[str, Any]]:
-    answer = httpx.get(gw.base_url + "/admin/pools", headers=ADMIN, timeout=5).json()["pools"]
+    answer = HTTP.get(gw.base_url + "/admin/pools", headers=ADMIN, timeout=5).json()["pools"]
     return {p["name"]: p for p in answer}
 
 
@@ -173,7 +173,7 @@ def backend(gw: GatewayProcess, name: str) -> dict[str, Any]:
 
 def chat(gw: GatewayProcess, text: str, headers: dict[str, str]) -> httpx.Response:
     body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 4}
-    return httpx.post(gw.base_url + "/v1/chat/completions", json=body, headers=headers, timeout=10)
+    return HTTP.post(gw.base_url + "/v1/chat/completions", json=body, headers=headers, timeout=10)
 
 
 def set_weight(driver: WebDriver, pool: str, weight: str) -> None:
@@ -321,7 +321,7 @@ def test_drain_and_undrain_from_the_console_and_auto_refresh(
     css(browser, "button[data-backend=vllm-0]").click()
     wait(browser, lambda: not backend(gateway, "vllm-0")["draining"], "vllm-0 undrained")
     # a change made elsewhere (curl) shows without a click: the view refreshes itself
-    httpx.put(
+    HTTP.put(
         gateway.base_url + "/admin/backends/sglang-1/drain", json={"draining": True}, headers=ADMIN, timeout=5
     )
     wait(
@@ -329,7 +329,7 @@ def test_drain_and_undrain_from_the_console_and_auto_refresh(
         lambda: css(browser, "tr[data-backend-row=sglang-1] [data-state]").text == "draining",
         "the auto-refresh",
     )
-    httpx.put(
+    HTTP.put(
         gateway.base_url + "/admin/backends/sglang-1/drain",
         json={"draining": False},
         headers=ADMIN,
@@ -399,7 +399,7 @@ def test_a_key_created_in_the_console_is_shown_once_works_and_is_revoked_there(
     shoot(browser, "06-key-created-secret-once")
     record = next(
         k
-        for k in httpx.get(gateway.base_url + "/admin/api-keys", headers=ADMIN).json()["keys"]
+        for k in HTTP.get(gateway.base_url + "/admin/api-keys", headers=ADMIN).json()["keys"]
         if k["name"] == LABEL
     )
     assert (record["user"], record["tenant"], record["allow_models"]) == ("console-user", "acme", [MODEL])
@@ -441,7 +441,7 @@ def test_a_key_created_in_the_console_is_shown_once_works_and_is_revoked_there(
 
 
 def test_spend_per_tenant_shows_after_a_request(browser: WebDriver, gateway: GatewayProcess) -> None:
-    api = httpx.get(gateway.base_url + "/admin/spend", params={"tenant": "acme"}, headers=ADMIN).json()
+    api = HTTP.get(gateway.base_url + "/admin/spend", params={"tenant": "acme"}, headers=ADMIN).json()
     day = next(p for p in api["periods"] if p["period"] == "day")
     assert day["requests"] >= 2 and day["usd"] > 0  # the console key's two requests
     signed_in(browser, gateway.base_url)
@@ -460,7 +460,7 @@ def test_spend_per_tenant_shows_after_a_request(browser: WebDriver, gateway: Gat
 def test_the_engines_tab_shows_the_comparison(browser: WebDriver, gateway: GatewayProcess) -> None:
     for i in range(3):
         assert chat(gateway, f"compare the engines {i}", USER).status_code == 200
-    api = httpx.get(gateway.base_url + "/admin/engines/compare", headers=ADMIN, timeout=5).json()
+    api = HTTP.get(gateway.base_url + "/admin/engines/compare", headers=ADMIN, timeout=5).json()
     expected = {(r["pool"], r["traffic_class"]): r["requests"] for r in api["rows"]}
     assert sum(expected.values()) >= 3
     signed_in(browser, gateway.base_url)
@@ -483,7 +483,7 @@ def test_the_engines_tab_shows_the_comparison(browser: WebDriver, gateway: Gatew
 def test_the_queues_show_the_classes_and_this_replicas_waiting_requests(
     browser: WebDriver, gateway: GatewayProcess
 ) -> None:
-    api = httpx.get(gateway.base_url + "/admin/flow", headers=ADMIN).json()
+    api = HTTP.get(gateway.base_url + "/admin/flow", headers=ADMIN).json()
     signed_in(browser, gateway.base_url)
     tab(browser, "queues")
     rows = "#queues-body tr[data-class]"
@@ -505,7 +505,7 @@ def test_the_audit_log_shows_the_consoles_changes(browser: WebDriver, gateway: G
     actions = [
         r.get_attribute("data-action") for r in browser.find_elements(By.CSS_SELECTOR, "tr[data-action]")
     ]
-    api = [e["action"] for e in httpx.get(gateway.base_url + "/admin/audit", headers=ADMIN).json()["entries"]]
+    api = [e["action"] for e in HTTP.get(gateway.base_url + "/admin/audit", headers=ADMIN).json()["entries"]]
     assert actions == api
     assert {"set_weight", "drain", "undrain", "create_api_key", "revoke_api_key"} <= set(actions)
     assert actions[0] == "revoke_api_key"

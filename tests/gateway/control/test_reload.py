@@ -13,7 +13,7 @@ import yaml
 
 from gateway.admission.tokens import mint_token
 from tests.conftest import MODEL, fast_sim, single_pool_config
-from tests.support import GatewayProcess, RedisServer
+from tests.support import HTTP, GatewayProcess, RedisServer
 
 pytestmark = pytest.mark.processes
 
@@ -42,12 +42,12 @@ def pair() -> Iterator[tuple[GatewayProcess, GatewayProcess]]:
 
 
 def reload(gw: GatewayProcess) -> httpx.Response:
-    return httpx.post(gw.base_url + "/admin/reload", headers=ADMIN, timeout=30)
+    return HTTP.post(gw.base_url + "/admin/reload", headers=ADMIN, timeout=30)
 
 
 def weight(gw: GatewayProcess) -> float:
     return float(
-        httpx.get(gw.base_url + "/admin/pools", headers=ADMIN, timeout=5).json()["pools"][0]["weight"]
+        HTTP.get(gw.base_url + "/admin/pools", headers=ADMIN, timeout=5).json()["pools"][0]["weight"]
     )
 
 
@@ -74,7 +74,7 @@ def test_a_broken_file_changes_nothing_and_says_where(pair: tuple[GatewayProcess
         assert r.status_code == 400 and r.json()["error"]["problems"][0]["message"].startswith(
             "not valid YAML"
         )
-        audit = httpx.get(a.base_url + "/admin/audit", headers=ADMIN, timeout=5).json()["entries"]
+        audit = HTTP.get(a.base_url + "/admin/audit", headers=ADMIN, timeout=5).json()["entries"]
         assert [e["action"] for e in audit[:2]] == ["reload_refused", "reload_refused"]
     finally:
         a.config_path.write_text(good)
@@ -104,7 +104,7 @@ def test_a_good_file_applies_live_everywhere_and_names_what_needs_a_restart(
     assert weight(a) == weight(b) == 0.4
     # the tier's new limit holds at once on the other replica
     statuses = [
-        httpx.post(b.base_url + "/v1/chat/completions", json=CHAT, headers=USER, timeout=10).status_code
+        HTTP.post(b.base_url + "/v1/chat/completions", json=CHAT, headers=USER, timeout=10).status_code
         for _ in range(3)
     ]
     assert statuses == [200, 200, 429]

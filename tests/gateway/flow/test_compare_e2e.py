@@ -20,7 +20,7 @@ import pytest
 from gateway.admission.tokens import mint_token
 from gateway.demo import SERVED
 from tests.conftest import MODEL, fast_sim
-from tests.support import GatewayProcess, RedisServer, wait_until
+from tests.support import HTTP, GatewayProcess, RedisServer, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -98,7 +98,7 @@ def test_either_replica_answers_the_fleets_rows_per_pool_and_traffic_class(
 
     def rows(gw: GatewayProcess) -> dict[tuple[str, str], dict[str, Any]]:
         """The rows of `gw`'s answer once they count every request sent, else nothing."""
-        r = httpx.get(gw.base_url + "/admin/engines/compare", params={"model": MODEL}, headers=ADMIN)
+        r = HTTP.get(gw.base_url + "/admin/engines/compare", params={"model": MODEL}, headers=ADMIN)
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["scope"] == "fleet" and "note" not in body
@@ -115,5 +115,5 @@ def test_either_replica_answers_the_fleets_rows_per_pool_and_traffic_class(
         assert row["ttft_p50_s"] <= row["ttft_p90_s"] <= row["ttft_p99_s"]
         assert row["output_tokens"] > 0 and row["output_tokens_per_s"] > 0
     assert got[("vllm", "plain")]["tpot_samples"] >= 1
-    r = httpx.get(a.base_url + "/admin/engines/compare", params={"model": "nope"}, headers=ADMIN)
+    r = HTTP.get(a.base_url + "/admin/engines/compare", params={"model": "nope"}, headers=ADMIN)
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"

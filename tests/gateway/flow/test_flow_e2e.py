@@ -13,7 +13,6 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 
@@ -21,7 +20,7 @@ from engines.sim.launcher import SimProcess
 from gateway.admission.tokens import mint_token
 from gateway.demo import SERVED
 from tests.conftest import MODEL, fast_sim, single_pool_config
-from tests.support import GatewayProcess, RedisServer, wait_until
+from tests.support import HTTP, GatewayProcess, RedisServer, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -95,7 +94,7 @@ class Client:
         }
 
         def run() -> None:
-            r = httpx.post(url, json=body, headers=headers, timeout=60)
+            r = HTTP.post(url, json=body, headers=headers, timeout=60)
             with self._lock:
                 self.done.append((label, r.status_code, dict(r.headers)))
 
@@ -111,7 +110,7 @@ class Client:
 
 
 def flow_report(gw: GatewayProcess) -> dict[str, Any]:
-    report: dict[str, Any] = httpx.get(gw.base_url + "/admin/flow", headers=ADMIN, timeout=10).json()
+    report: dict[str, Any] = HTTP.get(gw.base_url + "/admin/flow", headers=ADMIN, timeout=10).json()
     return report
 
 
@@ -120,7 +119,7 @@ def queued(gw: GatewayProcess, klass: str) -> int:
 
 
 def freeze(sim: SimProcess, frozen: bool = True) -> None:
-    r = httpx.post(sim.base_url + "/sim/faults", json={"freeze": frozen}, timeout=10)
+    r = HTTP.post(sim.base_url + "/sim/faults", json={"freeze": frozen}, timeout=10)
     assert r.status_code == 200, r.text
 
 
@@ -135,7 +134,7 @@ def wait_queued(gw: GatewayProcess, klass: str, n: int, what: str) -> None:
 
 
 def sim_stats(sim: SimProcess) -> dict[str, Any]:
-    stats: dict[str, Any] = httpx.get(sim.base_url + "/sim/stats", timeout=10).json()
+    stats: dict[str, Any] = HTTP.get(sim.base_url + "/sim/stats", timeout=10).json()
     return stats
 
 
@@ -154,7 +153,7 @@ def saturate(client: Client, gw: GatewayProcess, sim: SimProcess, words: int = 5
 
 
 def metric(gw: GatewayProcess, name: str, **labels: str) -> float:
-    text = httpx.get(gw.base_url + "/metrics", headers=ADMIN, timeout=10).text
+    text = HTTP.get(gw.base_url + "/metrics", headers=ADMIN, timeout=10).text
     total = 0.0
     for line in text.splitlines():
         if not line.startswith(name + "{"):
@@ -207,7 +206,7 @@ def test_a_request_past_its_deadline_is_shed_with_503_and_retry_after() -> None:
     with fast_sim("vllm", *SLOW) as sim, gateway(sim) as gw:
         client = Client(gw)
         saturate(client, gw, sim)
-        r = httpx.post(
+        r = HTTP.post(
             gw.base_url + "/v1/chat/completions",
             json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
             headers={**token("impatient"), "x-gateway-max-queue-ms": "100"},
@@ -237,7 +236,7 @@ def test_a_full_class_answers_429_to_the_tenant_holding_its_share_and_makes_room
         client.send("hog1-", hog)
         wait_queued(gw, "standard", 2, "the class full")
         body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 5}
-        again = httpx.post(gw.base_url + "/v1/chat/completions", json=body, headers=hog, timeout=30)
+        again = HTTP.post(gw.base_url + "/v1/chat/completions", json=body, headers=hog, timeout=30)
         assert again.status_code == 429, again.text
         assert (
             again.json()["error"]["code"] == "rate_limit_exceeded"
@@ -301,7 +300,7 @@ def test_a_document_the_rules_send_to_a_saturated_pool_waits_for_it_and_others_p
             client.send("document-", token("reader"), words=300)
             wait_queued(gw, "standard", 1, "the document queued for its pool")
             body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
-            chat = httpx.post(gw.base_url + "/v1/chat/completions", json=body, headers=token("u"), timeout=30)
+            chat = HTTP.post(gw.base_url + "/v1/chat/completions", json=body, headers=token("u"), timeout=30)
             assert chat.status_code == 200 and chat.headers["x-gateway-pool"] == "sglang", chat.text
             assert queued(gw, "standard") == 1  # the document still waits for the slow pool
             freeze(slow, False)
@@ -343,5 +342,5 @@ def test_a_replica_holds_its_batch_requests_while_another_has_interactive_ones_w
 
 
 def _engine_saw(sim: SimProcess, text: str) -> bool:
-    requests = httpx.get(sim.base_url + "/sim/requests", timeout=10).json()["requests"]
+    requests = HTTP.get(sim.base_url + "/sim/requests", timeout=10).json()["requests"]
     return any(text in str(r) for r in requests)

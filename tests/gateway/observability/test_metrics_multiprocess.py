@@ -9,12 +9,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import MODEL, fast_sim, single_pool_config
-from tests.support import GatewayProcess, wait_until
+from tests.support import HTTP, GatewayProcess, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -23,7 +22,7 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 def _scrape(base_url: str) -> Samples:
     # A new connection each time, so scrapes land on either worker.
-    text = httpx.get(base_url + "/metrics", headers={"authorization": "Bearer t0ken"}, timeout=5).text
+    text = HTTP.get(base_url + "/metrics", headers={"authorization": "Bearer t0ken"}, timeout=5).text
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)
@@ -68,11 +67,11 @@ def test_two_workers_aggregate_and_forget_dead_workers(tmp_path: Path) -> None:
         config["metrics"] = {"bearer_token": "t0ken"}
         with GatewayProcess(config, env={"PROMETHEUS_MULTIPROC_DIR": str(mp)}) as gw:
             wait_until(lambda: len(_workers(gw.pid)) == 2, 15, what="two workers")
-            assert httpx.get(gw.base_url + "/metrics", timeout=5).status_code == 401
+            assert HTTP.get(gw.base_url + "/metrics", timeout=5).status_code == 401
 
             prompt = completion = 0
             for i in range(30):
-                r = httpx.post(gw.base_url + "/v1/chat/completions", json=_chat(i), timeout=10)
+                r = HTTP.post(gw.base_url + "/v1/chat/completions", json=_chat(i), timeout=10)
                 assert r.status_code == 200, r.text
                 prompt += r.json()["usage"]["prompt_tokens"]
                 completion += r.json()["usage"]["completion_tokens"]
@@ -104,7 +103,7 @@ def test_two_workers_aggregate_and_forget_dead_workers(tmp_path: Path) -> None:
 
             def stream() -> None:
                 body = _chat(99, stream=True, max_tokens=40)
-                with httpx.stream("POST", gw.base_url + "/v1/chat/completions", json=body, timeout=20) as r:
+                with HTTP.stream("POST", gw.base_url + "/v1/chat/completions", json=body, timeout=20) as r:
                     for _ in r.iter_bytes():
                         pass
                 done.set()
@@ -136,7 +135,7 @@ def test_two_workers_aggregate_and_forget_dead_workers(tmp_path: Path) -> None:
                 20,
                 "a replacement worker",
             )
-            wait_until(lambda: httpx.get(gw.base_url + "/readyz", timeout=2).status_code == 200, 10, "ready")
+            wait_until(lambda: HTTP.get(gw.base_url + "/readyz", timeout=2).status_code == 200, 10, "ready")
             for _ in range(6):
                 s = _scrape(gw.base_url)
                 assert (

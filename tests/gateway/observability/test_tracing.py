@@ -25,7 +25,7 @@ from gateway.observability.otlp import EXPORT_INTERVAL_S
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.gateway.apis.conftest import EMBED_MODEL, EMBED_SERVED, embed_sim
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
-from tests.support import GatewayProcess, wait_until
+from tests.support import HTTP, GatewayProcess, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -82,9 +82,7 @@ def gateway(sims: list[SimProcess], receiver: OtlpReceiver) -> Iterator[GatewayP
 
 
 def post(gw: GatewayProcess, body: dict[str, Any], **headers: str) -> httpx.Response:
-    return httpx.post(
-        gw.base_url + "/v1/chat/completions", json=body, headers={**USER, **headers}, timeout=30
-    )
+    return HTTP.post(gw.base_url + "/v1/chat/completions", json=body, headers={**USER, **headers}, timeout=30)
 
 
 def trace_of(receiver: OtlpReceiver, request_id: str, spans: int) -> list[ReceivedSpan]:
@@ -102,7 +100,7 @@ def trace_of(receiver: OtlpReceiver, request_id: str, spans: int) -> list[Receiv
 def engine_headers(sims: list[SimProcess], marker: str) -> dict[str, str]:
     """The request headers the simulator received for the request whose body holds `marker`."""
     for sim in sims:
-        for r in httpx.get(sim.base_url + "/sim/requests", timeout=5).json()["requests"]:
+        for r in HTTP.get(sim.base_url + "/sim/requests", timeout=5).json()["requests"]:
             if marker in str(r.get("body", "")):
                 return dict(r["headers"])
     raise AssertionError(f"no simulator saw a request with {marker!r}")
@@ -180,7 +178,7 @@ def test_the_responses_and_messages_apis_are_traced_alike(
     gateway: GatewayProcess, receiver: OtlpReceiver, api: str, stream: bool
 ) -> None:
     path, body = OTHER_APIS[api]
-    r = httpx.post(gateway.base_url + path, json={**body, "stream": stream}, headers=USER, timeout=30)
+    r = HTTP.post(gateway.base_url + path, json={**body, "stream": stream}, headers=USER, timeout=30)
     assert r.status_code == 200, r.text
     spans = by_name(trace_of(receiver, r.headers["x-request-id"], 6 if stream else 5))
     root = spans.pop(f"POST {path}")
@@ -198,7 +196,7 @@ def test_the_responses_and_messages_apis_are_traced_alike(
 
 def test_embeddings_are_traced(gateway: GatewayProcess, receiver: OtlpReceiver) -> None:
     body = {"model": EMBED_MODEL, "input": ["the sea", "zq-7781"]}
-    r = httpx.post(gateway.base_url + "/v1/embeddings", json=body, headers=USER, timeout=30)
+    r = HTTP.post(gateway.base_url + "/v1/embeddings", json=body, headers=USER, timeout=30)
     assert r.status_code == 200, r.text
     spans = by_name(trace_of(receiver, r.headers["x-request-id"], 5))
     root = spans.pop("POST /v1/embeddings")
@@ -253,7 +251,7 @@ def test_a_malformed_traceparent_starts_a_new_trace(gateway: GatewayProcess, rec
 
 
 def test_a_refused_request_ends_at_its_stage(gateway: GatewayProcess, receiver: OtlpReceiver) -> None:
-    r = httpx.post(gateway.base_url + "/v1/chat/completions", json=chat(), timeout=10)  # no token
+    r = HTTP.post(gateway.base_url + "/v1/chat/completions", json=chat(), timeout=10)  # no token
     assert r.status_code == 401
     spans = by_name(trace_of(receiver, r.headers["x-request-id"], 2))
     assert set(spans) == {"POST /v1/chat/completions", "gateway.auth"}
@@ -268,7 +266,7 @@ def test_failover_is_two_upstream_spans(
     gateway: GatewayProcess, receiver: OtlpReceiver, sims: list[SimProcess]
 ) -> None:
     faulty = sims[0]
-    httpx.post(faulty.base_url + "/sim/faults", json={"fault_rate": 1.0, "fault_kind": "503"}, timeout=5)
+    HTTP.post(faulty.base_url + "/sim/faults", json={"fault_rate": 1.0, "fault_kind": "503"}, timeout=5)
     try:
         for i in range(20):  # until routing picks the faulty backend first (affinity spreads prompts)
             r = post(gateway, chat(f"{PROMPT} failover {i}"))
@@ -280,7 +278,7 @@ def test_failover_is_two_upstream_spans(
         else:
             raise AssertionError("no request was tried on the faulty backend first")
     finally:
-        httpx.post(faulty.base_url + "/sim/faults", json={"reset": True}, timeout=5)
+        HTTP.post(faulty.base_url + "/sim/faults", json={"reset": True}, timeout=5)
     spans = trace_of(receiver, r.headers["x-request-id"], 6)
     first, second = sorted((s for s in spans if s.name == "gateway.upstream"), key=lambda s: s.start_ns)
     assert (
@@ -298,12 +296,12 @@ def test_a_5xx_marks_the_request_span_an_error(
 ) -> None:
     """Every backend failing (last of the module gateway's tests: its circuits may open)."""
     for sim in sims:
-        httpx.post(sim.base_url + "/sim/faults", json={"fault_rate": 1.0, "fault_kind": "503"}, timeout=5)
+        HTTP.post(sim.base_url + "/sim/faults", json={"fault_rate": 1.0, "fault_kind": "503"}, timeout=5)
     try:
         r = post(gateway, chat(PROMPT + " all down"))
     finally:
         for sim in sims:
-            httpx.post(sim.base_url + "/sim/faults", json={"reset": True}, timeout=5)
+            HTTP.post(sim.base_url + "/sim/faults", json={"reset": True}, timeout=5)
     assert r.status_code >= 500, r.text
     spans = trace_of(receiver, r.headers["x-request-id"], 6)
     root = by_name(spans)["POST /v1/chat/completions"]
@@ -397,7 +395,7 @@ def test_tracing_off_sends_the_engine_no_traceparent(
 ) -> None:
     gw = variants["off"].gw
     tp = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
-    r = httpx.post(
+    r = HTTP.post(
         gw.base_url + "/v1/chat/completions", json=chat(PROMPT + " off"), headers={"traceparent": tp}
     )
     assert r.status_code == 200

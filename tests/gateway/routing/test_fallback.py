@@ -15,7 +15,7 @@ from gateway.admission.tokens import mint_token
 from gateway.demo import SERVED
 from tests.conftest import fast_sim
 from tests.reliability.support import sim_faults
-from tests.support import GatewayProcess, wait_until
+from tests.support import HTTP, GatewayProcess, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -64,13 +64,11 @@ def rig() -> Iterator[tuple[GatewayProcess, SimProcess, SimProcess]]:
 
 
 def requests(sim: SimProcess) -> int:
-    return len(
-        httpx.get(sim.base_url + "/sim/requests", params={"limit": 1000}, timeout=5).json()["requests"]
-    )
+    return len(HTTP.get(sim.base_url + "/sim/requests", params={"limit": 1000}, timeout=5).json()["requests"])
 
 
 def post(gw: GatewayProcess, body: dict[str, Any], headers: dict[str, str] = USER) -> httpx.Response:
-    return httpx.post(gw.base_url + "/v1/chat/completions", json=body, headers=headers, timeout=15)
+    return HTTP.post(gw.base_url + "/v1/chat/completions", json=body, headers=headers, timeout=15)
 
 
 def test_a_model_without_a_routable_backend_is_served_by_its_fallback(
@@ -78,7 +76,7 @@ def test_a_model_without_a_routable_backend_is_served_by_its_fallback(
 ) -> None:
     gw, _, small = rig
     assert (
-        httpx.put(
+        HTTP.put(
             gw.base_url + "/admin/backends/a-0/drain", json={"draining": True}, headers=ADMIN
         ).status_code
         == 200
@@ -94,7 +92,7 @@ def test_a_model_without_a_routable_backend_is_served_by_its_fallback(
         r = post(gw, chat(), LIMITED)
         assert r.status_code == 503 and r.json()["error"]["code"] == "no_backend"
     finally:
-        httpx.put(gw.base_url + "/admin/backends/a-0/drain", json={"draining": False}, headers=ADMIN)
+        HTTP.put(gw.base_url + "/admin/backends/a-0/drain", json={"draining": False}, headers=ADMIN)
 
 
 def test_failures_before_the_first_byte_fall_back_and_after_it_never(
@@ -132,7 +130,7 @@ def test_the_fallback_model_is_charged(rig: tuple[GatewayProcess, SimProcess, Si
 
     def models() -> set[str]:
         query = {"user": "carol", "period": "day"}
-        report = httpx.get(gw.base_url + "/admin/spend", params=query, headers=ADMIN).json()
+        report = HTTP.get(gw.base_url + "/admin/spend", params=query, headers=ADMIN).json()
         return set(report["periods"][0]["models"])
 
     wait_until(lambda: models() != set(), 10, what="carol's spend reconciled")

@@ -16,14 +16,13 @@ import re
 import time
 from typing import Any
 
-import httpx
 import pytest
 
 from engines.sim.launcher import free_port
 from gateway.admission.tokens import mint_token
 from gateway.demo import SERVED
 from tests.conftest import MODEL, fast_sim, single_pool_config
-from tests.support import GatewayProcess, wait_until
+from tests.support import HTTP, GatewayProcess, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -53,7 +52,7 @@ def test_a_late_gateway_learns_what_the_engine_held_before_it_subscribed() -> No
         # before any gateway: the conversation's first turn, straight to the engine
         first = chat("Where is record 7?")
         first["messages"] = first["messages"][:2]
-        r = httpx.post(
+        r = HTTP.post(
             sim.base_url + "/v1/chat/completions", json=dict(first, model=SERVED["sglang"]), timeout=30
         )
         assert r.status_code == 200, r.text
@@ -67,18 +66,18 @@ def test_a_late_gateway_learns_what_the_engine_held_before_it_subscribed() -> No
         with GatewayProcess(config, env={"GATEWAY_JWT_SECRET": SECRET}) as gw:
 
             def held(body: dict[str, Any]) -> int:
-                r = httpx.post(gw.base_url + "/admin/routes/explain", json=body, headers=ADMIN, timeout=10)
+                r = HTTP.post(gw.base_url + "/admin/routes/explain", json=body, headers=ADMIN, timeout=10)
                 assert r.status_code == 200, r.text
                 return int(r.json()["kv_held_tokens"]["sglang-0"])
 
             def counts() -> tuple[float | None, float | None]:
-                text = httpx.get(gw.base_url + "/metrics", timeout=10).text
+                text = HTTP.get(gw.base_url + "/metrics", timeout=10).text
                 return metric(text, "gateway_kv_stores_anchored_total"), metric(
                     text, "gateway_kv_stores_orphaned_total"
                 )
 
             def connected() -> bool:
-                text = httpx.get(gw.base_url + "/metrics", timeout=10).text
+                text = HTTP.get(gw.base_url + "/metrics", timeout=10).text
                 return metric(text, "gateway_kv_stream_connected") == 1.0
 
             wait_until(connected, 10, what="the gateway's SUB socket connected to the engine's publisher")
@@ -88,7 +87,7 @@ def test_a_late_gateway_learns_what_the_engine_held_before_it_subscribed() -> No
             assert held(third) == 0  # nothing heard: the engine's cache predates the gateway
 
             second = chat("And record 21?", answer_first=True)
-            r = httpx.post(gw.base_url + "/v1/chat/completions", json=second, headers=USER, timeout=30)
+            r = HTTP.post(gw.base_url + "/v1/chat/completions", json=second, headers=USER, timeout=30)
             assert r.status_code == 200, r.text
             tokens = int(r.json()["usage"]["prompt_tokens"])
             # the prompt's store anchored; the answer's chains under it as usual

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import re
 
-import httpx
 import pytest
 
 from tests.conftest import fast_sim, single_pool_config
 from tests.gateway.routing.kv_publisher import Publisher, stored
-from tests.support import GatewayProcess, wait_until
+from tests.support import HTTP, GatewayProcess, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -52,7 +51,7 @@ def test_a_streams_history_reads_off_the_metrics() -> None:
                 }
 
                 def scrape() -> str | None:
-                    text = httpx.get(gw.base_url + "/metrics").text
+                    text = HTTP.get(gw.base_url + "/metrics").text
                     return text if {name: _series(text, name, "vllm-0") for name in want} == want else None
 
                 text = wait_until(scrape, what=f"the metrics {want}")

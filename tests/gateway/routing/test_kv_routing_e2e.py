@@ -22,7 +22,7 @@ from policies.prefix_affinity import PrefixAffinity
 from policies.types import BackendView, PoolView
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.gateway.routing.kv_publisher import EngineEvents, Publisher
-from tests.support import GatewayProcess, received_chat, wait_until
+from tests.support import HTTP, GatewayProcess, received_chat, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -77,7 +77,7 @@ def fleet() -> Iterator[tuple[GatewayProcess, list[EngineEvents]]]:
 
 def events_applied(gw: GatewayProcess, backend: str) -> float:
     """The KV events of `backend`'s stream the gateway's workers have applied, summed over them."""
-    for line in httpx.get(gw.base_url + "/metrics", timeout=10).text.splitlines():
+    for line in HTTP.get(gw.base_url + "/metrics", timeout=10).text.splitlines():
         if line.startswith("gateway_kv_events_total{") and f'backend="{backend}"' in line:
             return float(line.rsplit(" ", 1)[1])
     return 0.0
@@ -114,7 +114,7 @@ def test_every_worker_sends_a_document_where_its_engine_holds_it(
     first["model"] = SERVED["vllm"]
     for dropped in ("tools", "tool_choice"):  # what a gateway sends with tool_choice none
         first.pop(dropped, None)
-    r = httpx.post(engines[holder].base_url + "/v1/chat/completions", json=first, timeout=10)
+    r = HTTP.post(engines[holder].base_url + "/v1/chat/completions", json=first, timeout=10)
     assert r.status_code == 200, r.text
     applied = events_applied(gw, names[holder])
     assert engines[holder].announce() >= 32  # one stored event

@@ -16,7 +16,7 @@ import pytest
 
 from gateway.admission.tokens import mint_token
 from tests.conftest import MODEL, fast_sim, single_pool_config
-from tests.support import GatewayProcess, wait_until
+from tests.support import HTTP, GatewayProcess, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -47,7 +47,7 @@ def test_a_prompt_counts_as_queued_prefill_on_its_backend_until_its_first_token(
             }
 
             def stream() -> None:
-                with httpx.stream(
+                with HTTP.stream(
                     "POST", gw.base_url + "/v1/chat/completions", json=body, headers=ADMIN, timeout=30
                 ) as r:
                     for _ in r.iter_bytes():

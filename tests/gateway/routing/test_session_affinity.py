@@ -7,12 +7,11 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
 from engines.sim.launcher import SimProcess
 from tests.conftest import MODEL, fast_sim, single_pool_config
-from tests.support import GatewayProcess
+from tests.support import HTTP, GatewayProcess
 
 pytestmark = pytest.mark.processes
 
@@ -28,7 +27,7 @@ def rig() -> Iterator[tuple[list[SimProcess], list[GatewayProcess]]]:
 
 def counts(sims: list[SimProcess]) -> list[int]:
     return [
-        len(httpx.get(s.base_url + "/sim/requests", params={"limit": 1000}).json()["requests"]) for s in sims
+        len(HTTP.get(s.base_url + "/sim/requests", params={"limit": 1000}).json()["requests"]) for s in sims
     ]
 
 
@@ -57,7 +56,7 @@ def test_a_sessions_turns_stay_on_one_backend_across_replicas(
     for i in range(8):
         body, headers = turn(i, **dict(session))
         gw = gateways[i % 2]  # turns alternate between the replicas
-        r = httpx.post(gw.base_url + "/v1/chat/completions", json=body, headers=headers, timeout=10)
+        r = HTTP.post(gw.base_url + "/v1/chat/completions", json=body, headers=headers, timeout=10)
         assert r.status_code == 200, r.text
     served = [after - b for after, b in zip(counts(sims), before, strict=True)]
     assert sorted(served) == [0, 0, 0, 8], served
@@ -71,8 +70,7 @@ def test_turns_without_a_session_and_changing_openings_spread(
     for i in range(16):
         body, _ = turn(100 + i)
         assert (
-            httpx.post(gateways[0].base_url + "/v1/chat/completions", json=body, timeout=10).status_code
-            == 200
+            HTTP.post(gateways[0].base_url + "/v1/chat/completions", json=body, timeout=10).status_code == 200
         )
     served = [after - b for after, b in zip(counts(sims), before, strict=True)]
     assert sum(1 for n in served if n) > 1, served  # no session named: each opening its own key

@@ -33,7 +33,7 @@ from policies.prefix_affinity import PrefixAffinity
 from policies.shared_load import PREFILL, SETS
 from policies.types import BackendView, FleetSnapshot, PoolView
 from tests.conftest import MODEL, fast_sim, single_pool_config
-from tests.support import GatewayProcess, RedisServer, received_chat, wait_until
+from tests.support import HTTP, GatewayProcess, RedisServer, received_chat, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -98,12 +98,12 @@ def gateway_config(sims: list[SimProcess], redis: RedisServer | None, *, workers
 
 
 def served_by(sims: list[SimProcess]) -> list[int]:
-    return [int(httpx.get(s.base_url + "/sim/stats").json()["requests_total"]) for s in sims]
+    return [int(HTTP.get(s.base_url + "/sim/stats").json()["requests_total"]) for s in sims]
 
 
 def gauge(gw: GatewayProcess, name: str, backend: str) -> float | None:
     """A per-backend gauge of the gateway's /metrics (over its workers, as the gauge combines them)."""
-    for line in httpx.get(gw.base_url + "/metrics", timeout=10).text.splitlines():
+    for line in HTTP.get(gw.base_url + "/metrics", timeout=10).text.splitlines():
         if line.startswith(name + "{") and f'backend="{backend}"' in line:
             return float(line.rsplit(" ", 1)[1])
     return None
@@ -172,7 +172,7 @@ def test_four_routing_processes_send_every_question_where_the_engine_holds_the_d
             holder = 1 - NAMES.index(home_of(body(f"{doc}\n\nQuestion 0?")))
             direct = dict(body(f"{doc}\n\nQuestion 0?"), model=SERVED["vllm"])
             applied = [events_applied(gw, NAMES[holder]) for gw in gws]
-            r = httpx.post(sims[holder].base_url + "/v1/chat/completions", json=direct, timeout=30)
+            r = HTTP.post(sims[holder].base_url + "/v1/chat/completions", json=direct, timeout=30)
             assert r.status_code == 200, r.text
             for gw, before in zip(gws, applied, strict=True):  # the request's stored event, in both workers
                 wait_until(
@@ -365,7 +365,7 @@ def test_a_redis_outage_fails_no_request_and_sharing_resumes_after_it() -> None:
                 server = RedisServer(port).start()
                 for gw in gws:  # every worker's probe has seen Redis again (the gauge is their minimum)
                     wait_until(
-                        lambda gw=gw: "gateway_redis_up 1.0" in httpx.get(gw.base_url + "/metrics").text
+                        lambda gw=gw: "gateway_redis_up 1.0" in HTTP.get(gw.base_url + "/metrics").text
                     )
                 burst(30, 2000)
                 # the restarted (empty) Redis holds the placements the processes set after it came back
@@ -389,11 +389,11 @@ def test_a_process_hears_the_working_sets_the_others_sent(redis: RedisServer) ->
     admin = {"Authorization": "Bearer " + mint_token(secret, "ops", roles=["admin"])}
 
     def send(gw: GatewayProcess, b: dict[str, Any]) -> None:
-        r = httpx.post(gw.base_url + "/v1/chat/completions", json=b, headers=user, timeout=30)
+        r = HTTP.post(gw.base_url + "/v1/chat/completions", json=b, headers=user, timeout=30)
         assert r.status_code == 200, r.text
 
     def view(gw: GatewayProcess) -> dict[str, Any]:
-        r = httpx.post(gw.base_url + "/admin/routes/explain", json=body("hello"), headers=admin, timeout=10)
+        r = HTTP.post(gw.base_url + "/admin/routes/explain", json=body("hello"), headers=admin, timeout=10)
         assert r.status_code == 200, r.text
         return dict(r.json()["shared"])
 

@@ -19,7 +19,7 @@ from engines.sim.launcher import SimProcess
 from gateway.admission.tokens import mint_token
 from tests.conftest import MODEL, fast_sim, single_pool_config
 from tests.reliability.support import metric
-from tests.support import GatewayProcess
+from tests.support import HTTP, GatewayProcess
 
 pytestmark = pytest.mark.processes
 
@@ -42,21 +42,21 @@ def config(sim: SimProcess, **pool: Any) -> dict[str, Any]:
 
 
 def chat(gw: GatewayProcess) -> httpx.Response:
-    return httpx.post(gw.base_url + "/v1/chat/completions", json=CHAT, headers=ADMIN, timeout=10)
+    return HTTP.post(gw.base_url + "/v1/chat/completions", json=CHAT, headers=ADMIN, timeout=10)
 
 
 def test_the_engine_gets_its_key_from_the_environment_and_it_is_never_shown(sim: SimProcess) -> None:
-    unauthorized = httpx.post(sim.base_url + "/v1/chat/completions", json={**CHAT, "model": "x"}, timeout=10)
+    unauthorized = HTTP.post(sim.base_url + "/v1/chat/completions", json={**CHAT, "model": "x"}, timeout=10)
     assert unauthorized.status_code == 401  # the engine does want a key
     with GatewayProcess(config(sim, api_key_env="ENGINE_KEY"), env={"ENGINE_KEY": KEY}) as gw:
         r = chat(gw)
         assert r.status_code == 200, r.text
-        r = httpx.post(
+        r = HTTP.post(
             gw.base_url + "/v1/chat/completions", json={**CHAT, "stream": True}, headers=ADMIN, timeout=10
         )
         assert r.status_code == 200 and "[DONE]" in r.text
-        assert httpx.get(gw.base_url + "/readyz", timeout=5).status_code == 200
-        shown = httpx.get(gw.base_url + "/admin/pools", headers=ADMIN, timeout=5).text
+        assert HTTP.get(gw.base_url + "/readyz", timeout=5).status_code == 200
+        shown = HTTP.get(gw.base_url + "/admin/pools", headers=ADMIN, timeout=5).text
         assert KEY not in shown and KEY not in gw.log()
 
 
@@ -72,10 +72,10 @@ def test_a_refused_key_is_a_502_for_the_operator_and_a_rotated_file_is_read_on_r
         assert error["type"] == "server_error" and error["code"] == "upstream_auth"
         assert sim.base_url not in r.text and "an-old-key" not in r.text
         assert "refuses the gateway's key" in gw.server_log()
-        metrics = httpx.get(gw.base_url + "/metrics", timeout=5).text
+        metrics = HTTP.get(gw.base_url + "/metrics", timeout=5).text
         assert metric(metrics, "gateway_upstream_errors_total", kind="engine_auth") >= 1
         key_file.write_text(KEY + "\n")  # the secret is rotated
-        assert httpx.post(gw.base_url + "/admin/reload", headers=ADMIN, timeout=30).status_code == 200
+        assert HTTP.post(gw.base_url + "/admin/reload", headers=ADMIN, timeout=30).status_code == 200
         assert chat(gw).status_code == 200
 
 

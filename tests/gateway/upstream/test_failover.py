@@ -33,7 +33,7 @@ from engines.sim.launcher import SimProcess
 from gateway.admission.tokens import mint_token
 from gateway.demo import SERVED
 from tests.conftest import MODEL, fast_sim, single_pool_config
-from tests.support import GatewayProcess, wait_until
+from tests.support import HTTP, GatewayProcess, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -171,7 +171,7 @@ def test_example_topology_fails_over_when_a_pool_dies() -> None:
         # health took the dead backends out: passively, where a worker sent them a request after the
         # kill, else by its next probes (a worker whose traffic all went to vLLM has seen no failure)
         def down() -> dict[str, dict[str, Any]] | None:
-            pools = httpx.get(gw.base_url + "/admin/pools", headers=ADMIN, timeout=10).json()["pools"]
+            pools = HTTP.get(gw.base_url + "/admin/pools", headers=ADMIN, timeout=10).json()["pools"]
             seen = {b["name"]: b for p in pools for b in p["backends"]}
             return seen if not (seen["sglang-0"]["healthy"] or seen["sglang-1"]["healthy"]) else None
 
@@ -184,7 +184,7 @@ def test_example_topology_fails_over_when_a_pool_dies() -> None:
 
 
 def _connect_errors(gw: GatewayProcess) -> float:
-    text = httpx.get(gw.base_url + "/metrics", timeout=5).text
+    text = HTTP.get(gw.base_url + "/metrics", timeout=5).text
     m = re.search(r'^gateway_upstream_errors_total\{kind="connect",pool="vllm"\} (\S+)$', text, re.M)
     return float(m.group(1)) if m else 0.0
 
@@ -210,7 +210,7 @@ def test_refused_connection_takes_the_backend_out_at_once() -> None:
                 assert http.post("/v1/chat/completions", json=body).status_code == 200
             # round robin would have sent every other request to it: one refused attempt took it out
             assert _connect_errors(gw) == 1
-            backends = httpx.get(gw.base_url + "/admin/pools", headers=ADMIN).json()["pools"][0]["backends"]
+            backends = HTTP.get(gw.base_url + "/admin/pools", headers=ADMIN).json()["pools"][0]["backends"]
             assert [(b["name"], b["healthy"]) for b in backends] == [("vllm-0", False), ("vllm-1", True)]
             assert "backend vllm-0 (pool vllm) is now unhealthy: connection refused" in gw.log()
 
@@ -233,7 +233,7 @@ def test_the_probe_brings_a_passively_removed_backend_back() -> None:
             sim.stop()
 
             def health() -> list[bool]:
-                pool = httpx.get(gw.base_url + "/admin/pools", headers=ADMIN).json()["pools"][0]
+                pool = HTTP.get(gw.base_url + "/admin/pools", headers=ADMIN).json()["pools"][0]
                 return [b["healthy"] for b in pool["backends"]]
 
             wait_until(lambda: health() == [False, True], 5, what="backend out")
@@ -242,7 +242,7 @@ def test_the_probe_brings_a_passively_removed_backend_back() -> None:
                 body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
                 for _ in range(4):
                     assert http.post("/v1/chat/completions", json=body).status_code == 200
-                stats = httpx.get(back.base_url + "/sim/stats").json()
+                stats = HTTP.get(back.base_url + "/sim/stats").json()
                 assert stats["requests_total"] >= 1, "round robin sends the revived backend its turn"
 
 
@@ -306,4 +306,4 @@ def test_a_misconfigured_pool_fails_over_to_one_that_serves(two_sims: tuple[SimP
     }
     with GatewayProcess(strict) as gw:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "q"}], "max_tokens": 2}
-        assert httpx.post(gw.base_url + "/v1/chat/completions", json=body, timeout=10).status_code == 502
+        assert HTTP.post(gw.base_url + "/v1/chat/completions", json=body, timeout=10).status_code == 502

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from tests.conftest import MODEL, fast_sim, single_pool_config
-from tests.support import GatewayProcess, wait_until
+from tests.support import HTTP, GatewayProcess, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -30,7 +30,7 @@ def _events(text: str) -> list[str]:
 
 
 def _stats(base_url: str) -> dict[str, Any]:
-    return dict(httpx.get(base_url + "/sim/stats", timeout=5).json())
+    return dict(HTTP.get(base_url + "/sim/stats", timeout=5).json())
 
 
 def _quiet_health(**extra: Any) -> dict[str, Any]:
@@ -151,7 +151,7 @@ def test_graceful_shutdown_drains_open_streams() -> None:
             assert not any("error" in orjson.loads(e) for e in events[:-1])
             gw.proc.wait(10)
             with pytest.raises(httpx.ConnectError):
-                httpx.get(gw.base_url + "/healthz", timeout=1)
+                HTTP.get(gw.base_url + "/healthz", timeout=1)
         finally:
             gw.stop()
 

@@ -22,7 +22,7 @@ from gateway.upstream.h1 import H1Transport
 from gateway.upstream.health import HELD_S, HealthChecker
 from gateway.upstream.transport import ConnectFailed
 from tests.conftest import fast_sim
-from tests.support import until
+from tests.support import HTTP, until
 from tests.virtual_time import on_virtual_time, virtual_loop
 
 
@@ -248,7 +248,7 @@ async def test_a_real_sglang_simulator_prefilling_a_long_prompt_stays_healthy() 
             async with httpx.AsyncClient(timeout=30) as http, http.stream("POST", url, json=body) as resp:
                 backend.in_flight += 1  # as the proxy counts it
                 stats = sim.base_url + "/sim/stats"
-                await until(lambda: httpx.get(stats).json()["running"] == 1, what="the prefill under way")
+                await until(lambda: HTTP.get(stats).json()["running"] == 1, what="the prefill under way")
                 await checker.probe_all()
                 assert backend.name in checker._timed_out, "the probe was expected to time out"
                 assert backend.healthy is True
