@@ -37,6 +37,16 @@ from typing import IO
 _ROOT = Path(__file__).resolve().parents[2]
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds the process has used (Linux's /proc; 0 where it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class SimStartError(RuntimeError):
     """The simulator did not come up; the message includes its stderr."""
 
@@ -189,6 +199,7 @@ class SimProcess:
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
+        env["PYTHONFAULTHANDLER"] = "1"  # a start that never listens shows its stacks (SIGABRT)
         self._proc = subprocess.Popen(
             self.argv, stdout=subprocess.DEVNULL, stderr=self._stderr, env=env, cwd=str(_ROOT)
         )
@@ -216,9 +227,20 @@ class SimProcess:
                 self.stop()
                 raise SimStartError(f"simulator exited early: {text}")
             time.sleep(0.02)
+        raise SimStartError(f"simulator not listening on {self.base_url} after {timeout}s{self._where()}")
+
+    def _where(self) -> str:
+        """The CPU a start that never listened has had (starved or stuck?) and, from its stderr, every
+        thread's stack (SIGABRT; PYTHONFAULTHANDLER is set), then the process is gone."""
+        proc = self._proc
+        cpu = _cpu_seconds(proc.pid) if proc is not None else 0.0
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
         text = self.stderr_text()
         self.stop()
-        raise SimStartError(f"simulator not listening on {self.base_url} after {timeout}s: {text}")
+        return f" ({cpu:.1f} s of CPU so far): {text}"
 
     def stderr_text(self) -> str:
         """Everything the process wrote to stderr so far."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 
 import pytest
 
@@ -23,6 +24,24 @@ def test_free_port_is_bindable() -> None:
 def test_bad_flag_raises_with_stderr() -> None:
     with pytest.raises(SimStartError, match="unrecognized arguments: --no-such-flag"):
         SimProcess("vllm", extra=["--no-such-flag"]).start()
+
+
+class _Silent(SimProcess):
+    """A process that starts and never listens (as a simulator stuck in its start would)."""
+
+    @property
+    def argv(self) -> list[str]:
+        return [sys.executable, "-c", "import time\nwhile True: time.sleep(1)"]
+
+
+def test_a_start_that_never_listens_says_where_it_is() -> None:
+    sim = _Silent("vllm", start_timeout=1.0)
+    with pytest.raises(SimStartError) as failed:
+        sim.start()
+    message = str(failed.value)
+    assert "not listening" in message and "s of CPU so far" in message
+    assert "time.sleep" in message or "<string>" in message  # the stuck thread's stack
+    assert not sim.alive()
 
 
 def test_start_stop_by_pid() -> None:
