@@ -221,10 +221,8 @@ def events_of(messages: list[tuple[bytes, int, list[Any]]]) -> list[dict[str, An
     return [ev for _, _, (_, events, _) in messages for ev in events]
 
 
-@pytest.fixture(params=["vllm", "sglang"])
-def publishing(request: pytest.FixtureRequest) -> Iterator[tuple[str, str, Subscriber]]:
-    engine = request.param
-    port, replay_port = free_port(), free_port()
+def kv_events_config(port: int, replay_port: int) -> str:
+    """`--kv-events-config` for a ZMQ publisher on `port` with its replay socket on `replay_port`."""
     cfg = {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
@@ -232,10 +230,17 @@ def publishing(request: pytest.FixtureRequest) -> Iterator[tuple[str, str, Subsc
         "replay_endpoint": f"tcp://*:{replay_port}",
         "topic": "kv",
     }
+    return json.dumps(cfg)
+
+
+@pytest.fixture(params=["vllm", "sglang"])
+def publishing(request: pytest.FixtureRequest) -> Iterator[tuple[str, str, Subscriber]]:
+    engine = request.param
+    port, replay_port = free_port(), free_port()
     flags = [
         "--fast",
         "--kv-events-config",
-        json.dumps(cfg),
+        kv_events_config(port, replay_port),
         "--num-cache-blocks",
         "24",
         "--block-size",
@@ -332,20 +337,13 @@ def test_vllm_lora_adapters(scheduler: str) -> None:
     name, every block's extra keys led by the name (as real vLLM 0.32's:
     tests/real_engines/test_engine_lora.py)."""
     port, replay = free_port(), free_port()
-    cfg = {
-        "enable_kv_cache_events": True,
-        "publisher": "zmq",
-        "endpoint": f"tcp://*:{port}",
-        "replay_endpoint": f"tcp://*:{replay}",
-        "topic": "kv",
-    }
     flags = [
         "--fast",
         "--scheduler",
         scheduler,
         "--enable-prompt-tokens-details",
         "--kv-events-config",
-        json.dumps(cfg),
+        kv_events_config(port, replay),
     ]
     flags += ["--enable-lora", "--lora-modules", "ad=/adapters/ad", "--max-lora-rank", "8"]
     with SimProcess("vllm", extra=flags) as sim:
