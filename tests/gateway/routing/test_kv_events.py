@@ -29,6 +29,16 @@ async def subscriber() -> AsyncIterator[KvEventSubscriber]:
     await sub.stop()
 
 
+@pytest.fixture
+async def catching_up() -> AsyncIterator[tuple[KvEventSubscriber, Publisher]]:
+    """A subscriber that catches up after 50 ms of silence, and a publisher with a replay socket."""
+    pub = Publisher(replay=True)
+    sub = KvEventSubscriber(KvIndex(), heartbeat_s=0.2, catch_up_after_s=0.05)
+    yield sub, pub
+    await sub.stop()
+    pub.close()
+
+
 async def connected(sub: KvEventSubscriber, pub: Publisher, backend: str = "v0") -> None:
     """Watch and wait until the SUB socket is connected and subscribed (a probe batch arrives)."""
     sub.watch(backend, KvSource(pub.endpoint, "kv", pub.replay_endpoint))
@@ -144,52 +154,46 @@ async def test_joining_late_replays_the_buffer() -> None:
         pub.close()
 
 
-async def test_an_idle_stream_catches_up_on_a_batch_it_did_not_hear() -> None:
+async def test_an_idle_stream_catches_up_on_a_batch_it_did_not_hear(
+    catching_up: tuple[KvEventSubscriber, Publisher],
+) -> None:
     """The engine's last batch is dropped on the PUB socket and nothing follows it: the silent stream
     asks the replay socket for it; the same batch heard live afterwards is a duplicate, not a
     restart."""
-    pub = Publisher(replay=True)
-    sub = KvEventSubscriber(KvIndex(), heartbeat_s=0.2, catch_up_after_s=0.05)
-    try:
-        await connected(sub, pub)
-        stream = sub.stream("v0")
-        assert stream is not None
-        tokens = doc(64, 11)
-        seq = pub.publish([stored(tokens)], send=False)
-        await until(lambda: held(sub, tokens) == 64, what="the batch caught up")
-        pub.pub.send_multipart((pub.topic, seq.to_bytes(8, "big"), pub.buffer[-1][1]))  # heard late
-        later = doc(64, 12)
-        pub.publish([stored(later)])
-        await until(lambda: held(sub, later) == 64)
-        assert held(sub, tokens) == 64
-        assert stream.restarts == 0 and stream.gaps == 0
-    finally:
-        await sub.stop()
-        pub.close()
+    sub, pub = catching_up
+    await connected(sub, pub)
+    stream = sub.stream("v0")
+    assert stream is not None
+    tokens = doc(64, 11)
+    seq = pub.publish([stored(tokens)], send=False)
+    await until(lambda: held(sub, tokens) == 64, what="the batch caught up")
+    pub.pub.send_multipart((pub.topic, seq.to_bytes(8, "big"), pub.buffer[-1][1]))  # heard late
+    later = doc(64, 12)
+    pub.publish([stored(later)])
+    await until(lambda: held(sub, later) == 64)
+    assert held(sub, tokens) == 64
+    assert stream.restarts == 0 and stream.gaps == 0
 
 
-async def test_a_stream_that_heard_nothing_learns_what_the_engine_published() -> None:
+async def test_a_stream_that_heard_nothing_learns_what_the_engine_published(
+    catching_up: tuple[KvEventSubscriber, Publisher],
+) -> None:
     """Every batch so far went out before the subscription reached the publisher (ZMQ's slow
     joiner), and the engine is idle: the stream learns them from the replay buffer, and the next
     live batch follows on."""
-    pub = Publisher(replay=True)
-    sub = KvEventSubscriber(KvIndex(), heartbeat_s=0.2, catch_up_after_s=0.05)
-    try:
-        tokens = doc(128, 13)
-        pub.publish([stored(tokens)], send=False)
-        sub.watch("v0", KvSource(pub.endpoint, "kv", pub.replay_endpoint))
-        stream = sub.stream("v0")
-        assert stream is not None
-        await until(lambda: held(sub, tokens) == 128, what="the buffer caught up")
-        later = doc(64, 14)
-        await until(lambda: pub.poll_subscriptions() == 1)
-        pub.publish([stored(later)])
-        await until(lambda: held(sub, later) == 64)
-        assert held(sub, tokens) == 128
-        assert stream.restarts == 0 and stream.gaps == 0
-    finally:
-        await sub.stop()
-        pub.close()
+    sub, pub = catching_up
+    tokens = doc(128, 13)
+    pub.publish([stored(tokens)], send=False)
+    sub.watch("v0", KvSource(pub.endpoint, "kv", pub.replay_endpoint))
+    stream = sub.stream("v0")
+    assert stream is not None
+    await until(lambda: held(sub, tokens) == 128, what="the buffer caught up")
+    later = doc(64, 14)
+    await until(lambda: pub.poll_subscriptions() == 1)
+    pub.publish([stored(later)])
+    await until(lambda: held(sub, later) == 64)
+    assert held(sub, tokens) == 128
+    assert stream.restarts == 0 and stream.gaps == 0
 
 
 async def test_a_restarted_engine_starts_empty(subscriber: KvEventSubscriber) -> None:
