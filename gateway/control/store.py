@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 import orjson
 from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 
 from gateway.core.outage_log import OutageLog
@@ -176,9 +177,11 @@ class RedisStore:
         self._on_change = on_change
         self._on_reset = on_reset
         await self._redis.set(GENERATION_KEY, secrets.token_hex(8), nx=True)
+        # subscribed before the first read: a change made after that read is announced to this replica
+        pubsub = await self._subscribe()
         overrides = await self._load()
         assert overrides is not None  # the first read adopts the generation it finds
-        self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._poll())]
+        self._tasks = [asyncio.create_task(self._listen(pubsub)), asyncio.create_task(self._poll())]
         return overrides
 
     async def stop(self) -> None:
@@ -207,11 +210,18 @@ class RedisStore:
         if overrides is not None and self._on_change is not None:
             self._on_change(overrides)
 
-    async def _listen(self) -> None:
+    async def _subscribe(self) -> PubSub:
+        """A subscription Redis has confirmed: every announcement after it reaches this replica."""
+        pubsub = self._redis.pubsub()
+        await pubsub.subscribe(CHANNEL)
+        await pubsub.get_message(timeout=None)  # the confirmation comes before any message
+        return pubsub
+
+    async def _listen(self, subscribed: PubSub | None) -> None:
         while not stop_requested():
             try:
-                pubsub = self._redis.pubsub()
-                await pubsub.subscribe(CHANNEL)
+                pubsub = subscribed or await self._subscribe()
+                subscribed = None  # after a lost connection, the next turn subscribes again
                 try:
                     async for message in pubsub.listen():
                         if message.get("type") == "message":

@@ -127,6 +127,27 @@ async def test_redis_store_poll_catches_a_missed_announcement() -> None:
             await r.aclose()
 
 
+async def test_a_change_announced_as_start_returns_is_heard() -> None:
+    """A replica subscribes before its first read, so a change announced once its start has returned
+    reaches it (its poll is too slow to bring the change)."""
+    with RedisServer() as server:
+        other = Redis.from_url(server.url)
+        await other.ping()  # connected: the change below is one round trip
+        store = RedisStore(Redis.from_url(server.url), poll_s=3600)
+        seen: Recorder[Overrides] = Recorder()
+        await store.start(seen)
+        try:
+            async with other.pipeline(transaction=True) as pipe:
+                pipe.hset("gw:{fleet}:overrides", "weight:sglang", b"0.75")
+                pipe.incr("gw:{fleet}:version")
+                pipe.publish("gw:fleet:changed", b"1")
+                await pipe.execute()
+            await seen.wait_for(lambda seen: bool(seen) and seen[-1].weights.get("sglang") == 0.75)
+        finally:
+            await store.stop()
+            await other.aclose()
+
+
 async def test_an_announcement_from_a_new_generation_is_a_reset_not_an_update() -> None:
     """Redis came back empty and another replica restored first: the announcement of its restore
     is the first this replica hears (its poll is too slow), and it still reports what was lost."""
