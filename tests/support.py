@@ -39,11 +39,15 @@ START_MAX_S = 120.0
 WAIT_S = 10.0
 #: how often it looks meanwhile
 POLL_S = 0.02
+#: how long a plain call to a loopback server may take (httpx's own default is 5 s)
+HTTP_TIMEOUT_S = 30.0
 
 #: the tests' one client for plain calls to loopback servers. A client per call (`httpx.get`) parses
 #: the system's CA bundle each time, ~25 ms of CPU, which a poll every POLL_S turns into most of a
-#: core. A new connection per request, as before; no cookie is kept from one test to the next.
+#: core. A new connection per request, as before; no cookie is kept from one test to the next. Its
+#: timeout guards against a hang, not a speed: a loaded machine can take seconds over a 2 s request.
 HTTP = httpx.Client(
+    timeout=HTTP_TIMEOUT_S,
     limits=httpx.Limits(max_keepalive_connections=0),
     cookies=http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[])),
 )
