@@ -131,6 +131,12 @@ def css(driver: WebDriver, selector: str) -> WebElement:
     return driver.find_element(By.CSS_SELECTOR, selector)
 
 
+def click(driver: WebDriver, selector: str) -> None:
+    """Click `selector` in a view that re-renders itself: found again if a refresh replaced it
+    between finding and clicking (a stale element is not clicked, so a retry clicks once)."""
+    wait(driver, lambda: css(driver, selector).click() is None, f"a click on {selector}")
+
+
 def shoot(driver: WebDriver, name: str) -> None:
     assert driver.save_screenshot(str(SHOTS / f"{name}.png")), f"no screenshot {name}"
 
@@ -309,16 +315,16 @@ def test_drain_and_undrain_from_the_console_and_auto_refresh(
 ) -> None:
     signed_in(browser, gateway.base_url)
     tab(browser, "fleet")
-    css(browser, "button[data-backend=vllm-0]").click()
+    click(browser, "button[data-backend=vllm-0]")
     wait(browser, lambda: backend(gateway, "vllm-0")["draining"], "vllm-0 drained in GET /admin/pools")
     wait(
         browser,
         lambda: css(browser, "tr[data-backend-row=vllm-0] [data-state]").text == "draining",
         "the row to show draining",
     )
-    assert css(browser, "button[data-backend=vllm-0]").text == "Undrain"
+    wait(browser, lambda: css(browser, "button[data-backend=vllm-0]").text == "Undrain", "Undrain")
     shoot(browser, "04-fleet-drained")
-    css(browser, "button[data-backend=vllm-0]").click()
+    click(browser, "button[data-backend=vllm-0]")
     wait(browser, lambda: not backend(gateway, "vllm-0")["draining"], "vllm-0 undrained")
     # a change made elsewhere (curl) shows without a click: the view refreshes itself
     HTTP.put(
