@@ -21,14 +21,13 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from engines.sim.launcher import free_port
+from engines.sim.launcher import cpu_seconds, free_port
 
 __all__ = ["WORK", "Service", "ServiceError", "free_port", "tree_cpu", "tree_pids", "tree_rss"]
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 WORK = BENCH / ".work"
-_TICK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -56,16 +55,6 @@ def tree_pids(pid: int) -> list[int]:
     return out
 
 
-def _cpu_of(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return 0.0
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
-
-
 def _start_time(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -77,7 +66,7 @@ def _start_time(pid: int) -> int | None:
 
 def tree_cpu(pid: int) -> float:
     """User+system CPU seconds used so far by the live processes of the tree."""
-    return sum(_cpu_of(p) for p in tree_pids(pid))
+    return sum(cpu_seconds(p) for p in tree_pids(pid))
 
 
 def tree_rss(pid: int) -> int:

@@ -37,14 +37,17 @@ from typing import IO
 _ROOT = Path(__file__).resolve().parents[2]
 
 
-def _cpu_seconds(pid: int) -> float:
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds the process has used (Linux's /proc; 0 where it cannot be read)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
 
 
 class SimStartError(RuntimeError):
@@ -233,7 +236,7 @@ class SimProcess:
         """The CPU a start that never listened has had (starved or stuck?) and, from its stderr, every
         thread's stack (SIGABRT; PYTHONFAULTHANDLER is set), then the process is gone."""
         proc = self._proc
-        cpu = _cpu_seconds(proc.pid) if proc is not None else 0.0
+        cpu = cpu_seconds(proc.pid) if proc is not None else 0.0
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGABRT)
             with contextlib.suppress(subprocess.TimeoutExpired):
