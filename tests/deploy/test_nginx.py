@@ -98,7 +98,7 @@ def test_streams_pass_through_unbuffered(stack: tuple[str, list[GatewayProcess]]
     body = {**BODY, "max_tokens": 20, "stream": True, "ignore_eos": True}
     t0 = time.monotonic()
     arrivals: list[float] = []
-    with HTTP.stream("POST", base + "/v1/chat/completions", json=body, timeout=30) as r:
+    with HTTP.stream("POST", base + "/v1/chat/completions", json=body) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         assert r.headers["x-gateway-pool"] == "vllm"
         text = ""

@@ -82,7 +82,7 @@ def gateway(real_vllm_spare: VllmServer) -> Iterator[GatewayProcess]:
 
 
 def held(gateway: GatewayProcess, body: dict[str, Any]) -> int:
-    r = HTTP.post(gateway.base_url + "/admin/routes/explain", json=body, headers=ADMIN, timeout=30)
+    r = HTTP.post(gateway.base_url + "/admin/routes/explain", json=body, headers=ADMIN)
     assert r.status_code == 200, r.text
     return int(r.json()["kv_held_tokens"]["lora"])
 

@@ -125,7 +125,7 @@ def connected(gateway: GatewayProcess, backend: str) -> bool:
 
 
 def explain(gateway: GatewayProcess, body: dict[str, Any]) -> httpx.Response:
-    return HTTP.post(gateway.base_url + "/admin/routes/explain", json=body, headers=ADMIN, timeout=30)
+    return HTTP.post(gateway.base_url + "/admin/routes/explain", json=body, headers=ADMIN)
 
 
 def held(gateway: GatewayProcess, body: dict[str, Any]) -> dict[str, int]:

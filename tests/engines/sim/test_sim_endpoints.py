@@ -29,7 +29,6 @@ def test_request_log(base: str) -> None:
             base + CHAT,
             json={"messages": USER, "max_tokens": 1, "seed": i},
             headers={"x-test": str(i)},
-            timeout=30,
         )
     log = HTTP.get(base + "/sim/requests").json()["requests"]
     assert len(log) == 4  # bounded

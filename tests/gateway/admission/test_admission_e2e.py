@@ -162,14 +162,14 @@ def test_tokens_per_minute_with_visible_reconciliation(
     headers = auth_header("tok-user", tier="tok")
     body = {**CHAT, "max_tokens": 300}
     sum_key = "gw:rl:{u:tok-user}:u:sum"
-    first = HTTP.post(four[0].base_url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
+    first = HTTP.post(four[0].base_url + "/v1/chat/completions", json=body, headers=headers)
     assert first.status_code == 200, first.text
     reserved = TPM - int(first.headers["x-ratelimit-remaining-tokens"])
     used = first.json()["usage"]["total_tokens"]
     assert used < reserved  # the sim stopped early: the reservation was generous
     # the finalizer replaces the reservation by the real usage once the response has ended
     wait_until(lambda: int(r.get(sum_key) or 0) == used, 5, what="token reconciliation")
-    second = HTTP.post(four[1].base_url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
+    second = HTTP.post(four[1].base_url + "/v1/chat/completions", json=body, headers=headers)
     assert second.status_code == 200
     assert int(second.headers["x-ratelimit-remaining-tokens"]) == TPM - used - reserved
     # a burst over all four gateways: whatever was admitted, never more than the limit was counted
@@ -239,13 +239,13 @@ def _open_stream(base_url: str, headers: dict[str, str]) -> tuple[httpx.Client, 
 
 
 def _status(base_url: str, headers: dict[str, str]) -> int:
-    return HTTP.post(base_url + "/v1/chat/completions", json=CHAT, headers=headers, timeout=30).status_code
+    return HTTP.post(base_url + "/v1/chat/completions", json=CHAT, headers=headers).status_code
 
 
 def test_concurrency_slot_freed_on_client_disconnect(four: list[GatewayProcess]) -> None:
     headers = auth_header("conc-user", tier="conc")
     client, chunks = _open_stream(four[0].base_url, headers)
-    refused = HTTP.post(four[1].base_url + "/v1/chat/completions", json=CHAT, headers=headers, timeout=30)
+    refused = HTTP.post(four[1].base_url + "/v1/chat/completions", json=CHAT, headers=headers)
     assert refused.status_code == 429 and refused.json()["error"]["type"] == "requests"
     assert "concurrent requests" in refused.json()["error"]["message"]
     next(chunks)  # still streaming
@@ -286,7 +286,7 @@ def test_redis_outage_fail_open_and_fail_closed_then_recovery(sim: SimProcess) -
         own.stop()  # Redis gone mid-test
         for _ in range(3):
             assert _status(opened.base_url, headers) == 200  # the local limiter took over
-        down = HTTP.post(closed.base_url + "/v1/chat/completions", json=CHAT, headers=headers, timeout=30)
+        down = HTTP.post(closed.base_url + "/v1/chat/completions", json=CHAT, headers=headers)
         assert down.status_code == 503, down.text  # an outage is not the client's rate limit
         assert down.json()["error"]["code"] == "rate_limiter_unavailable"
         assert _metric(opened.base_url, "gateway_limiter_local_decisions_total") >= 3

@@ -47,7 +47,7 @@ def image(url: str) -> dict[str, Any]:
 
 def refused(gateway: GatewayProcess, sim: SimProcess, path: str, body: dict[str, Any]) -> dict[str, Any]:
     before = len(seen_by(sim))
-    r = HTTP.post(gateway.base_url + path, json=body, timeout=30)
+    r = HTTP.post(gateway.base_url + path, json=body)
     assert r.status_code == 400, r.text
     assert len(seen_by(sim)) == before, "the refused request reached the engine"
     return dict(r.json())
@@ -104,7 +104,7 @@ def test_the_openai_sdk_gets_a_bad_request(served: tuple[GatewayProcess, SimProc
 def test_data_urls_reach_the_engine_as_they_are(served: tuple[GatewayProcess, SimProcess]) -> None:
     gateway, sim = served
     part = {**image(PNG), "uuid": "my-image"}
-    r = HTTP.post(gateway.base_url + "/v1/chat/completions", json=chat(part), timeout=30)
+    r = HTTP.post(gateway.base_url + "/v1/chat/completions", json=chat(part))
     assert r.status_code == 200, r.text
     forwarded = seen_by(sim)[-1]["body"]["messages"][0]["content"][1]
     assert forwarded["image_url"]["url"] == PNG
@@ -147,5 +147,5 @@ def test_responses_and_messages_apply_the_same_rules(served: tuple[GatewayProces
 
     ok = {"type": "base64", "media_type": "image/png", "data": PNG.split(",", 1)[1]}
     messages["messages"][0]["content"][1]["source"] = ok  # type: ignore[index]
-    r = HTTP.post(gateway.base_url + "/v1/messages", json=messages, timeout=30)
+    r = HTTP.post(gateway.base_url + "/v1/messages", json=messages)
     assert r.status_code == 200, r.text

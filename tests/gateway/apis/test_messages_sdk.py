@@ -69,7 +69,7 @@ def test_stream(client: anthropic.Anthropic) -> None:
 
 def test_stream_wire_has_ping_and_event_names(rig: Rig) -> None:
     body = {"model": MODEL, "max_tokens": 20, "stream": True, "messages": HI}
-    r = HTTP.post(rig.base_url + "/v1/messages", json=body, headers={"x-api-key": rig.alice}, timeout=30)
+    r = HTTP.post(rig.base_url + "/v1/messages", json=body, headers={"x-api-key": rig.alice})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     names = [line[7:] for line in r.text.split("\n") if line.startswith("event: ")]
     assert names[:3] == ["message_start", "ping", "content_block_start"]

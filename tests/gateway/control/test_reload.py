@@ -42,7 +42,7 @@ def pair() -> Iterator[tuple[GatewayProcess, GatewayProcess]]:
 
 
 def reload(gw: GatewayProcess) -> httpx.Response:
-    return HTTP.post(gw.base_url + "/admin/reload", headers=ADMIN, timeout=30)
+    return HTTP.post(gw.base_url + "/admin/reload", headers=ADMIN)
 
 
 def weight(gw: GatewayProcess) -> float:

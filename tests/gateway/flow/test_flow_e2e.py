@@ -210,7 +210,6 @@ def test_a_request_past_its_deadline_is_shed_with_503_and_retry_after() -> None:
             gw.base_url + "/v1/chat/completions",
             json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
             headers={**token("impatient"), "x-gateway-max-queue-ms": "100"},
-            timeout=30,
         )
         assert r.status_code == 503, r.text
         error = r.json()["error"]
@@ -236,7 +235,7 @@ def test_a_full_class_answers_429_to_the_tenant_holding_its_share_and_makes_room
         client.send("hog1-", hog)
         wait_queued(gw, "standard", 2, "the class full")
         body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 5}
-        again = HTTP.post(gw.base_url + "/v1/chat/completions", json=body, headers=hog, timeout=30)
+        again = HTTP.post(gw.base_url + "/v1/chat/completions", json=body, headers=hog)
         assert again.status_code == 429, again.text
         assert (
             again.json()["error"]["code"] == "rate_limit_exceeded"
@@ -300,7 +299,7 @@ def test_a_document_the_rules_send_to_a_saturated_pool_waits_for_it_and_others_p
             client.send("document-", token("reader"), words=300)
             wait_queued(gw, "standard", 1, "the document queued for its pool")
             body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
-            chat = HTTP.post(gw.base_url + "/v1/chat/completions", json=body, headers=token("u"), timeout=30)
+            chat = HTTP.post(gw.base_url + "/v1/chat/completions", json=body, headers=token("u"))
             assert chat.status_code == 200 and chat.headers["x-gateway-pool"] == "sglang", chat.text
             assert queued(gw, "standard") == 1  # the document still waits for the slow pool
             freeze(slow, False)

@@ -82,7 +82,7 @@ def gateway(sims: list[SimProcess], receiver: OtlpReceiver) -> Iterator[GatewayP
 
 
 def post(gw: GatewayProcess, body: dict[str, Any], **headers: str) -> httpx.Response:
-    return HTTP.post(gw.base_url + "/v1/chat/completions", json=body, headers={**USER, **headers}, timeout=30)
+    return HTTP.post(gw.base_url + "/v1/chat/completions", json=body, headers={**USER, **headers})
 
 
 def trace_of(receiver: OtlpReceiver, request_id: str, spans: int) -> list[ReceivedSpan]:
@@ -178,7 +178,7 @@ def test_the_responses_and_messages_apis_are_traced_alike(
     gateway: GatewayProcess, receiver: OtlpReceiver, api: str, stream: bool
 ) -> None:
     path, body = OTHER_APIS[api]
-    r = HTTP.post(gateway.base_url + path, json={**body, "stream": stream}, headers=USER, timeout=30)
+    r = HTTP.post(gateway.base_url + path, json={**body, "stream": stream}, headers=USER)
     assert r.status_code == 200, r.text
     spans = by_name(trace_of(receiver, r.headers["x-request-id"], 6 if stream else 5))
     root = spans.pop(f"POST {path}")
@@ -196,7 +196,7 @@ def test_the_responses_and_messages_apis_are_traced_alike(
 
 def test_embeddings_are_traced(gateway: GatewayProcess, receiver: OtlpReceiver) -> None:
     body = {"model": EMBED_MODEL, "input": ["the sea", "zq-7781"]}
-    r = HTTP.post(gateway.base_url + "/v1/embeddings", json=body, headers=USER, timeout=30)
+    r = HTTP.post(gateway.base_url + "/v1/embeddings", json=body, headers=USER)
     assert r.status_code == 200, r.text
     spans = by_name(trace_of(receiver, r.headers["x-request-id"], 5))
     root = spans.pop("POST /v1/embeddings")

@@ -52,9 +52,7 @@ def test_a_late_gateway_learns_what_the_engine_held_before_it_subscribed() -> No
         # before any gateway: the conversation's first turn, straight to the engine
         first = chat("Where is record 7?")
         first["messages"] = first["messages"][:2]
-        r = HTTP.post(
-            sim.base_url + "/v1/chat/completions", json=dict(first, model=SERVED["sglang"]), timeout=30
-        )
+        r = HTTP.post(sim.base_url + "/v1/chat/completions", json=dict(first, model=SERVED["sglang"]))
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["prompt_tokens"] > 400
 
@@ -87,7 +85,7 @@ def test_a_late_gateway_learns_what_the_engine_held_before_it_subscribed() -> No
             assert held(third) == 0  # nothing heard: the engine's cache predates the gateway
 
             second = chat("And record 21?", answer_first=True)
-            r = HTTP.post(gw.base_url + "/v1/chat/completions", json=second, headers=USER, timeout=30)
+            r = HTTP.post(gw.base_url + "/v1/chat/completions", json=second, headers=USER)
             assert r.status_code == 200, r.text
             tokens = int(r.json()["usage"]["prompt_tokens"])
             # the prompt's store anchored; the answer's chains under it as usual

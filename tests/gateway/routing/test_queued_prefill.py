@@ -47,9 +47,7 @@ def test_a_prompt_counts_as_queued_prefill_on_its_backend_until_its_first_token(
             }
 
             def stream() -> None:
-                with HTTP.stream(
-                    "POST", gw.base_url + "/v1/chat/completions", json=body, headers=ADMIN, timeout=30
-                ) as r:
+                with HTTP.stream("POST", gw.base_url + "/v1/chat/completions", json=body, headers=ADMIN) as r:
                     for _ in r.iter_bytes():
                         if not first_at:
                             first_at.append(time.monotonic())

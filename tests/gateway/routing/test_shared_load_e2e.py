@@ -172,7 +172,7 @@ def test_four_routing_processes_send_every_question_where_the_engine_holds_the_d
             holder = 1 - NAMES.index(home_of(body(f"{doc}\n\nQuestion 0?")))
             direct = dict(body(f"{doc}\n\nQuestion 0?"), model=SERVED["vllm"])
             applied = [events_applied(gw, NAMES[holder]) for gw in gws]
-            r = HTTP.post(sims[holder].base_url + "/v1/chat/completions", json=direct, timeout=30)
+            r = HTTP.post(sims[holder].base_url + "/v1/chat/completions", json=direct)
             assert r.status_code == 200, r.text
             for gw, before in zip(gws, applied, strict=True):  # the request's stored event, in both workers
                 wait_until(
@@ -389,7 +389,7 @@ def test_a_process_hears_the_working_sets_the_others_sent(redis: RedisServer) ->
     admin = {"Authorization": "Bearer " + mint_token(secret, "ops", roles=["admin"])}
 
     def send(gw: GatewayProcess, b: dict[str, Any]) -> None:
-        r = HTTP.post(gw.base_url + "/v1/chat/completions", json=b, headers=user, timeout=30)
+        r = HTTP.post(gw.base_url + "/v1/chat/completions", json=b, headers=user)
         assert r.status_code == 200, r.text
 
     def view(gw: GatewayProcess) -> dict[str, Any]:
